@@ -1,0 +1,4 @@
+from tuner.cli import main
+
+if __name__ == "__main__":
+    main()

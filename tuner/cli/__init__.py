@@ -1,0 +1,111 @@
+"""Command-line interface: one click group, subcommands loaded lazily.
+
+Each area of tuner registers its commands in ``_COMMANDS`` as "module:attribute"; the module is
+imported only when that command runs, so ``tuner --help`` stays fast (no Ray, Optuna or pandas).
+The single error boundary is :func:`main`: TunerError -> message + exit code; anything else ->
+"Internal error" (traceback with --debug).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+# name -> (module:attribute, one-line help shown by `tuner --help` without importing the module)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "study": ("tuner.cli.study:study", "Start, resume, inspect and export tuning studies."),
+    "validate": ("tuner.cli.validate:validate", "Check study / search-space / workload files without running anything."),
+    "plan": ("tuner.cli.plan:plan", "Memory planner: weights, KV capacity and OOM risk of a configuration."),
+    "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),
+    "workload": ("tuner.cli.workload:workload", "Fit, import and inspect workloads."),
+    "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
+    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency."),
+    "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
+    "model": ("tuner.cli.model:model", "Make small local models for end-to-end runs (no download)."),
+    "dashboard": ("tuner.cli.dashboard:dashboard", "Serve the live trial dashboard (read-only)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in _COMMANDS:
+            return None
+        target, short = _COMMANDS[name]
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith(module_name):
+                return _unavailable(name, short)
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx, formatter):
+        # Short help from the table: listing commands must not import them.
+        rows = [(name, _COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _unavailable(name: str, short: str) -> click.Command:
+    @click.command(name=name, help=short)
+    def _cmd():
+        raise click.UsageError(f"'tuner {name}' is not available in this build")
+
+    return _cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tuner", prog_name="tuner")
+@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+@click.pass_context
+def cli(ctx, debug):
+    """tuner: find the SGLang configuration that serves the most users within your latency targets.
+
+    \b
+    Typical use:
+      tuner validate studies/h200.yaml
+      tuner study start h200              # simulator backend where no GPUs are present
+      tuner study status h200
+      tuner study export h200 -o best.yaml
+      tuner dashboard
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    if debug:
+        os.environ["TUNER_DEBUG"] = "1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tuner.errors import TunerError
+
+    try:
+        cli.main(args=argv, prog_name="tuner", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except TunerError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except Exception:  # the one place internal errors are turned into a message
+        if os.environ.get("TUNER_DEBUG") == "1" or "--debug" in (argv or sys.argv):
+            raise
+        import traceback
+
+        click.echo("Internal error (rerun with `tuner --debug ...` for the traceback):", err=True)
+        click.echo("  " + traceback.format_exc().strip().splitlines()[-1], err=True)
+        sys.exit(1)

@@ -1,0 +1,1 @@
+"""Workloads: session model, fitting, trace importers, replay client and metrics."""

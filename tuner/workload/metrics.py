@@ -1,0 +1,144 @@
+"""Per-request records and their aggregation into one load point's metrics.
+
+Both the real replay client and the simulator produce ``RequestRecord``s and aggregate them here,
+so a measurement from either backend has exactly the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the client saw it. Times are seconds on the client's clock."""
+
+    session_id: int
+    turn: int
+    start_s: float
+    input_tokens: int
+    output_tokens: int  # tokens actually received
+    ttft_s: float | None  # None when the request failed before its first token
+    end_s: float | None
+    itl_s: tuple[float, ...] = ()  # gaps between consecutive tokens / chunks
+    cached_tokens: int | None = None  # prefix tokens the server reported as cached
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.ttft_s is not None and self.end_s is not None
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.start_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(latency - TTFT) / (n - 1), as SGLang's bench_serving defines it."""
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class LoadPointMetrics:
+    """What one measurement at a fixed number of closed-loop users found."""
+
+    users: int
+    requests: int  # completed + failed, inside the measurement window
+    errors: int
+    duration_s: float
+    p50_ttft_s: float | None
+    p90_ttft_s: float | None
+    p99_ttft_s: float | None
+    p50_tpot_s: float | None
+    p90_tpot_s: float | None
+    p99_tpot_s: float | None
+    p50_itl_s: float | None
+    p90_itl_s: float | None
+    p99_itl_s: float | None
+    p90_e2e_s: float | None
+    throughput_tokens_per_s: float  # output tokens per second
+    input_throughput_tokens_per_s: float
+    prefix_cache_hit_rate: float | None  # cached input tokens / input tokens
+    kv_capacity_tokens_total: int | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    extra: dict = field(default_factory=dict)  # backend-specific (e.g. evictions, client_bound)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def meets(self, p90_ttft_s: float, p90_tpot_s: float) -> bool:
+        if not self.valid or self.p90_ttft_s is None or self.p90_tpot_s is None:
+            return False
+        return self.p90_ttft_s <= p90_ttft_s and self.p90_tpot_s <= p90_tpot_s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pct(values, q: float) -> float | None:
+    if len(values) == 0:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def aggregate(
+    records: list[RequestRecord],
+    *,
+    users: int,
+    duration_s: float,
+    kv_capacity_tokens_total: int | None = None,
+    max_error_rate: float = 0.05,
+    extra: dict | None = None,
+) -> LoadPointMetrics:
+    """P50/P90/P99 over the records. Failed requests count as errors, never as zero latency."""
+    ok = [r for r in records if r.ok]
+    errors = len(records) - len(ok)
+    ttft = [r.ttft_s for r in ok]
+    tpot = [t for t in (r.tpot_s for r in ok) if t is not None]
+    itl = [g for r in ok for g in r.itl_s]
+    e2e = [r.e2e_s for r in ok]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.input_tokens for r in ok)
+    cached_known = [r for r in ok if r.cached_tokens is not None]
+    hit_rate = None
+    if cached_known:
+        denom = sum(r.input_tokens for r in cached_known)
+        hit_rate = sum(r.cached_tokens for r in cached_known) / denom if denom else 0.0
+    valid, reason = True, None
+    if not records:
+        valid, reason = False, "no requests completed in the measurement window"
+    elif not ok:
+        valid, reason = False, f"all {len(records)} requests failed"
+    elif errors / len(records) > max_error_rate:
+        valid, reason = False, f"error rate {errors / len(records):.1%} above {max_error_rate:.0%}"
+    duration_s = max(duration_s, 1e-9)
+    return LoadPointMetrics(
+        users=users,
+        requests=len(records),
+        errors=errors,
+        duration_s=duration_s,
+        p50_ttft_s=_pct(ttft, 50),
+        p90_ttft_s=_pct(ttft, 90),
+        p99_ttft_s=_pct(ttft, 99),
+        p50_tpot_s=_pct(tpot, 50),
+        p90_tpot_s=_pct(tpot, 90),
+        p99_tpot_s=_pct(tpot, 99),
+        p50_itl_s=_pct(itl, 50),
+        p90_itl_s=_pct(itl, 90),
+        p99_itl_s=_pct(itl, 99),
+        p90_e2e_s=_pct(e2e, 90),
+        throughput_tokens_per_s=out_tokens / duration_s,
+        input_throughput_tokens_per_s=in_tokens / duration_s,
+        prefix_cache_hit_rate=None if hit_rate is None or math.isnan(hit_rate) else hit_rate,
+        kv_capacity_tokens_total=kv_capacity_tokens_total,
+        valid=valid,
+        invalid_reason=reason,
+        extra=dict(extra or {}),
+    )
