@@ -1,0 +1,95 @@
+"""What a process backend (SGLang, ``transformers serve``) provides to the live evaluator.
+
+A backend is pure planning: from a trial it builds a ``LaunchPlan`` (argv, environment, ports,
+ready paths and files for each process) and afterwards reads server facts over HTTP. Starting,
+watching and stopping processes is ``tuner.backends.process``; measuring is
+``tuner.evaluation.live.LiveEvaluator``, which drives any ``ProcessBackend``:
+
+    plan = backend.build_plan(request, trial_dir)     # writes config files under trial_dir
+    stack = ProcessStack(); for spec in plan.servers: stack.start(spec)   # waits until ready
+    if plan.router: stack.start(plan.router)
+    facts = backend.server_facts(plan)                # e.g. KV capacity from /server_info
+    run_load_point(plan.base_url, ..., api=plan.api, model=plan.served_model)
+
+Backends never import the server package they launch (SGLang pins its own torch): they only build
+argv lists, so everything but the real launch works without it installed.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.backends.process import LaunchSpec
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start one trial's processes, in start order.
+
+    ``servers`` are started first (each waited until ready), then ``router`` (if any) in front of
+    them; the load goes to ``base_url`` (the router's when there is one). ``files`` names what the
+    plan wrote (config YAML, MoE config dir), for the trial record.
+    """
+
+    servers: list[LaunchSpec]
+    router: LaunchSpec | None = None
+    api: str = "completions"  # replay API: "completions" or "chat"
+    served_model: str | None = None  # "model" field of requests (None: server default)
+    vocab_size: int = 32000  # token ids the replay may draw
+    send_ignore_eos: bool = True  # server honours ignore_eos (fixed output lengths)
+    files: dict[str, str] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # what the plan decided (gpus, ranks, ...)
+
+    @property
+    def base_url(self) -> str:
+        front = self.router if self.router is not None else self.servers[0]
+        return front.base_url
+
+    @property
+    def all_specs(self) -> list[LaunchSpec]:
+        return [*self.servers, *([self.router] if self.router else [])]
+
+
+class ProcessBackend(ABC):
+    """A server kind tuner can launch as OS processes."""
+
+    #: registry name, also recorded with every measurement
+    kind: str = "base"
+
+    @abstractmethod
+    def availability(self) -> tuple[bool, str]:
+        """(usable here, one-line reason): the server package is installed, etc."""
+
+    @abstractmethod
+    def gpus_needed(self, request) -> int:
+        """GPUs the trial occupies (world size)."""
+
+    @abstractmethod
+    def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
+        """Validate the configuration (ConfigError / TrialError('infeasible')), choose free ports,
+        write any per-trial files under ``trial_dir`` and return the processes to start."""
+
+    def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
+        """Facts read from the ready server(s). Key ``kv_capacity_tokens_total`` (int | None)
+        is used as the deployment's measured KV capacity. Default: nothing."""
+        return {}
+
+
+def http_get_json(url: str, timeout_s: float = 30.0) -> Any:
+    """GET ``url`` and decode JSON; raises OSError / ValueError on failure."""
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read().decode())
+
+
+def try_get_json(url: str, timeout_s: float = 30.0) -> Any | None:
+    try:
+        return http_get_json(url, timeout_s)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
