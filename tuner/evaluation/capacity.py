@@ -1,0 +1,85 @@
+"""Capacity search: the largest number of closed-loop users that meets both P90 targets.
+
+Gallop up from the study's start value (multiplying by the growth factor) until a load point
+misses the SLO or the maximum is reached, then bisect between the last pass and the first miss to
+the study's resolution. The search is a small state machine so that the driver can run each step
+on a remote worker, record it, report it to Optuna and prune between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tuner.workload.metrics import LoadPointMetrics
+
+
+@dataclass
+class CapacitySearch:
+    start_users: int
+    max_users: int
+    resolution_users: int = 2
+    growth_factor: float = 2.0
+    p90_ttft_s: float = 30.0
+    p90_tpot_s: float = 0.05
+    min_users: int = 1
+
+    best_pass: int = 0  # largest user count seen meeting the SLO
+    lowest_fail: int | None = None  # smallest user count seen missing it
+    steps: list[tuple[int, bool]] = field(default_factory=list)
+    _next: int | None = None
+
+    def __post_init__(self):
+        self._next = max(self.min_users, min(self.start_users, self.max_users))
+
+    @classmethod
+    def for_study(cls, study) -> "CapacitySearch":
+        c = study.capacity
+        return cls(start_users=c.start_users, max_users=c.max_users, resolution_users=c.resolution_users,
+                   growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s)
+
+    @property
+    def done(self) -> bool:
+        return self._next is None
+
+    def next_users(self) -> int | None:
+        return self._next
+
+    def meets(self, m: LoadPointMetrics) -> bool:
+        return m.meets(self.p90_ttft_s, self.p90_tpot_s)
+
+    def record(self, users: int, passed: bool) -> None:
+        self.steps.append((users, passed))
+        if passed:
+            self.best_pass = max(self.best_pass, users)
+        else:
+            self.lowest_fail = users if self.lowest_fail is None else min(self.lowest_fail, users)
+        self._next = self._choose_next()
+
+    def _choose_next(self) -> int | None:
+        lo, hi = self.best_pass, self.lowest_fail
+        if hi is None:  # still galloping up
+            if lo >= self.max_users:
+                return None
+            return min(self.max_users, max(lo + 1, int(round(lo * self.growth_factor))))
+        if hi <= self.min_users:
+            return None  # even the smallest load misses
+        if lo == 0:  # the first step failed: gallop down
+            if hi <= self.min_users:
+                return None
+            nxt = max(self.min_users, int(hi // self.growth_factor))
+            if nxt >= hi:
+                return None
+            if nxt == self.min_users and (self.min_users, False) in self.steps:
+                return None
+            return nxt
+        if hi - lo <= self.resolution_users:
+            return None
+        return (lo + hi) // 2
+
+    @property
+    def capacity_users(self) -> int:
+        return self.best_pass
+
+    def upper_bound(self) -> int:
+        """The most this search can still conclude (used for pruning)."""
+        return self.max_users if self.lowest_fail is None else self.lowest_fail - 1

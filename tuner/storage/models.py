@@ -1,0 +1,98 @@
+"""tuner's own tables, in the same database as Optuna's, linked by study name and trial number."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaInfo(Base):
+    __tablename__ = "tuner_schema"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
+
+
+class StudyRow(Base):
+    __tablename__ = "tuner_studies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True, index=True)
+    spec_yaml: Mapped[str] = mapped_column(Text)  # the resolved study, as it was started
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    source_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    backend_kind: Mapped[str] = mapped_column(String(32))
+    target_users: Mapped[int] = mapped_column(Integer)
+    p90_ttft_slo_s: Mapped[float] = mapped_column(Float)
+    p90_tpot_slo_s: Mapped[float] = mapped_column(Float)
+    trials_budget: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(32), default="running")  # running|finished|stopped
+    tuner_version: Mapped[str] = mapped_column(String(32))
+
+
+class TrialRow(Base):
+    __tablename__ = "tuner_trials"
+    __table_args__ = (UniqueConstraint("study_name", "trial_number"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_name: Mapped[str] = mapped_column(String(255), ForeignKey("tuner_studies.name"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)  # Optuna's trial.number
+    optuna_trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # running | complete | infeasible | failed | pruned | interrupted
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    backend_kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict] = mapped_column(JSON)  # knob -> value as sampled (None = default)
+    flags: Mapped[dict] = mapped_column(JSON)  # server flags passed
+    knobs: Mapped[dict] = mapped_column(JSON)  # tuner-level knobs
+    capacity_users: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pids: Mapped[list] = mapped_column(JSON, default=list)
+    gpu_ids: Mapped[list] = mapped_column(JSON, default=list)
+    predicted_kv_capacity_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    measured_kv_capacity_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    telemetry: Mapped[dict] = mapped_column(JSON, default=dict)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    wall_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class MeasurementRow(Base):
+    __tablename__ = "tuner_measurements"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_name: Mapped[str] = mapped_column(String(255), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer, index=True)
+    step: Mapped[int] = mapped_column(Integer)  # order within the trial's capacity search
+    users: Mapped[int] = mapped_column(Integer)
+    backend_kind: Mapped[str] = mapped_column(String(32))
+    fidelity: Mapped[float] = mapped_column(Float, default=1.0)
+    meets_slo: Mapped[bool] = mapped_column(Boolean)
+    valid: Mapped[bool] = mapped_column(Boolean)
+    invalid_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    requests: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    duration_s: Mapped[float] = mapped_column(Float)
+    p50_ttft_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p90_ttft_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p99_ttft_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p50_tpot_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p90_tpot_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p99_tpot_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p50_itl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p90_itl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p99_itl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    p90_e2e_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    throughput_tokens_per_s: Mapped[float] = mapped_column(Float)
+    input_throughput_tokens_per_s: Mapped[float] = mapped_column(Float)
+    prefix_cache_hit_rate: Mapped[float | None] = mapped_column(Float, nullable=True)
+    kv_capacity_tokens_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    wall_time_s: Mapped[float] = mapped_column(Float)  # how long the measurement took to run
+    created_at: Mapped[float] = mapped_column(Float)
+    extra: Mapped[dict] = mapped_column(JSON, default=dict)

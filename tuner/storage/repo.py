@@ -1,0 +1,135 @@
+"""The only place tuner's own tables are read and written."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from tuner.storage.models import MeasurementRow, StudyRow, TrialRow
+from tuner.workload.metrics import LoadPointMetrics
+
+
+def _plain(d: dict | None) -> dict:
+    """JSON-safe copy (numpy scalars -> Python)."""
+    out = {}
+    for k, v in (d or {}).items():
+        if hasattr(v, "item"):
+            v = v.item()
+        out[k] = v
+    return out
+
+
+def create_study(engine: Engine, *, name: str, spec_yaml: str, spec_hash: str, source_path: str | None,
+                 backend_kind: str, target_users: int, p90_ttft_slo_s: float, p90_tpot_slo_s: float,
+                 trials_budget: int, tuner_version: str) -> None:
+    now = time.time()
+    with Session(engine) as s, s.begin():
+        s.add(StudyRow(name=name, spec_yaml=spec_yaml, spec_hash=spec_hash, source_path=source_path,
+                       backend_kind=backend_kind, target_users=target_users, p90_ttft_slo_s=p90_ttft_slo_s,
+                       p90_tpot_slo_s=p90_tpot_slo_s, trials_budget=trials_budget, created_at=now,
+                       updated_at=now, status="running", tuner_version=tuner_version))
+
+
+def get_study(engine: Engine, name: str) -> StudyRow | None:
+    with Session(engine, expire_on_commit=False) as s:
+        return s.scalars(select(StudyRow).where(StudyRow.name == name)).first()
+
+
+def list_studies(engine: Engine) -> list[StudyRow]:
+    with Session(engine, expire_on_commit=False) as s:
+        return list(s.scalars(select(StudyRow).order_by(StudyRow.created_at)))
+
+
+def set_study_status(engine: Engine, name: str, status: str, **fields) -> None:
+    with Session(engine) as s, s.begin():
+        s.execute(update(StudyRow).where(StudyRow.name == name)
+                  .values(status=status, updated_at=time.time(), **fields))
+
+
+def start_trial(engine: Engine, *, study_name: str, trial_number: int, optuna_trial_id: int | None,
+                backend_kind: str, params: dict, flags: dict, knobs: dict, is_baseline: bool,
+                predicted_kv_capacity_tokens: int | None = None) -> None:
+    with Session(engine) as s, s.begin():
+        s.add(TrialRow(study_name=study_name, trial_number=trial_number, optuna_trial_id=optuna_trial_id,
+                       status="running", is_baseline=is_baseline, backend_kind=backend_kind,
+                       params=_plain(params), flags=_plain(flags), knobs=_plain(knobs),
+                       predicted_kv_capacity_tokens=predicted_kv_capacity_tokens,
+                       started_at=time.time(), pids=[], gpu_ids=[], telemetry={}))
+
+
+def update_trial(engine: Engine, study_name: str, trial_number: int, **fields: Any) -> None:
+    with Session(engine) as s, s.begin():
+        s.execute(update(TrialRow).where(TrialRow.study_name == study_name,
+                                         TrialRow.trial_number == trial_number).values(**fields))
+
+
+def finish_trial(engine: Engine, study_name: str, trial_number: int, *, status: str,
+                 capacity_users: int | None, failure_class: str | None = None,
+                 failure_reason: str | None = None, **fields: Any) -> None:
+    now = time.time()
+    with Session(engine) as s, s.begin():
+        row = s.scalars(select(TrialRow).where(TrialRow.study_name == study_name,
+                                               TrialRow.trial_number == trial_number)).one()
+        row.status = status
+        row.capacity_users = capacity_users
+        row.failure_class = failure_class
+        row.failure_reason = failure_reason
+        row.finished_at = now
+        row.wall_time_s = now - row.started_at
+        for k, v in fields.items():
+            setattr(row, k, v)
+
+
+def add_measurement(engine: Engine, *, study_name: str, trial_number: int, step: int, backend_kind: str,
+                    metrics: LoadPointMetrics, meets_slo: bool, wall_time_s: float, fidelity: float = 1.0) -> None:
+    m = metrics
+    with Session(engine) as s, s.begin():
+        s.add(MeasurementRow(
+            study_name=study_name, trial_number=trial_number, step=step, users=m.users,
+            backend_kind=backend_kind, fidelity=fidelity, meets_slo=meets_slo, valid=m.valid,
+            invalid_reason=m.invalid_reason, requests=m.requests, errors=m.errors, duration_s=m.duration_s,
+            p50_ttft_s=m.p50_ttft_s, p90_ttft_s=m.p90_ttft_s, p99_ttft_s=m.p99_ttft_s,
+            p50_tpot_s=m.p50_tpot_s, p90_tpot_s=m.p90_tpot_s, p99_tpot_s=m.p99_tpot_s,
+            p50_itl_s=m.p50_itl_s, p90_itl_s=m.p90_itl_s, p99_itl_s=m.p99_itl_s, p90_e2e_s=m.p90_e2e_s,
+            throughput_tokens_per_s=m.throughput_tokens_per_s,
+            input_throughput_tokens_per_s=m.input_throughput_tokens_per_s,
+            prefix_cache_hit_rate=m.prefix_cache_hit_rate, kv_capacity_tokens_total=m.kv_capacity_tokens_total,
+            wall_time_s=wall_time_s, created_at=time.time(), extra=_plain(m.extra)))
+
+
+def trials(engine: Engine, study_name: str) -> list[TrialRow]:
+    with Session(engine, expire_on_commit=False) as s:
+        return list(s.scalars(select(TrialRow).where(TrialRow.study_name == study_name)
+                              .order_by(TrialRow.trial_number)))
+
+
+def measurements(engine: Engine, study_name: str, trial_number: int | None = None) -> list[MeasurementRow]:
+    q = select(MeasurementRow).where(MeasurementRow.study_name == study_name)
+    if trial_number is not None:
+        q = q.where(MeasurementRow.trial_number == trial_number)
+    with Session(engine, expire_on_commit=False) as s:
+        return list(s.scalars(q.order_by(MeasurementRow.trial_number, MeasurementRow.step)))
+
+
+def running_trials(engine: Engine, study_name: str) -> list[TrialRow]:
+    with Session(engine, expire_on_commit=False) as s:
+        return list(s.scalars(select(TrialRow).where(TrialRow.study_name == study_name,
+                                                     TrialRow.status == "running")))
+
+
+def best_trial(engine: Engine, study_name: str) -> TrialRow | None:
+    done = [t for t in trials(engine, study_name) if t.status == "complete" and t.capacity_users is not None]
+    if not done:
+        return None
+    return max(done, key=lambda t: (t.capacity_users, -t.trial_number))
+
+
+def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
+    for t in trials(engine, study_name):
+        if t.is_baseline:
+            return t
+    return None
