@@ -1,0 +1,212 @@
+"""`tuner study ...`: start, resume, status, list, export."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from tuner.cli._common import emit_json, json_option, storage_option
+
+
+@click.group()
+def study():
+    """Start, resume, inspect and export tuning studies.
+
+    A study (studies/NAME.yaml) names the model, hardware, workload, search space and latency
+    targets. Each trial launches a candidate configuration and searches the largest number of
+    concurrent users that meets both P90 targets; Optuna picks the next configuration.
+    """
+
+
+def _backend_choice():
+    return click.Choice(["auto", "simulator", "sglang", "transformers"])
+
+
+def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
+    from tuner.evaluation.registry import get_evaluator, resolve_auto
+
+    kind = requested or spec.backend
+    if kind == "auto":
+        kind, reason = resolve_auto(spec)
+    else:
+        reason = "chosen explicitly"
+    get_evaluator(kind)  # fails now (exit 2) if the backend cannot be used here
+    return kind, reason
+
+
+def _run(runner, spec, budget, as_json, prelude: list[str]):
+    from tuner.study.progress import StudyProgress
+
+    progress = StudyProgress(spec.name, budget, enabled=not as_json)
+    runner.on_event = progress.event
+    with progress:
+        for line in prelude:
+            progress.line(line)
+        outcome = runner.run(budget)
+    if as_json:
+        emit_json(outcome.to_dict())
+    else:
+        _print_outcome(outcome, runner.storage_url)
+    if outcome.stopped_reason and "max-failures" in outcome.stopped_reason:
+        click.echo(f"Error: {outcome.stopped_reason}", err=True)
+        sys.exit(1)
+
+
+def _print_outcome(o, storage):
+    click.echo(f"\nstudy {o.name} ({o.backend_kind}): {o.trials_run} trials in {o.wall_time_s:.1f} s; "
+               f"{o.trials_failed} failed, {o.trials_infeasible} infeasible ({o.prescreened} screened out by the planner)")
+    if o.best_capacity_users is not None:
+        base = o.baseline_capacity_users
+        gain = ""
+        if base:
+            gain = f", {o.best_capacity_users / base:.2f}x the baseline's {base}"
+        elif base == 0:
+            gain = ", the baseline met the targets for no user count"
+        click.echo(f"best: trial {o.best_trial_number} serves {o.best_capacity_users} users{gain}")
+        click.echo(f"export it with: tuner study export {o.name} -o best.yaml" +
+                   (f" --storage {storage}" if storage != "sqlite:///results/tuner.db" else ""))
+    if o.stopped_reason:
+        click.echo(f"stopped: {o.stopped_reason}")
+
+
+@study.command()
+@click.argument("name")
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="Configurations to launch (default: the study's `trials`).")
+@click.option("--backend", type=_backend_choice(), default=None,
+              help="Where trials run. auto: SGLang if installed and the study's GPUs are present, else the simulator.")
+@storage_option
+@click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Trials run at once where resources allow.")
+@click.option("--seed", type=int, default=None, help="Sampler and workload seed (default: the study's).")
+@click.option("--max-failures", type=click.IntRange(min=1), default=None, help="Stop the study after this many failed trials.")
+@click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
+@json_option
+def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, as_json):
+    """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
+    from tuner.spec.load import load_study
+    from tuner.storage import db
+    from tuner.study.runner import StudyRunner
+
+    spec = load_study(name)
+    db.parse_url(storage)
+    kind, reason = _resolve_backend(spec, backend)
+    runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
+                         ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures)
+    runner.create()
+    click.echo(f"backend: {kind} ({reason})", err=True)
+    _run(runner, spec, trials or spec.trials, as_json, [])
+
+
+@study.command()
+@click.argument("name")
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="Total trial budget (default: the budget it was started with).")
+@storage_option
+@click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
+@click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-failures", type=click.IntRange(min=1), default=None)
+@click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
+@json_option
+def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, as_json):
+    """Continue study NAME to its budget: trials left running by a dead process are marked
+    interrupted and their server processes reaped by recorded PID."""
+    from tuner.storage import db, repo
+    from tuner.study.runner import StudyRunner, load_existing
+
+    spec = load_existing(storage, name)
+    row = repo.get_study(db.get_engine(storage, create=False), name)
+    runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
+                         parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures)
+    recovered = runner.recover_interrupted()
+    prelude = [f"marked {len(recovered)} interrupted trial(s): {recovered}"] if recovered else []
+    if not as_json:
+        for line in prelude:
+            click.echo(line, err=True)
+    _run(runner, spec, trials or row.trials_budget, as_json, [])
+
+
+@study.command()
+@click.argument("name")
+@storage_option
+@json_option
+def status(name, storage, as_json):
+    """Trials of study NAME: state, capacity, failures; the best and the baseline."""
+    from tuner.study.summary import study_summary
+
+    summary = study_summary(storage, name)
+    if as_json:
+        emit_json(summary)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = summary
+    console.print(f"[bold]study {s['name']}[/bold]  backend {s['backend_kind']}  status {s['status']}  "
+                  f"trials {s['trials_launched']}/{s['trials_budget']}  target {s['target_users']} users at "
+                  f"P90 TTFT <= {s['slo']['p90_ttft_s']} s, P90 TPOT <= {s['slo']['p90_tpot_s'] * 1000:.0f} ms")
+    table = Table()
+    for col in ("trial", "status", "users", "P90 TTFT s", "P90 TPOT ms", "configuration / reason"):
+        table.add_column(col)
+    for t in s["trials"]:
+        cfg = " ".join(f"{k}={v}" for k, v in t["params"].items() if v is not None)
+        detail = cfg if t["status"] == "complete" else f"{t['failure_class']}: {t['failure_reason']}"
+        at = t.get("at_capacity") or {}
+        table.add_row(str(t["number"]) + (" B" if t["is_baseline"] else ""), t["status"],
+                      "" if t["capacity_users"] is None else str(t["capacity_users"]),
+                      _fmt(at.get("p90_ttft_s")), _fmt(at.get("p90_tpot_s"), 1000), detail[:100])
+    console.print(table)
+    if s["best"]:
+        console.print(f"best: trial {s['best']['number']} with {s['best']['capacity_users']} users"
+                      + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
+
+
+def _fmt(v, scale=1.0):
+    return "" if v is None else f"{v * scale:.2f}"
+
+
+@study.command(name="list")
+@storage_option
+@json_option
+def list_(storage, as_json):
+    """Studies in the database."""
+    from tuner.study.summary import list_summaries
+
+    rows = list_summaries(storage)
+    if as_json:
+        emit_json({"storage": storage, "studies": rows})
+        return
+    if not rows:
+        click.echo(f"no studies in {storage}")
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<24} {r['backend_kind']:<12} {r['status']:<9} trials {r['trials_launched']:>3}/"
+                   f"{r['trials_budget']:<3} best {r['best_capacity_users'] if r['best_capacity_users'] is not None else '-':>4}"
+                   f" baseline {r['baseline_capacity_users'] if r['baseline_capacity_users'] is not None else '-'}")
+
+
+@study.command()
+@click.argument("name")
+@click.option("-o", "--output", default=None, help="Write the YAML here (default: stdout).")
+@click.option("--trial", "trial_number", type=int, default=None, help="Export this trial instead of the best.")
+@storage_option
+def export(name, output, trial_number, storage):
+    """The best configuration of NAME as a YAML file SGLang reads with --config."""
+    from tuner.study.export import export_study
+
+    text, notes = export_study(storage, name, output=output, trial_number=trial_number)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        click.echo(f"wrote {output}", err=True)
+    for n in notes:
+        click.echo(n, err=True)
+
+
+# Extra study subcommands living in their own modules (loaded only if present).
+for _mod, _attr in (("tuner.cli.study_report", "report"),):
+    try:
+        study.add_command(getattr(importlib.import_module(_mod), _attr))
+    except ImportError:
+        pass

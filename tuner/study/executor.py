@@ -1,0 +1,238 @@
+"""Where trials run: Ray actors (local Ray by default, a cluster by address) or in-process.
+
+The driver talks to trials through three operations -- deploy, measure(users), close -- submitted
+asynchronously and collected with ``wait``. Workers only compute and return; the driver writes.
+A trial that needs GPUs gets its own actor with ``num_gpus`` (Ray sets CUDA_VISIBLE_DEVICES for it)
+and the actor is destroyed at the end so the GPUs are free again; CPU-only trials (the simulator)
+reuse a pool of actors to avoid process start-up per trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tuner.errors import TrialError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpResult:
+    key: int  # trial number
+    op: str  # deploy | measure | close
+    ok: bool
+    value: Any  # deploy: info dict; measure: (LoadPointMetrics, wall_time_s); close: None
+    error: TrialError | None = None
+
+
+class TrialWorker:
+    """Holds one deployment at a time. Runs inside a Ray actor or in-process."""
+
+    def __init__(self):
+        self._deployment = None
+        self._evaluator = None
+
+    def deploy(self, kind: str, request) -> dict:
+        from tuner.evaluation.registry import get_evaluator
+
+        if self._deployment is not None:
+            self.close()
+        gpu_ids = _assigned_gpu_ids()
+        if gpu_ids:
+            request = replace(request, gpu_ids=tuple(gpu_ids))
+        self._evaluator = get_evaluator(kind)
+        self._deployment = self._evaluator.deploy(request)
+        d = self._deployment
+        return {
+            "predicted_kv_capacity_tokens_total": d.predicted_kv_capacity_tokens_total,
+            "measured_kv_capacity_tokens_total": d.measured_kv_capacity_tokens_total,
+            "pids": list(d.pids),
+            "log_path": d.log_path,
+            "gpu_ids": list(gpu_ids),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "node": os.uname().nodename,
+        }
+
+    def measure(self, users: int):
+        if self._deployment is None:
+            raise TrialError("internal", "measure() before deploy()")
+        t0 = time.perf_counter()
+        metrics = self._deployment.measure(users)
+        return metrics, time.perf_counter() - t0
+
+    def close(self) -> dict:
+        d, self._deployment = self._deployment, None
+        if d is None:
+            return {}
+        try:
+            telemetry = d.telemetry()
+        except Exception as exc:  # telemetry is best effort; teardown is not
+            telemetry = {"error": str(exc)}
+        d.close()
+        return telemetry
+
+    def call(self, op: str, *args):
+        """Run ``op`` and turn any failure into data, so one bad trial never stops the study."""
+        try:
+            return True, getattr(self, op)(*args), None
+        except TrialError as exc:
+            if op != "close":
+                self._safe_close()
+            return False, None, exc
+        except Exception as exc:  # a bug in a backend: the trial fails, the study goes on
+            log.exception("trial %s failed with an internal error", op)
+            self._safe_close()
+            return False, None, TrialError("internal", f"{type(exc).__name__}: {exc}")
+
+    def _safe_close(self):
+        try:
+            self.close()
+        except Exception:
+            log.exception("teardown after a failure raised")
+
+
+def _assigned_gpu_ids() -> list:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return [str(g) for g in ray.get_gpu_ids()]
+    except Exception:
+        pass
+    return []
+
+
+class InProcessExecutor:
+    """Runs operations one at a time in the driver process (no Ray): for debugging and small runs."""
+
+    def __init__(self):
+        self._workers: dict[int, TrialWorker] = {}
+        self._queue: list[tuple[int, str, tuple]] = []
+
+    def capacity(self) -> int:
+        return 1
+
+    def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
+        self._workers.setdefault(key, TrialWorker())
+        self._queue.append((key, op, args))
+
+    def wait(self, timeout_s: float = 0.5) -> list[OpResult]:
+        if not self._queue:
+            time.sleep(min(timeout_s, 0.05))
+            return []
+        key, op, args = self._queue.pop(0)
+        ok, value, err = self._workers[key].call(op, *args)
+        if op == "close":
+            self._workers.pop(key, None)
+        return [OpResult(key, op, ok, value, err)]
+
+    def active(self) -> int:
+        return len(self._workers)
+
+    def shutdown(self) -> None:
+        for w in self._workers.values():
+            w._safe_close()
+        self._workers.clear()
+
+
+class RayExecutor:
+    def __init__(self, address: str | None = None, *, cpus_per_trial: float = 1.0):
+        import ray
+
+        self._ray = ray
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                          logging_level=logging.WARNING, configure_logging=True)
+            if address:
+                kwargs["address"] = address
+            # workers import tuner from the same place the driver does
+            kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": _pythonpath()}}
+            try:
+                ray.init(**kwargs)
+            except ConnectionError as exc:
+                from tuner.errors import UserError
+
+                raise UserError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
+        self._actor_cls = ray.remote(TrialWorker)
+        self._cpus = cpus_per_trial
+        self._actors: dict[int, Any] = {}
+        self._actor_gpus: dict[int, int] = {}
+        self._idle_cpu_actors: list = []
+        self._pending: dict[Any, tuple[int, str]] = {}
+
+    def cluster_gpus(self) -> float:
+        return float(self._ray.cluster_resources().get("GPU", 0))
+
+    def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
+        actor = self._actors.get(key)
+        if actor is None:
+            if num_gpus == 0 and self._idle_cpu_actors:
+                actor = self._idle_cpu_actors.pop()
+            else:
+                actor = self._actor_cls.options(num_gpus=num_gpus, num_cpus=self._cpus if num_gpus == 0 else 0.5,
+                                                max_restarts=0).remote()
+            self._actors[key] = actor
+            self._actor_gpus[key] = num_gpus
+        ref = actor.call.remote(op, *args)
+        self._pending[ref] = (key, op)
+
+    def wait(self, timeout_s: float = 0.5) -> list[OpResult]:
+        if not self._pending:
+            time.sleep(min(timeout_s, 0.05))
+            return []
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        out = []
+        for ref in ready:
+            key, op = self._pending.pop(ref)
+            try:
+                ok, value, err = self._ray.get(ref)
+            except Exception as exc:  # the actor process died (e.g. killed by the OOM killer)
+                ok, value, err = False, None, TrialError("crash", f"trial worker died: {type(exc).__name__}: {exc}")
+                self._discard(key, kill=True)
+            if op == "close" or (not ok and op != "close"):
+                self._release(key)
+            out.append(OpResult(key, op, ok, value, err))
+        return out
+
+    def _release(self, key: int) -> None:
+        actor = self._actors.pop(key, None)
+        gpus = self._actor_gpus.pop(key, 0)
+        if actor is None:
+            return
+        if gpus == 0:
+            self._idle_cpu_actors.append(actor)
+        else:
+            self._ray.kill(actor)  # frees its GPUs for the next trial
+
+    def _discard(self, key: int, kill: bool) -> None:
+        actor = self._actors.pop(key, None)
+        self._actor_gpus.pop(key, None)
+        if actor is not None and kill:
+            try:
+                self._ray.kill(actor)
+            except Exception:
+                pass
+
+    def active(self) -> int:
+        return len(self._actors)
+
+    def shutdown(self) -> None:
+        for actor in list(self._actors.values()) + self._idle_cpu_actors:
+            try:
+                self._ray.kill(actor)
+            except Exception:
+                pass
+        self._actors.clear()
+        self._idle_cpu_actors.clear()
+
+
+def _pythonpath() -> str:
+    import tuner
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tuner.__file__)))
+    existing = os.environ.get("PYTHONPATH", "")
+    return root + (os.pathsep + existing if existing else "")

@@ -1,0 +1,451 @@
+"""The study driver: ask Optuna for configurations, run each trial's capacity search on a worker,
+record every measurement, tell Optuna the capacity, until the trial budget is spent.
+
+Only this process writes to the database. A failed trial (cannot start, crash, out of memory) is
+recorded with its failure class and the study goes on; Optuna learns it as an infeasible region
+(capacity 0 with a violated constraint). Trial 0 is always the baseline: SGLang's defaults for the
+hardware with TP = GPUs of the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import yaml
+
+import tuner
+from tuner.errors import StudyNotFoundError, TrialError, UserError
+from tuner.evaluation.base import TrialRequest
+from tuner.evaluation.capacity import CapacitySearch
+from tuner.spec.load import spec_hash
+from tuner.spec.schema import StudySpec
+from tuner.storage import db, repo
+from tuner.study import space as space_mod
+from tuner.study.samplers import CONSTRAINT_ATTR, make_sampler
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 10
+HEARTBEAT_GRACE_S = 30
+
+
+@dataclass
+class RunningTrial:
+    number: int
+    optuna_trial: Any
+    values: dict
+    flags: dict
+    knobs: dict
+    search: CapacitySearch
+    num_gpus: int
+    is_baseline: bool
+    started_at: float = field(default_factory=time.time)
+    step: int = 0
+    phase: str = "deploy"  # deploy | measure | close
+    pending_outcome: tuple | None = None  # (status, capacity, failure_class, reason)
+    info: dict = field(default_factory=dict)
+    last_metrics: Any = None
+
+
+@dataclass
+class StudyOutcome:
+    name: str
+    backend_kind: str
+    backend_reason: str
+    trials_run: int
+    trials_failed: int
+    trials_infeasible: int
+    prescreened: int
+    duplicates: int
+    best_trial_number: int | None
+    best_capacity_users: int | None
+    baseline_capacity_users: int | None
+    wall_time_s: float
+    stopped_reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def optuna_storage(url: str):
+    import optuna
+
+    kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
+    if url.startswith("sqlite"):
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": db.SQLITE_BUSY_TIMEOUT_MS / 1000}}
+    return optuna.storages.RDBStorage(url, **kwargs)
+
+
+def baseline_values(study: StudySpec) -> dict:
+    """Trial 0: every knob at SGLang's default except the study's ``baseline`` flags."""
+    values = {name: None for name in study.space().params}
+    values.setdefault("tp-size", None)
+    values.update(study.baseline)
+    if values.get("tp-size") is None and study.space().engine == "sglang":
+        values["tp-size"] = study.hardware.gpus_per_node
+    return values
+
+
+class StudyRunner:
+    def __init__(self, study: StudySpec, *, storage_url: str, backend_kind: str, backend_reason: str = "",
+                 parallel: int = 1, ray_address: str | None = None, use_ray: bool = True, seed: int | None = None,
+                 max_failures: int | None = None, on_event: Callable[[str, dict], None] | None = None,
+                 workdir: str = "results/runs", prescreen: bool = True):
+        self.study = study
+        self.storage_url = storage_url
+        self.backend_kind = backend_kind
+        self.backend_reason = backend_reason
+        self.parallel = max(1, parallel)
+        self.ray_address = ray_address
+        self.use_ray = use_ray
+        self.seed = study.seed if seed is None else seed
+        self.max_failures = max_failures
+        self.on_event = on_event or (lambda kind, data: None)
+        self.workdir = workdir
+        self.prescreen = prescreen
+        self.engine = db.get_engine(storage_url)
+        self.env = space_mod.env_for(study)
+        self._running: dict[int, RunningTrial] = {}
+        self._stop = threading.Event()
+        self._counts = {"failed": 0, "infeasible": 0, "prescreened": 0, "duplicates": 0}
+        self._seen: dict[str, int | None] = {}  # config key -> capacity (None while running)
+
+    # ---------------------------------------------------------------- set-up
+    def create(self) -> None:
+        """Create the study rows (Optuna's and ours). Refuses an existing name."""
+        import optuna
+
+        db.ensure_schema(self.engine)
+        if repo.get_study(self.engine, self.study.name) is not None:
+            raise UserError(f"study {self.study.name!r} already exists in {self.storage_url}; "
+                            f"continue it with `tuner study resume {self.study.name}` or choose another storage")
+        storage = optuna_storage(self.storage_url)
+        optuna.create_study(study_name=self.study.name, storage=storage, direction="maximize",
+                            sampler=make_sampler(self.study.sampler, self.seed))
+        spec_yaml = yaml.safe_dump(self.study.model_dump(mode="json"), sort_keys=False)
+        repo.create_study(self.engine, name=self.study.name, spec_yaml=spec_yaml, spec_hash=spec_hash(self.study),
+                          source_path=self.study.source_path, backend_kind=self.backend_kind,
+                          target_users=self.study.target_users, p90_ttft_slo_s=self.study.slo.p90_ttft_s,
+                          p90_tpot_slo_s=self.study.slo.p90_tpot_s, trials_budget=self.study.trials,
+                          tuner_version=tuner.__version__)
+
+    def _optuna_study(self):
+        import optuna
+
+        storage = optuna_storage(self.storage_url)
+        return optuna.load_study(study_name=self.study.name, storage=storage,
+                                 sampler=make_sampler(self.study.sampler, self.seed, resumed=True))
+
+    def recover_interrupted(self) -> list[int]:
+        """Mark trials left running by a dead driver as interrupted, reap their servers by PID."""
+        import optuna
+
+        ostudy = self._optuna_study()
+        stale = optuna.storages.fail_stale_trials(ostudy) if hasattr(optuna.storages, "fail_stale_trials") else None
+        _ = stale
+        fresh_running = [t for t in ostudy.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))]
+        if fresh_running:
+            raise UserError(f"study {self.study.name!r} has trials still running in another process "
+                            f"(heartbeat within {HEARTBEAT_GRACE_S} s); stop it first or wait")
+        recovered = []
+        for row in repo.running_trials(self.engine, self.study.name):
+            reaped = _reap(row.pids or [])
+            repo.finish_trial(self.engine, self.study.name, row.trial_number, status="interrupted",
+                              capacity_users=None, failure_class="interrupted",
+                              failure_reason=f"the tuner process died during this trial; reaped {len(reaped)} "
+                                             f"server process(es) by recorded PID",
+                              telemetry={"reaped_pids": reaped})
+            recovered.append(row.trial_number)
+        return recovered
+
+    # ---------------------------------------------------------------- main loop
+    def run(self, trials: int | None = None) -> StudyOutcome:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        t0 = time.time()
+        ostudy = self._optuna_study()
+        budget = trials if trials is not None else self.study.trials
+        done_before = [t for t in repo.trials(self.engine, self.study.name)
+                       if t.status not in ("running",) and not (t.telemetry or {}).get("not_launched")]
+        for t in repo.trials(self.engine, self.study.name):
+            if t.status == "complete":
+                self._seen[_config_key(t.params)] = t.capacity_users
+        launched = len(done_before)
+        self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
+                                "budget": budget, "done": launched})
+        executor = self._make_executor()
+        heartbeat = threading.Thread(target=self._heartbeat_loop, args=(ostudy,), daemon=True)
+        heartbeat.start()
+        stopped_reason = None
+        asks = 0
+        try:
+            while True:
+                can_start = (launched < budget and len(self._running) < self.parallel and stopped_reason is None
+                             and not self._stop.is_set())
+                if can_start:
+                    asks += 1
+                    if asks > 20 * budget + 50:
+                        stopped_reason = "the search space has no more new feasible configurations to try"
+                        continue
+                    if self._start_next(ostudy, executor):
+                        launched += 1
+                    continue
+                if not self._running:
+                    break
+                for res in executor.wait(timeout_s=0.5):
+                    self._handle(res, ostudy, executor)
+                if self.max_failures is not None and self._counts["failed"] >= self.max_failures and stopped_reason is None:
+                    stopped_reason = (f"stopped after {self._counts['failed']} failed trials (--max-failures "
+                                      f"{self.max_failures}); see `tuner study status {self.study.name}` for the reasons")
+                    launched = budget  # let running trials finish, start no new ones
+        except KeyboardInterrupt:
+            stopped_reason = "interrupted by the user"
+            raise
+        finally:
+            self._stop.set()
+            executor.shutdown()
+            if stopped_reason == "interrupted by the user":
+                for rt in list(self._running.values()):
+                    self._finish(rt, ostudy, "interrupted", None, "interrupted", "interrupted by the user")
+        status = "stopped" if stopped_reason and "no more" not in stopped_reason else "finished"
+        repo.set_study_status(self.engine, self.study.name, status)
+        best = repo.best_trial(self.engine, self.study.name)
+        base = repo.baseline_trial(self.engine, self.study.name)
+        outcome = StudyOutcome(
+            name=self.study.name, backend_kind=self.backend_kind, backend_reason=self.backend_reason,
+            trials_run=launched, trials_failed=self._counts["failed"], trials_infeasible=self._counts["infeasible"],
+            prescreened=self._counts["prescreened"], duplicates=self._counts["duplicates"],
+            best_trial_number=best.trial_number if best else None,
+            best_capacity_users=best.capacity_users if best else None,
+            baseline_capacity_users=base.capacity_users if base else None,
+            wall_time_s=time.time() - t0, stopped_reason=stopped_reason)
+        self.on_event("end", outcome.to_dict())
+        return outcome
+
+    def _make_executor(self):
+        from tuner.study.executor import InProcessExecutor, RayExecutor
+
+        if not self.use_ray:
+            return InProcessExecutor()
+        return RayExecutor(self.ray_address)
+
+    def _heartbeat_loop(self, ostudy):
+        storage = ostudy._storage
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S / 2):
+            for rt in list(self._running.values()):
+                try:
+                    storage.record_heartbeat(rt.optuna_trial._trial_id)
+                except Exception:  # a missed heartbeat is retried next round
+                    log.debug("heartbeat failed", exc_info=True)
+
+    # ---------------------------------------------------------------- one trial
+    def _start_next(self, ostudy, executor) -> bool:
+        """Ask for a configuration; launch it, or settle it at once. True if launched."""
+        has_trials = bool(repo.trials(self.engine, self.study.name))
+        otrial = ostudy.ask()
+        is_baseline = not has_trials
+        if is_baseline:
+            values = baseline_values(self.study)
+            otrial.set_user_attr("baseline", True)
+        else:
+            values = space_mod.suggest(otrial, self.study.space(), self.env)
+        engine_name = self.study.space().engine
+        flags, knobs = space_mod.split(values, engine_name)
+        otrial.set_user_attr("config", {k: v for k, v in values.items()})
+        number = otrial.number
+
+        violated = space_mod.violated_constraints(self.study.space(), values, self.env) if not is_baseline else []
+        if violated:
+            self._counts["infeasible"] += 1
+            self._settle_without_launch(ostudy, otrial, values, flags, knobs, is_baseline, "infeasible",
+                                        "infeasible", "violates constraint(s): " + "; ".join(violated))
+            return False
+        key = _config_key(values)
+        if key in self._seen and not is_baseline:
+            self._counts["duplicates"] += 1
+            cap = self._seen[key]
+            if cap is None:  # same configuration is running right now: ask again later
+                ostudy.tell(otrial, state=__import__("optuna").trial.TrialState.PRUNED)
+                return False
+            otrial.set_user_attr("duplicate", True)
+            otrial.set_user_attr(CONSTRAINT_ATTR, [0.0 if cap > 0 else 1.0])
+            ostudy.tell(otrial, float(cap))
+            return False
+        predicted_kv = None
+        if engine_name == "sglang":
+            fits, reason, predicted_kv = _prescreen(self.study, flags)
+            if not fits and self.prescreen:
+                self._counts["prescreened"] += 1
+                self._counts["infeasible"] += 1
+                self._settle_without_launch(ostudy, otrial, values, flags, knobs, is_baseline, "infeasible",
+                                            "infeasible", f"planner: {reason}", predicted_kv=predicted_kv)
+                return False
+
+        self._seen[key] = None
+        request = TrialRequest(study=self.study, trial_number=number, flags=flags, knobs=knobs,
+                               workdir=f"{self.workdir}/{self.study.name}/trial-{number:04d}",
+                               seed=self.seed + number)
+        from tuner.evaluation.registry import get_evaluator
+
+        num_gpus = get_evaluator(self.backend_kind).gpus_needed(request)
+        repo.start_trial(self.engine, study_name=self.study.name, trial_number=number,
+                         optuna_trial_id=otrial._trial_id, backend_kind=self.backend_kind, params=values,
+                         flags=flags, knobs=knobs, is_baseline=is_baseline,
+                         predicted_kv_capacity_tokens=predicted_kv)
+        rt = RunningTrial(number=number, optuna_trial=otrial, values=values, flags=flags, knobs=knobs,
+                          search=CapacitySearch.for_study(self.study), num_gpus=num_gpus, is_baseline=is_baseline)
+        self._running[number] = rt
+        executor.submit(number, "deploy", self.backend_kind, request, num_gpus=num_gpus)
+        self.on_event("trial_start", {"number": number, "config": values, "baseline": is_baseline})
+        return True
+
+    def _settle_without_launch(self, ostudy, otrial, values, flags, knobs, is_baseline, status, failure_class,
+                               reason, predicted_kv=None):
+        repo.start_trial(self.engine, study_name=self.study.name, trial_number=otrial.number,
+                         optuna_trial_id=otrial._trial_id, backend_kind=self.backend_kind, params=values,
+                         flags=flags, knobs=knobs, is_baseline=is_baseline, predicted_kv_capacity_tokens=predicted_kv)
+        repo.finish_trial(self.engine, self.study.name, otrial.number, status=status, capacity_users=0,
+                          failure_class=failure_class, failure_reason=reason, telemetry={"not_launched": True})
+        otrial.set_user_attr(CONSTRAINT_ATTR, [1.0])
+        otrial.set_user_attr("failure", reason)
+        ostudy.tell(otrial, 0.0)
+        self.on_event("trial_end", {"number": otrial.number, "status": status, "capacity": 0, "reason": reason,
+                                    "launched": False})
+
+    def _handle(self, res, ostudy, executor) -> None:
+        rt = self._running.get(res.key)
+        if rt is None:
+            return
+        if res.op == "close":
+            if res.ok and res.value:
+                repo.update_trial(self.engine, self.study.name, rt.number, telemetry=_jsonable(res.value))
+            status, cap, fclass, reason = rt.pending_outcome
+            self._finish(rt, ostudy, status, cap, fclass, reason)
+            return
+        if not res.ok:
+            err = res.error
+            status = "infeasible" if err.failure_class == "infeasible" else "failed"
+            self._finish(rt, ostudy, status, 0 if status == "infeasible" else None, err.failure_class, err.reason,
+                         log_path=err.log_path)
+            return
+        if res.op == "deploy":
+            rt.info = res.value or {}
+            repo.update_trial(self.engine, self.study.name, rt.number,
+                              pids=rt.info.get("pids", []), gpu_ids=rt.info.get("gpu_ids", []),
+                              log_path=rt.info.get("log_path"),
+                              predicted_kv_capacity_tokens=rt.info.get("predicted_kv_capacity_tokens_total"),
+                              measured_kv_capacity_tokens=rt.info.get("measured_kv_capacity_tokens_total"))
+            self._next_step(rt, executor)
+            return
+        if res.op == "measure":
+            metrics, wall = res.value
+            passed = rt.search.meets(metrics)
+            repo.add_measurement(self.engine, study_name=self.study.name, trial_number=rt.number, step=rt.step,
+                                 backend_kind=self.backend_kind, metrics=metrics, meets_slo=passed, wall_time_s=wall)
+            rt.search.record(metrics.users, passed)
+            rt.step += 1
+            rt.last_metrics = metrics
+            try:
+                rt.optuna_trial.report(float(rt.search.capacity_users), rt.step)
+            except Exception:
+                log.debug("report failed", exc_info=True)
+            self.on_event("measurement", {"number": rt.number, "users": metrics.users, "passed": passed,
+                                          "p90_ttft_s": metrics.p90_ttft_s, "p90_tpot_s": metrics.p90_tpot_s})
+            self._next_step(rt, executor)
+
+    def _next_step(self, rt: RunningTrial, executor) -> None:
+        users = rt.search.next_users()
+        if users is not None:
+            executor.submit(rt.number, "measure", users)
+            return
+        rt.pending_outcome = ("complete", rt.search.capacity_users, None, None)
+        executor.submit(rt.number, "close")
+
+    def _finish(self, rt, ostudy, status, capacity, failure_class, reason, log_path=None) -> None:
+        self._running.pop(rt.number, None)
+        extra = {"log_path": log_path} if log_path else {}
+        repo.finish_trial(self.engine, self.study.name, rt.number, status=status, capacity_users=capacity,
+                          failure_class=failure_class, failure_reason=reason, **extra)
+        key = _config_key(rt.values)
+        if status == "complete":
+            self._seen[key] = capacity
+        else:
+            self._seen.pop(key, None)
+            if status == "failed":
+                self._counts["failed"] += 1
+            elif status == "infeasible":
+                self._counts["infeasible"] += 1
+        import optuna
+
+        if status == "interrupted":
+            ostudy.tell(rt.optuna_trial, state=optuna.trial.TrialState.FAIL)
+        else:
+            feasible = status == "complete"
+            rt.optuna_trial.set_user_attr(CONSTRAINT_ATTR, [0.0 if feasible else 1.0])
+            if reason:
+                rt.optuna_trial.set_user_attr("failure", f"{failure_class}: {reason}")
+            ostudy.tell(rt.optuna_trial, float(capacity or 0))
+        self.on_event("trial_end", {"number": rt.number, "status": status, "capacity": capacity,
+                                    "reason": reason, "failure_class": failure_class, "launched": True,
+                                    "baseline": rt.is_baseline})
+
+
+def _config_key(values: dict) -> str:
+    return repr(sorted((k, v) for k, v in values.items() if v is not None))
+
+
+def _jsonable(d: dict) -> dict:
+    import json
+
+    return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def _prescreen(study: StudySpec, flags: dict) -> tuple[bool, str, int | None]:
+    """Planner verdict before launching: (fits, reason, predicted KV tokens of the node/cluster)."""
+    try:
+        from tuner.catalog import get_gpu, get_model
+        from tuner.planner import plan_memory
+    except ImportError:
+        return True, "", None
+    try:
+        plan = plan_memory(get_model(study.model), get_gpu(study.hardware.gpu), study.hardware.gpus_per_node,
+                           flags, nodes=study.hardware.nodes, host_memory_gb=study.hardware.host_memory_gb)
+    except TrialError as exc:
+        return False, exc.reason, None
+    except UserError as exc:
+        return False, str(exc), None
+    return bool(plan.fits), plan.reason or "", plan.kv_capacity_tokens_total
+
+
+def _reap(pids: list[int]) -> list[int]:
+    if not pids:
+        return []
+    try:
+        from tuner.backends.process import reap_pids
+    except ImportError:
+        return []
+    result = reap_pids(pids)
+    if isinstance(result, dict):
+        return list(result.get("killed", []))
+    return list(result or [])
+
+
+def load_existing(storage_url: str, name: str) -> StudySpec:
+    """The study exactly as it was started (its stored snapshot)."""
+    engine = db.get_engine(storage_url, create=False)
+    if not db.has_schema(engine):
+        raise StudyNotFoundError(f"no study {name!r} in {storage_url} (the database has no tuner studies)")
+    row = repo.get_study(engine, name)
+    if row is None:
+        names = [s.name for s in repo.list_studies(engine)]
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise StudyNotFoundError(f"no study {name!r} in {storage_url}{hint}; studies there: {', '.join(names) or 'none'}")
+    return StudySpec.model_validate(yaml.safe_load(row.spec_yaml))

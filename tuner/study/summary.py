@@ -1,0 +1,92 @@
+"""Read-only summaries of studies (for `study status`, `study list`, reports and the dashboard)."""
+
+from __future__ import annotations
+
+from tuner.errors import StudyNotFoundError
+from tuner.storage import db, repo
+
+MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
+                      "p50_tpot_s", "p90_tpot_s", "p99_tpot_s", "p90_itl_s", "throughput_tokens_per_s",
+                      "prefix_cache_hit_rate", "kv_capacity_tokens_total", "wall_time_s", "step", "fidelity")
+
+
+def _engine(storage: str):
+    engine = db.get_engine(storage, create=False)
+    if not db.has_schema(engine):
+        raise StudyNotFoundError(f"no tuner studies in {storage}")
+    return engine
+
+
+def measurement_dict(m) -> dict:
+    return {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+
+
+def trial_dict(t, ms: list) -> dict:
+    at = None
+    if t.capacity_users:
+        passing = [m for m in ms if m.users == t.capacity_users and m.meets_slo]
+        at = measurement_dict(passing[-1]) if passing else None
+    return {
+        "number": t.trial_number, "status": t.status, "is_baseline": t.is_baseline, "backend_kind": t.backend_kind,
+        "capacity_users": t.capacity_users, "params": t.params, "flags": t.flags, "knobs": t.knobs,
+        "failure_class": t.failure_class, "failure_reason": t.failure_reason, "log_path": t.log_path,
+        "predicted_kv_capacity_tokens": t.predicted_kv_capacity_tokens,
+        "measured_kv_capacity_tokens": t.measured_kv_capacity_tokens,
+        "wall_time_s": t.wall_time_s, "started_at": t.started_at, "finished_at": t.finished_at,
+        "launched": not (t.telemetry or {}).get("not_launched", False),
+        "pids": t.pids, "gpu_ids": t.gpu_ids,
+        "at_capacity": at, "measurements": [measurement_dict(m) for m in ms],
+    }
+
+
+def study_summary(storage: str, name: str) -> dict:
+    engine = _engine(storage)
+    row = repo.get_study(engine, name)
+    if row is None:
+        names = [s.name for s in repo.list_studies(engine)]
+        raise StudyNotFoundError(f"no study {name!r} in {storage}; studies there: {', '.join(names) or 'none'}")
+    ts = repo.trials(engine, name)
+    ms = repo.measurements(engine, name)
+    by_trial: dict[int, list] = {}
+    for m in ms:
+        by_trial.setdefault(m.trial_number, []).append(m)
+    trials = [trial_dict(t, by_trial.get(t.trial_number, [])) for t in ts]
+    best = repo.best_trial(engine, name)
+    base = repo.baseline_trial(engine, name)
+    best_d = next((t for t in trials if best and t["number"] == best.trial_number), None)
+    base_d = next((t for t in trials if base and t["number"] == base.trial_number), None)
+    improvement = None
+    if best_d and base_d and base_d["capacity_users"]:
+        improvement = best_d["capacity_users"] / base_d["capacity_users"]
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    return {
+        "name": row.name, "backend_kind": row.backend_kind, "status": row.status, "storage": storage,
+        "target_users": row.target_users, "slo": {"p90_ttft_s": row.p90_ttft_slo_s, "p90_tpot_s": row.p90_tpot_slo_s},
+        "trials_budget": row.trials_budget, "trials_launched": sum(1 for t in trials if t["launched"]),
+        "counts": counts, "created_at": row.created_at, "updated_at": row.updated_at,
+        "tuner_version": row.tuner_version, "spec_hash": row.spec_hash,
+        "best": best_d, "baseline": base_d, "improvement_over_baseline": improvement,
+        "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
+        "trials": trials,
+    }
+
+
+def list_summaries(storage: str) -> list[dict]:
+    engine = _engine(storage)
+    out = []
+    for s in repo.list_studies(engine):
+        ts = repo.trials(engine, s.name)
+        best = repo.best_trial(engine, s.name)
+        base = repo.baseline_trial(engine, s.name)
+        out.append({
+            "name": s.name, "backend_kind": s.backend_kind, "status": s.status,
+            "trials_budget": s.trials_budget,
+            "trials_launched": sum(1 for t in ts if not (t.telemetry or {}).get("not_launched")),
+            "best_capacity_users": best.capacity_users if best else None,
+            "best_trial": best.trial_number if best else None,
+            "baseline_capacity_users": base.capacity_users if base else None,
+            "target_users": s.target_users, "created_at": s.created_at,
+        })
+    return out
