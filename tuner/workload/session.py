@@ -94,23 +94,127 @@ def generate_sessions(profile: WorkloadProfile, count: int, seed: int = 0) -> li
 
     Session i depends only on (seed, i), so the first N sessions are the same whatever ``count``.
     """
-    out = []
-    for i in range(count):
-        rng = np.random.default_rng([seed, i])
-        n_turns = max(1, int(round(float(profile.turns_per_session.sample(rng)))))
-        prefix = int(round(profile.system_prefix_tokens * profile.scale))
-        context = prefix
-        turns: list[Turn] = []
-        for k in range(n_turns):
-            dist = profile.first_turn_context_tokens if k == 0 else profile.new_tokens_per_turn
-            new = max(1, int(round(float(dist.sample(rng)) * profile.scale)))
-            out_tok = max(1, int(round(float(profile.output_tokens_per_turn.sample(rng)) * profile.scale)))
-            think = float(profile.think_time_s.sample(rng))
-            if k > 0 and context + new + out_tok > profile.max_context_tokens:
-                break
-            if k == 0 and context + new + out_tok > profile.max_context_tokens:
-                new = max(1, profile.max_context_tokens - context - out_tok)
-            turns.append(Turn(new_tokens=new, output_tokens=out_tok, think_time_s=think))
-            context += new + out_tok
-        out.append(Session(session_id=i, system_prefix_tokens=prefix, turns=tuple(turns)))
-    return out
+    return [generate_session(profile, i, seed) for i in range(count)]
+
+
+def generate_session(profile: WorkloadProfile, index: int, seed: int = 0) -> Session:
+    """Session ``index`` of ``generate_sessions(profile, n, seed)`` for any n > index."""
+    rng = np.random.default_rng([seed, index])
+    n_turns = max(1, int(round(float(profile.turns_per_session.sample(rng)))))
+    prefix = int(round(profile.system_prefix_tokens * profile.scale))
+    context = prefix
+    turns: list[Turn] = []
+    for k in range(n_turns):
+        dist = profile.first_turn_context_tokens if k == 0 else profile.new_tokens_per_turn
+        new = max(1, int(round(float(dist.sample(rng)) * profile.scale)))
+        out_tok = max(1, int(round(float(profile.output_tokens_per_turn.sample(rng)) * profile.scale)))
+        think = float(profile.think_time_s.sample(rng))
+        if k > 0 and context + new + out_tok > profile.max_context_tokens:
+            break
+        if k == 0 and context + new + out_tok > profile.max_context_tokens:
+            new = max(1, profile.max_context_tokens - context - out_tok)
+        turns.append(Turn(new_tokens=new, output_tokens=out_tok, think_time_s=think))
+        context += new + out_tok
+    return Session(session_id=index, system_prefix_tokens=prefix, turns=tuple(turns))
+
+
+# --- Token ids -----------------------------------------------------------------------------------
+# Prompts are sent as token ids so their lengths are exact. The ids are drawn from a seeded
+# generator per (seed, part), so the system prefix is identical across sessions, every turn
+# re-sends exactly the ids of the conversation so far, and two runs send identical traffic.
+
+DEFAULT_MIN_TOKEN_ID = 1000  # most tokenizers keep byte / special / control tokens below this
+_PREFIX_STREAM = 2**31 - 1  # rng stream key of the shared system prefix (not a session index)
+
+
+def _draw_ids(key: list[int], n: int, vocab_size: int, min_id: int, reserved: frozenset[int]) -> np.ndarray:
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if vocab_size - min_id <= len(reserved):
+        raise ValueError(f"no usable token ids in [{min_id}, {vocab_size}) after removing reserved ids")
+    rng = np.random.default_rng(key)
+    ids = rng.integers(min_id, vocab_size, size=n, dtype=np.int64)
+    if reserved:
+        # Redraw the few reserved ids from the same stream: still deterministic.
+        bad = np.isin(ids, np.fromiter(reserved, dtype=np.int64))
+        while bad.any():
+            ids[bad] = rng.integers(min_id, vocab_size, size=int(bad.sum()), dtype=np.int64)
+            bad = np.isin(ids, np.fromiter(reserved, dtype=np.int64))
+    return ids
+
+
+@dataclass(frozen=True)
+class TokenSpace:
+    """Which ids prompts may use: [min_id, vocab_size) minus ``reserved_ids`` (eos, pad, specials).
+
+    Pass the tokenizer's count of regular tokens as ``vocab_size`` (not the padded embedding
+    size) and its special token ids as ``reserved_ids``.
+    """
+
+    vocab_size: int = 32000
+    seed: int = 0
+    reserved_ids: frozenset[int] = frozenset()
+    min_id: int = DEFAULT_MIN_TOKEN_ID
+
+    def __post_init__(self):
+        object.__setattr__(self, "reserved_ids", frozenset(int(i) for i in self.reserved_ids))
+        if self.min_id >= self.vocab_size:
+            # Small test vocabularies: fall back to skipping only the reserved ids.
+            object.__setattr__(self, "min_id", 0)
+        if self.vocab_size <= 1:
+            raise ValueError(f"vocab_size must be > 1, got {self.vocab_size}")
+
+    def system_prefix_ids(self, n: int) -> np.ndarray:
+        return _draw_ids([self.seed, _PREFIX_STREAM, n], n, self.vocab_size, self.min_id, self.reserved_ids)
+
+    def new_ids(self, session_id: int, turn: int, n: int) -> np.ndarray:
+        return _draw_ids([self.seed, session_id, turn, 0], n, self.vocab_size, self.min_id, self.reserved_ids)
+
+    def output_ids(self, session_id: int, turn: int, n: int) -> np.ndarray:
+        """The synthetic stand-in for turn ``turn``'s response (used when the server's is unknown)."""
+        return _draw_ids([self.seed, session_id, turn, 1], n, self.vocab_size, self.min_id, self.reserved_ids)
+
+
+def prompt_token_ids(
+    session: Session,
+    turn: int,
+    vocab_size: int = 32000,
+    seed: int = 0,
+    *,
+    reserved_ids=(),
+    min_id: int = DEFAULT_MIN_TOKEN_ID,
+    received_output_ids: dict[int, list[int]] | None = None,
+) -> list[int]:
+    """The token ids of the prompt sent at ``turn``: prefix + (new, output) of earlier turns + new.
+
+    ``received_output_ids[k]``, where given, replaces turn k's synthetic output ids with what the
+    server actually generated, so the server's radix cache can match the response too.
+    """
+    space = TokenSpace(vocab_size=vocab_size, seed=seed, reserved_ids=frozenset(reserved_ids), min_id=min_id)
+    return PromptBuilder(session, space).prompt(turn, received_output_ids)
+
+
+class PromptBuilder:
+    """Builds a session's prompts turn after turn without regenerating the earlier ids."""
+
+    def __init__(self, session: Session, space: TokenSpace):
+        self.session = session
+        self.space = space
+
+    def prompt(self, turn: int, received_output_ids: dict[int, list[int]] | None = None) -> list[int]:
+        if not 0 <= turn < self.session.num_turns:
+            raise IndexError(f"turn {turn} outside session of {self.session.num_turns} turns")
+        received_output_ids = received_output_ids or {}
+        parts = [self.space.system_prefix_ids(self.session.system_prefix_tokens)]
+        for k in range(turn + 1):
+            t = self.session.turns[k]
+            parts.append(self.space.new_ids(self.session.session_id, k, t.new_tokens))
+            if k < turn:
+                parts.append(self.output_for(k, received_output_ids.get(k)))
+        return np.concatenate(parts).tolist()
+
+    def output_for(self, turn: int, received: list[int] | None = None) -> np.ndarray:
+        if received is not None:
+            return np.asarray(received, dtype=np.int64)
+        t = self.session.turns[turn]
+        return self.space.output_ids(self.session.session_id, turn, t.output_tokens)
