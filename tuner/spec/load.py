@@ -188,12 +188,13 @@ ENV_NAMES = {"gpus", "gpus_per_node", "nodes"}
 def _resolve_workload(value, file: str, near: Path):
     if not isinstance(value, str):
         return value
-    from tuner.workload.profiles import load_profile
+    from tuner.workload.profiles import default_search_dirs, load_profile
 
+    dirs = [r / "workloads" for r in search_roots(near)] + list(default_search_dirs())
     try:
-        return load_profile(value, search_dirs=[r / "workloads" for r in search_roots(near)])
+        return load_profile(value, search_dirs=dirs)
     except ConfigError as exc:
-        raise ConfigError(f"workload: {exc}", file=file) from None
+        raise ConfigError(str(exc), file=exc.file or file, key=None if exc.file else "workload") from None
 
 
 def load_study(name_or_path: str) -> StudySpec:
@@ -213,6 +214,13 @@ def load_study(name_or_path: str) -> StudySpec:
         space = study.search_space
         check_search_space(space, file, prefix="search_space.", env_names=ENV_NAMES)
     workload = _resolve_workload(study.workload, file, root)
+    if space.engine == "sglang":
+        from tuner import catalog
+
+        known = catalog.models().get(study.model.lower())
+        if known is not None and workload.max_context_tokens > known.max_context_tokens:
+            # sessions end before they outgrow the model's context window
+            workload = workload.model_copy(update={"max_context_tokens": known.max_context_tokens})
     study = study.model_copy(update={"search_space": space, "workload": workload, "source_path": file})
     check_study(study, file)
     return study

@@ -1,0 +1,117 @@
+"""Export a trial's configuration as YAML that SGLang 0.5.23 reads with ``--config``.
+
+The body comes from the SGLang backend's own config writer, so what a trial ran and what is
+exported are the same mapping. The header comments say where it came from and how to launch it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import tuner
+from tuner.errors import ConfigError, StudyNotFoundError
+from tuner.study.summary import study_summary
+
+DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
+
+
+def _pick(summary: dict, trial_number: int | None) -> dict:
+    if trial_number is None:
+        if summary["best"] is None:
+            raise StudyNotFoundError(f"study {summary['name']!r} has no completed trial to export yet")
+        return summary["best"]
+    for t in summary["trials"]:
+        if t["number"] == trial_number:
+            if t["status"] != "complete":
+                raise ConfigError(f"trial {trial_number} did not complete ({t['status']}); nothing to export",
+                                  key="--trial")
+            return t
+    raise ConfigError(f"study {summary['name']!r} has no trial {trial_number}", key="--trial")
+
+
+def export_study(storage: str, name: str, *, output: str | None = None,
+                 trial_number: int | None = None) -> tuple[str, list[str]]:
+    """(YAML text, notes for the user). Writes ``output`` (and tuned MoE files beside it) if given."""
+    from tuner.study.runner import load_existing
+
+    summary = study_summary(storage, name)
+    spec = load_existing(storage, name)
+    trial = _pick(summary, trial_number)
+    engine = spec.space().engine
+    notes: list[str] = []
+    at = trial.get("at_capacity") or {}
+    header = [
+        f"SGLang server configuration exported by tuner {tuner.__version__}",
+        f"study: {name} (model {spec.model}, {spec.hardware.nodes}x{spec.hardware.gpus_per_node} {spec.hardware.gpu})",
+        f"trial: {trial['number']}{' (baseline)' if trial['is_baseline'] else ''}, backend: {trial['backend_kind']}",
+        f"capacity: {trial['capacity_users']} concurrent users within P90 TTFT <= {spec.slo.p90_ttft_s} s "
+        f"and P90 TPOT <= {spec.slo.p90_tpot_s * 1000:.0f} ms",
+    ]
+    if at:
+        header.append(f"at {at['users']} users: P90 TTFT {at['p90_ttft_s']:.2f} s, P90 TPOT "
+                      f"{at['p90_tpot_s'] * 1000:.1f} ms, {at['throughput_tokens_per_s']:.0f} output tokens/s")
+    base = summary.get("baseline")
+    if base and base.get("capacity_users") is not None and not trial["is_baseline"]:
+        header.append(f"baseline (trial {base['number']}): {base['capacity_users']} users")
+
+    if engine != "sglang":
+        import yaml
+
+        body = yaml.safe_dump({**trial["flags"]}, sort_keys=True)
+        header.append(f"engine: {engine} (these are its server flags)")
+        text = "".join(f"# {h}\n" for h in header) + body
+        _write(output, text)
+        return text, notes
+
+    from tuner.backends.router import plan_topology
+    from tuner.backends.sglang import checkpoint_for, render_config_yaml
+    from tuner.catalog import get_gpu, get_model
+
+    model = get_model(spec.model)
+    flags = dict(trial["flags"])
+    knobs = dict(trial["knobs"])
+    model_path, _ = checkpoint_for(model, flags.get("quantization"), spec.backend_options)
+    config_name = Path(output).name if output else "best.yaml"
+    launch = ["sglang", "serve", "--config", config_name]
+    if knobs.get("moe-tile-configs") == "tuned":
+        gpu = get_gpu(spec.hardware.gpu)
+        source = Path(spec.backend_options.get("moe_config_dir", DEFAULT_TUNED_MOE_DIR.format(gpu=gpu.name)))
+        if output and source.is_dir():
+            from tuner.backends.moe_configs import prepare_trial_moe_dir
+
+            moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
+                                                      include_shipped=False)
+            moe_dir = moe_root.resolve()
+            notes.append(f"copied {len(written)} tuned MoE tile file(s) to {moe_root}")
+        else:
+            moe_dir = source.resolve()
+            if not source.is_dir():
+                notes.append(f"warning: the tuned MoE tile directory {source} is not here; tune it with "
+                             f"`tuner kernels tune` and set SGLANG_MOE_CONFIG_DIR to its parent of configs/")
+        header.append(f"MoE tile configs: tuned; set SGLANG_MOE_CONFIG_DIR={moe_dir} before launching")
+        launch = ["env", f"SGLANG_MOE_CONFIG_DIR={moe_dir}"] + launch
+    else:
+        header.append("MoE tile configs: SGLang's shipped/default tiles (no SGLANG_MOE_CONFIG_DIR)")
+    header.append("launch: " + shlex.join(launch))
+    from tuner.backends.sglang import config_to_argv, config_yaml_dict
+
+    full = config_to_argv(config_yaml_dict(flags, model_path=model_path))
+    header.append("equivalent: " + shlex.join(["sglang", "serve", *full]))
+    topo = plan_topology(flags, knobs)
+    if topo.router_policy:
+        header.append(f"router: python -m sglang_router.launch_router --worker-urls <server URL(s)> "
+                      f"--policy {topo.router_policy}{' --dp-aware' if topo.dp_aware else ''}")
+    text = render_config_yaml(flags, model_path=model_path, header="\n".join(header))
+    _write(output, text)
+    return text, notes
+
+
+def _write(output: str | None, text: str) -> None:
+    if output is None:
+        return
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
