@@ -27,6 +27,7 @@ class ConfigError(UserError):
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None):
         self.file = file
         self.key = key
+        self.detail = message
         where = ""
         if file and key:
             where = f"{file}: {key}: "

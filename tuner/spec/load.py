@@ -194,7 +194,7 @@ def _resolve_workload(value, file: str, near: Path):
     try:
         return load_profile(value, search_dirs=dirs)
     except ConfigError as exc:
-        raise ConfigError(str(exc), file=exc.file or file, key=None if exc.file else "workload") from None
+        raise ConfigError(exc.detail, file=exc.file or file, key=exc.key or "workload") from None
 
 
 def load_study(name_or_path: str) -> StudySpec:
