@@ -1,0 +1,97 @@
+import sqlite3
+
+import pytest
+from sqlalchemy import text
+
+from tuner.errors import StorageError
+from tuner.storage import db, repo
+from tuner.workload.metrics import RequestRecord, aggregate
+
+
+@pytest.fixture
+def engine(tmp_path):
+    url = f"sqlite:///{tmp_path}/t.db"
+    e = db.get_engine(url)
+    db.ensure_schema(e)
+    return e
+
+
+def _study(engine, name="s"):
+    repo.create_study(engine, name=name, spec_yaml="name: s\n", spec_hash="abc", source_path=None,
+                      backend_kind="simulator", target_users=50, p90_ttft_slo_s=30, p90_tpot_slo_s=0.05,
+                      trials_budget=3, tuner_version="0.1.0")
+
+
+def _metrics(users, ttft):
+    recs = [RequestRecord(session_id=i, turn=0, start_s=0.0, input_tokens=1000, output_tokens=11,
+                          ttft_s=ttft, end_s=ttft + 0.5, cached_tokens=600) for i in range(users)]
+    return aggregate(recs, users=users, duration_s=10.0, kv_capacity_tokens_total=123456)
+
+
+def test_sqlite_is_wal(engine, tmp_path):
+    with engine.connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_trial_and_measurements_roundtrip(engine):
+    _study(engine)
+    repo.start_trial(engine, study_name="s", trial_number=0, optuna_trial_id=1, backend_kind="simulator",
+                     params={"tp-size": 8, "kv-cache-dtype": None}, flags={"tp-size": 8}, knobs={}, is_baseline=True)
+    for step, (u, ttft) in enumerate([(16, 1.0), (32, 50.0)]):
+        m = _metrics(u, ttft)
+        repo.add_measurement(engine, study_name="s", trial_number=0, step=step, backend_kind="simulator", metrics=m,
+                             meets_slo=m.meets(30, 0.05), wall_time_s=0.1)
+    repo.finish_trial(engine, "s", 0, status="complete", capacity_users=16)
+    (t,) = repo.trials(engine, "s")
+    assert t.status == "complete" and t.capacity_users == 16 and t.is_baseline and t.wall_time_s >= 0
+    assert t.params == {"tp-size": 8, "kv-cache-dtype": None}
+    ms = repo.measurements(engine, "s", 0)
+    assert [m.users for m in ms] == [16, 32]
+    assert [m.meets_slo for m in ms] == [True, False]
+    assert ms[0].prefix_cache_hit_rate == pytest.approx(0.6)
+    assert ms[1].p90_ttft_s == pytest.approx(50.0)
+    assert repo.best_trial(engine, "s").trial_number == 0
+
+
+def test_duplicate_study_name_rejected(engine):
+    _study(engine)
+    with pytest.raises(Exception):
+        _study(engine)
+
+
+def test_reader_does_not_block_writer(engine, tmp_path):
+    """A reader holding an open read transaction (the dashboard) must not block the study's writes."""
+    _study(engine)
+    reader = sqlite3.connect(f"{tmp_path}/t.db", timeout=0.5)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM tuner_trials").fetchall()
+    repo.start_trial(engine, study_name="s", trial_number=1, optuna_trial_id=2, backend_kind="simulator",
+                     params={}, flags={}, knobs={}, is_baseline=False)
+    assert len(repo.trials(engine, "s")) == 1
+    reader.rollback()
+    reader.close()
+
+
+def test_missing_database_not_created_for_reads(tmp_path):
+    with pytest.raises(StorageError, match="no study database"):
+        db.get_engine(f"sqlite:///{tmp_path}/nope.db", create=False)
+    assert not (tmp_path / "nope.db").exists()
+
+
+def test_bad_urls():
+    with pytest.raises(StorageError, match="invalid storage URL"):
+        db.parse_url("not a url")
+    with pytest.raises(StorageError):
+        db.get_engine("mysql+nodriver://x@127.0.0.1:1/db")
+
+
+def test_newer_schema_refused(engine):
+    from sqlalchemy.orm import Session
+
+    from tuner.storage.models import SchemaInfo
+
+    with Session(engine) as s:
+        s.get(SchemaInfo, 1).version = 999
+        s.commit()
+    with pytest.raises(StorageError, match="newer tuner"):
+        db.ensure_schema(engine)
