@@ -1,0 +1,1 @@
+"""Small local models for end-to-end runs: random weights, word-level tokenizer, no download."""
