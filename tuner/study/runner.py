@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ from tuner.spec.load import spec_hash
 from tuner.spec.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.study import space as space_mod
-from tuner.study.samplers import CONSTRAINT_ATTR, make_sampler
+from tuner.study.samplers import make_sampler, mark_feasible
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,10 @@ class StudyRunner:
     def _start_next(self, ostudy, executor) -> bool:
         """Ask for a configuration; launch it, or settle it at once. True if launched."""
         has_trials = bool(repo.trials(self.engine, self.study.name))
-        otrial = ostudy.ask()
+        with warnings.catch_warnings():
+            # we record heartbeats ourselves (ask/tell, not Study.optimize)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            otrial = ostudy.ask()
         is_baseline = not has_trials
         if is_baseline:
             values = baseline_values(self.study)
@@ -273,7 +277,7 @@ class StudyRunner:
                 ostudy.tell(otrial, state=__import__("optuna").trial.TrialState.PRUNED)
                 return False
             otrial.set_user_attr("duplicate", True)
-            otrial.set_user_attr(CONSTRAINT_ATTR, [0.0 if cap > 0 else 1.0])
+            mark_feasible(otrial, cap > 0)
             ostudy.tell(otrial, float(cap))
             return False
         predicted_kv = None
@@ -311,7 +315,7 @@ class StudyRunner:
                          flags=flags, knobs=knobs, is_baseline=is_baseline, predicted_kv_capacity_tokens=predicted_kv)
         repo.finish_trial(self.engine, self.study.name, otrial.number, status=status, capacity_users=0,
                           failure_class=failure_class, failure_reason=reason, telemetry={"not_launched": True})
-        otrial.set_user_attr(CONSTRAINT_ATTR, [1.0])
+        mark_feasible(otrial, False)
         otrial.set_user_attr("failure", reason)
         ostudy.tell(otrial, 0.0)
         self.on_event("trial_end", {"number": otrial.number, "status": status, "capacity": 0, "reason": reason,
@@ -386,7 +390,7 @@ class StudyRunner:
             ostudy.tell(rt.optuna_trial, state=optuna.trial.TrialState.FAIL)
         else:
             feasible = status == "complete"
-            rt.optuna_trial.set_user_attr(CONSTRAINT_ATTR, [0.0 if feasible else 1.0])
+            mark_feasible(rt.optuna_trial, feasible)
             if reason:
                 rt.optuna_trial.set_user_attr("failure", f"{failure_class}: {reason}")
             ostudy.tell(rt.optuna_trial, float(capacity or 0))
