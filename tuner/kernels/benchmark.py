@@ -1,0 +1,191 @@
+"""Search vs exhaustive grid vs SGLang's default, on this machine's GPU.
+
+    python -m tuner.kernels.benchmark --model glm-5.1 --tp-size 8 --dtype fp8_w8a8 --block-shape 128,128 \
+        --batch-sizes 1,16,64,256,1024,4096 --out DIR
+
+Per shape, in a fresh Triton cache: (1) the Optuna search over all batch sizes, wall time including
+compilation; (2) the exhaustive grid over SGLang's space at each batch size (every config compiled,
+shared-memory misfits included, each timed; a config whose first replay is 1.5x the best so far is
+not timed further); (3) a final interleaved re-measurement of the grid's top 3, the search's pick and
+the default. grid_best_us is the fastest of those re-measured grid configs (the search's pick is a
+grid config too). Writes DIR/summary.json, the config file and every timing (grid.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _log(msg: str):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int = 0, grid: bool = True) -> dict:
+    import torch
+
+    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.compile import CompilePool
+    from tuner.kernels.configfile import config_relpath, write_configs
+    from tuner.kernels.search import search_batch_size
+    from tuner.kernels.space import default_config, feasible_space, search_space_for, smem_bytes
+    from tuner.kernels.worker import device_facts, make_evaluator
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")  # cold: compile time counts
+    facts = device_facts()
+    limit = facts["smem_limit_bytes"] or 232_448
+    space = search_space_for(shape.dtype, shape.block_shape)
+    feasible = feasible_space(shape.dtype, shape.block_shape, limit)
+    problem = MoEProblem(shape, seed=seed)
+    timer = Timer(problem)
+    rows = {M: {"batch_size": M} for M in batch_sizes}
+    log_f = open(out / f"grid_{shape.num_experts}_{shape.intermediate}_{shape.hidden}.jsonl", "w")
+
+    def safe(M, cfg, **kw):
+        try:
+            return timer.measure(M, cfg, **kw)
+        except ConfigFailed:
+            return math.inf
+
+    with CompilePool(shape) as pool:
+        # 1. search
+        t0 = time.perf_counter()
+        prev_top, found = [], {}
+        for M in sorted(batch_sizes):
+            dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
+                                  shape.config_dtype, shape.block_shape)
+            res = search_batch_size(make_evaluator(timer, pool, M), feasible, budget,
+                                    warm_start=prev_top + [dflt], seed=seed + M)
+            found[M] = res
+            prev_top = res.top(4)
+            rows[M].update(evaluations=res.evaluations, search_first_us=res.best_us)
+            _log(f"search M={M}: {res.best_us:.1f} us after {res.evaluations} evals ({res.best.short()})")
+        search_wall = time.perf_counter() - t0
+        search_compile = pool.compile_wall_s
+        _log(f"search done in {search_wall:.1f} s (compile {search_compile:.1f} s)")
+
+        # 2. grid
+        grid_wall = 0.0
+        if grid:
+            t1 = time.perf_counter()
+            pool.ensure(space)
+            n_ok = sum(1 for c in space if not pool.failed(c))
+            _log(f"grid compile: {n_ok}/{len(space)} configs compile ({time.perf_counter() - t1:.1f} s)")
+            for M in sorted(batch_sizes):
+                tm = time.perf_counter()
+                best = found[M].best_us
+                times = {}
+                for cfg in space:
+                    us = math.inf if pool.failed(cfg) else safe(M, cfg, cutoff_us=1.5 * best)
+                    times[cfg] = us
+                    best = min(best, us)
+                    log_f.write(json.dumps({"batch_size": M, **cfg.as_dict(), "us": us if math.isfinite(us) else None,
+                                            "smem_est": smem_bytes(cfg, shape.dtype)}) + "\n")
+                ranked = sorted((t, c) for c, t in times.items() if math.isfinite(t))
+                rows[M]["grid_top"] = [c for _, c in ranked[:3]]
+                rows[M]["grid_first_us"] = ranked[0][0]
+                rows[M]["grid_timed"] = len(ranked)
+                _log(f"grid M={M}: best {ranked[0][0]:.1f} us {ranked[0][1].short()} ({time.perf_counter() - tm:.1f} s)")
+                problem.drop_batch(M)
+            grid_wall = time.perf_counter() - t1
+
+        # 3. final re-measurement, interleaved
+        for M in sorted(batch_sizes):
+            dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
+                                  shape.config_dtype, shape.block_shape)
+            pool.ensure([dflt])
+            cands = {"found": found[M].best, "default": dflt}
+            for i, c in enumerate(rows[M].get("grid_top", [])):
+                cands[f"grid{i}"] = c
+            samples = {k: [] for k in cands}
+            for _ in range(3):
+                for k, c in cands.items():
+                    samples[k].append(math.inf if pool.failed(c) else safe(M, c, replays=10))
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            r = rows[M]
+            r["found_us"] = med["found"]
+            r["default_us"] = med["default"]
+            r["found_config"] = found[M].best.as_dict()
+            r["default_config"] = dflt.as_dict()
+            if grid:
+                grid_keys = [k for k in med if k.startswith("grid")] + ["found"]
+                gk = min(grid_keys, key=lambda k: med[k])
+                r["grid_best_us"] = med[gk]
+                r["grid_best_config"] = cands[gk].as_dict()
+                r["fraction_of_grid_best"] = med[gk] / med["found"]
+                r["grid_size"] = len(space)
+            problem.drop_batch(M)
+        compile_stats = [vars(v) for v in pool.results.values()]
+    log_f.close()
+
+    configs = {M: found[M].best.as_dict() for M in batch_sizes}
+    rel = config_relpath(shape.num_experts, shape.intermediate, facts["device_name"], facts["triton_version"],
+                         shape.config_dtype, shape.block_shape)
+    cfg_path = write_configs(out / rel, configs)
+    ok = [c for c in compile_stats if c["ok"]]
+    est_wrong = sum(1 for c in compile_stats if c["ok"] and c["shared_bytes"] and c["shared_bytes"] > limit)
+    keep = ("batch_size", "grid_best_us", "found_us", "default_us", "fraction_of_grid_best", "evaluations", "grid_size",
+            "found_config", "grid_best_config", "default_config", "grid_timed")
+    return {
+        "shape": shape.to_dict(),
+        "device_name": facts["device_name"], "triton_version": facts["triton_version"],
+        "torch_version": facts["torch_version"], "smem_limit_bytes": limit,
+        "grid_size": len(space), "feasible_configs": len(feasible), "budget": budget,
+        "search_wall_s": round(search_wall, 1), "search_compile_wall_s": round(search_compile, 1),
+        "grid_wall_s": round(grid_wall, 1),
+        "compiled_variants": len(compile_stats), "compile_failures": len(compile_stats) - len(ok),
+        "compile_seconds_mean": round(statistics.mean(c["seconds"] for c in compile_stats), 2) if compile_stats else None,
+        "smem_actual_over_limit_but_ran": est_wrong,
+        "config_file": str(cfg_path.relative_to(out)),
+        "batch_sizes": [{k: _num(rows[M][k]) for k in keep if k in rows[M]} for M in sorted(batch_sizes)],
+    }
+
+
+def _num(v):
+    if isinstance(v, float):
+        return round(v, 3) if math.isfinite(v) else None
+    return v
+
+
+def main(argv=None) -> int:
+    from tuner.kernels.shapes import moe_shape, parse_block_shape
+    from tuner.kernels.tune import default_budget, parse_int_list
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tp-size", type=int, required=True)
+    ap.add_argument("--ep-size", type=int, default=1)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_w8a8"])
+    ap.add_argument("--block-shape", default=None)
+    ap.add_argument("--batch-sizes", default="1,16,64,256,1024,4096")
+    ap.add_argument("--budget", type=int, default=None)
+    ap.add_argument("--no-grid", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, type=Path)
+    a = ap.parse_args(argv)
+    shape = moe_shape(a.model, a.tp_size, a.ep_size, a.dtype, parse_block_shape(a.block_shape))
+    a.out.mkdir(parents=True, exist_ok=True)
+    budget = a.budget or default_budget(shape)
+    _log(f"shape {shape.to_dict()} budget {budget}")
+    res = run_shape(shape, parse_int_list(a.batch_sizes, "batch_sizes"), budget, a.out, seed=a.seed,
+                    grid=not a.no_grid)
+    res["model"], res["tp_size"], res["ep_size"] = a.model, a.tp_size, a.ep_size
+    name = f"summary_{a.model}_tp{a.tp_size}_ep{a.ep_size}_{a.dtype}.json"
+    (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
+    print(f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'evals':>6}")
+    for r in res["batch_sizes"]:
+        print(f"{r['batch_size']:>6} {r.get('grid_best_us')!s:>10} {r['found_us']!s:>10} {r['default_us']!s:>10} "
+              f"{r.get('fraction_of_grid_best', 0):>6.3f} {r['evaluations']:>6}")
+    print(f"search {res['search_wall_s']} s, grid {res['grid_wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

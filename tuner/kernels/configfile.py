@@ -1,0 +1,118 @@
+"""SGLang's fused-MoE config files: directory and file names, JSON read and write.
+
+Layout: ``<root>/configs/triton_<X_Y_Z>/E=<E>,N=<N>,device_name=<name>[,dtype=<d>][,block_shape=[bn, bk]].json``
+with content ``{"<M>": {"BLOCK_SIZE_M": .., "BLOCK_SIZE_N": .., "BLOCK_SIZE_K": .., "GROUP_SIZE_M": ..,
+"num_warps": .., "num_stages": ..}}``. SGLang picks the key nearest to the batch's token count.
+Importable without torch or triton (the SGLang backend copies these files per trial).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tuner.errors import ConfigError
+
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+REQUIRED_KEYS = CONFIG_KEYS[:4]
+OPTIONAL_KEYS = ("USE_TMA", "waves_per_eu")
+
+
+def device_file_name(device_name: str) -> str:
+    """torch.cuda.get_device_name() as SGLang puts it in file names (spaces -> _)."""
+    return device_name.replace(" ", "_")
+
+
+def triton_dir_name(version: str) -> str:
+    """'3.6.0' -> 'triton_3_6_0'."""
+    if not version or not str(version).strip():
+        raise ConfigError("triton version is empty", key="triton_version")
+    return "triton_" + str(version).strip().replace(".", "_")
+
+
+def moe_config_filename(E: int, N: int, device_name: str, dtype: str | None = None,
+                        block_shape: list[int] | tuple[int, int] | None = None,
+                        per_channel_quant: bool = False, down: bool = False) -> str:
+    """SGLang's ``get_config_file_name``; dtype None or "bf16" has no dtype part."""
+    dtype_part = "" if dtype in (None, "", "bf16", "bfloat16") else f",dtype={dtype}"
+    block_part = "" if not block_shape or not all(block_shape) else f",block_shape={list(block_shape)}"
+    per_channel_part = ",per_channel_quant=True" if per_channel_quant else ""
+    down_part = "_down" if down else ""
+    return (f"E={E},N={N},device_name={device_file_name(device_name)}"
+            f"{dtype_part}{block_part}{per_channel_part}{down_part}.json")
+
+
+def config_relpath(E: int, N: int, device_name: str, triton_version: str, dtype: str | None = None,
+                   block_shape=None) -> Path:
+    """Path relative to the directory SGLANG_MOE_CONFIG_DIR names."""
+    return Path("configs") / triton_dir_name(triton_version) / moe_config_filename(E, N, device_name, dtype,
+                                                                                  block_shape)
+
+
+def _validate(data, where: str) -> dict[int, dict[str, int]]:
+    if not isinstance(data, dict) or not data:
+        raise ConfigError("must be a non-empty JSON object {\"<batch size>\": {tile config}}", file=where)
+    out: dict[int, dict[str, int]] = {}
+    for key, cfg in data.items():
+        try:
+            m = int(key)
+        except (TypeError, ValueError):
+            raise ConfigError(f"key {key!r} is not a batch size (integer)", file=where) from None
+        if m <= 0:
+            raise ConfigError(f"batch size {m} must be positive", file=where, key=str(key))
+        if not isinstance(cfg, dict):
+            raise ConfigError("value must be an object of tile parameters", file=where, key=str(key))
+        missing = [k for k in REQUIRED_KEYS if k not in cfg]
+        if missing:
+            raise ConfigError(f"missing {', '.join(missing)}", file=where, key=str(key))
+        unknown = sorted(set(cfg) - set(CONFIG_KEYS) - set(OPTIONAL_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown keys {unknown}; valid: {', '.join(CONFIG_KEYS + OPTIONAL_KEYS)}",
+                              file=where, key=str(key))
+        values = {}
+        for k, v in cfg.items():
+            if isinstance(v, bool) and k != "USE_TMA":
+                raise ConfigError(f"{k} must be an integer", file=where, key=str(key))
+            if not isinstance(v, (int, bool)):
+                raise ConfigError(f"{k} must be an integer, got {v!r}", file=where, key=str(key))
+            values[k] = v
+        out[m] = values
+    return out
+
+
+def ordered_config(cfg: dict) -> dict:
+    """Keys in SGLang's order (extra keys after)."""
+    return {**{k: int(cfg[k]) for k in CONFIG_KEYS if k in cfg}, **{k: cfg[k] for k in OPTIONAL_KEYS if k in cfg}}
+
+
+def write_configs(path: str | os.PathLike, configs: dict[int, dict]) -> Path:
+    """Write {batch size: config} as SGLang's JSON (keys ascending, indent 4); returns the path."""
+    path = Path(path)
+    data = _validate({str(k): v for k, v in configs.items()}, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({str(m): ordered_config(data[m]) for m in sorted(data)}, f, indent=4)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_configs(path: str | os.PathLike) -> dict[int, dict[str, int]]:
+    path = Path(path)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError("MoE config file not found", file=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON ({exc})", file=str(path)) from None
+    return _validate(data, str(path))
+
+
+def nearest_config(configs: dict[int, dict], M: int) -> dict:
+    """The entry SGLang uses for a batch of M tokens: the key nearest to M (first on ties)."""
+    if not configs:
+        raise ConfigError("no configs to choose from")
+    return configs[min(configs, key=lambda k: abs(k - M))]

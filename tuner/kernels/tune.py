@@ -1,0 +1,148 @@
+"""``tuner kernels tune``: split batch sizes over GPUs, tune, write SGLang's config file.
+
+One worker process per GPU (CUDA_VISIBLE_DEVICES set to that GPU), each taking a contiguous run of
+batch sizes so warm starts from the neighbouring batch size still apply; the CPU cores are shared
+out among their compile pools. With one GPU the work runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+from tuner.errors import BackendUnavailableError, ConfigError
+from tuner.kernels.configfile import config_relpath, write_configs
+from tuner.kernels.shapes import MoEShape
+from tuner.kernels.space import search_space_for
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+
+def parse_int_list(text: str, key: str) -> list[int]:
+    try:
+        values = [int(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a comma-separated list of integers", key=key) from None
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"{text!r} must list non-negative integers", key=key)
+    return values
+
+
+def default_budget(shape: MoEShape) -> int:
+    """10% of SGLang's exhaustive grid for this dtype, at most 192."""
+    return min(192, math.ceil(0.1 * len(search_space_for(shape.dtype, shape.block_shape))))
+
+
+def split_batches(batch_sizes: list[int], parts: int) -> list[list[int]]:
+    """Contiguous, balanced runs of the ascending batch sizes (empty runs dropped)."""
+    bs = sorted(set(batch_sizes))
+    parts = max(1, min(parts, len(bs)))
+    size, extra = divmod(len(bs), parts)
+    out, i = [], 0
+    for p in range(parts):
+        n = size + (1 if p < extra else 0)
+        out.append(bs[i:i + n])
+        i += n
+    return [c for c in out if c]
+
+
+def _check_gpu() -> int:
+    try:
+        import torch
+    except ImportError:
+        raise BackendUnavailableError("tuning needs PyTorch and Triton with an NVIDIA GPU; torch is not "
+                                      "installed") from None
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise BackendUnavailableError("tuning needs Triton; it is not installed") from None
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError("no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    return torch.cuda.device_count()
+
+
+def run_tune(shape: MoEShape, batch_sizes: list[int], budget: int, gpu_ids: list[int] | None, out_dir: Path,
+             *, seed: int = 0, progress: Callable[[dict], None] | None = None) -> dict:
+    visible = _check_gpu()
+    if not gpu_ids:
+        gpu_ids = [0]
+    if len(set(gpu_ids)) != len(gpu_ids):
+        raise ConfigError(f"--gpu-ids {gpu_ids} repeats a GPU", key="gpu_ids")
+    if len(gpu_ids) == 1:
+        if gpu_ids[0] >= visible:
+            raise ConfigError(f"GPU {gpu_ids[0]} does not exist; {visible} visible", key="gpu_ids")
+        from tuner.kernels.worker import tune_batch_sizes
+
+        import torch
+
+        torch.cuda.set_device(gpu_ids[0])
+        merged = tune_batch_sizes(shape, batch_sizes, budget, seed=seed, progress=progress)
+        merged["gpus"] = gpu_ids
+    else:
+        merged = _run_workers(shape, batch_sizes, budget, gpu_ids, seed, progress)
+    configs = {r["batch_size"]: r["config"] for r in merged["results"]}
+    rel = config_relpath(shape.num_experts, shape.intermediate, merged["device_name"], merged["triton_version"],
+                         shape.config_dtype, shape.block_shape)
+    path = write_configs(out_dir / rel, configs)
+    merged["config_file"] = str(path)
+    report = out_dir / "tune_report.json"
+    report.write_text(json.dumps(_finite(merged), indent=2) + "\n")
+    merged["report_file"] = str(report)
+    return _finite(merged)
+
+
+def _finite(obj):
+    """JSON-safe copy: inf / nan -> None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _run_workers(shape, batch_sizes, budget, gpu_ids, seed, progress) -> dict:
+    chunks = split_batches(batch_sizes, len(gpu_ids))
+    cores = max(1, (os.cpu_count() or 2) - len(chunks))
+    procs, tmp = [], tempfile.mkdtemp(prefix="tuner-kernels-")
+    for gpu, chunk in zip(gpu_ids, chunks):
+        req = Path(tmp, f"req{gpu}.json")
+        res = Path(tmp, f"res{gpu}.json")
+        req.write_text(json.dumps({"shape": shape.to_dict(), "batch_sizes": chunk, "budget": budget, "seed": seed,
+                                   "compile_workers": max(1, cores // len(chunks))}))
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.kernels.worker", str(req), str(res)], env=env,
+                                stdout=subprocess.PIPE, text=True)
+        thread = threading.Thread(target=_pump, args=(proc, progress), daemon=True)
+        thread.start()
+        procs.append((gpu, proc, thread, res))
+    parts = []
+    for gpu, proc, thread, res in procs:
+        rc = proc.wait()
+        thread.join()
+        if rc != 0 or not res.exists():
+            raise BackendUnavailableError(f"tuning worker on GPU {gpu} failed (exit code {rc})")
+        parts.append(json.loads(res.read_text()))
+    merged = {k: v for k, v in parts[0].items() if k not in ("results", "wall_s", "compile_wall_s")}
+    merged["results"] = sorted((r for p in parts for r in p["results"]), key=lambda r: r["batch_size"])
+    merged["wall_s"] = max(p["wall_s"] for p in parts)
+    merged["compile_wall_s"] = max(p["compile_wall_s"] for p in parts)
+    merged["gpus"] = gpu_ids
+    return merged
+
+
+def _pump(proc, progress):
+    for line in proc.stdout:
+        if progress:
+            try:
+                progress(json.loads(line))
+            except json.JSONDecodeError:
+                pass
