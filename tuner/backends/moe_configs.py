@@ -16,7 +16,6 @@ keep the shipped tiles instead of falling back to ``get_default_config``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -65,13 +64,11 @@ class MoEConfigKey:
 def config_file_name(E: int, N: int, device_name: str, dtype: str | None = None,
                      block_shape: Iterable[int] | None = None, per_channel_quant: bool = False,
                      down: bool = False) -> str:
-    """Exactly ``get_config_file_name`` of SGLang 0.5.23 (the list prints as ``[128, 128]``)."""
-    device = device_name.replace(" ", "_")
-    dtype_part = f",dtype={dtype}" if dtype else ""
-    bs = list(block_shape) if block_shape else None
-    bs_part = f",block_shape={bs}" if bs and all(bs) else ""
-    pcq = ",per_channel_quant=True" if per_channel_quant else ""
-    return f"E={E},N={N},device_name={device}{dtype_part}{bs_part}{pcq}{'_down' if down else ''}.json"
+    """SGLang 0.5.23's ``get_config_file_name`` (one implementation, in tuner.kernels.configfile)."""
+    from tuner.kernels.configfile import moe_config_filename
+
+    return moe_config_filename(E, N, device_name, dtype, tuple(block_shape) if block_shape else None,
+                               per_channel_quant, down)
 
 
 def parse_config_file_name(name: str) -> MoEConfigKey | None:
@@ -154,6 +151,8 @@ def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
     ``required`` keys missing from the tuned files are logged (SGLang then uses shipped or default
     tiles for them), so a "tuned" trial that tunes nothing is visible in the log.
     """
+    from tuner.kernels.configfile import read_configs
+
     source = Path(tuned_source)
     if not source.is_dir():
         raise ConfigError(f"tuned MoE config directory {str(source)!r} does not exist",
@@ -171,7 +170,7 @@ def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
     vdefault = version_dir(triton_version or installed_triton_version() or "3.6.0")
     written: list[str] = []
     for vname, path in _tuned_files(source, vdefault):
-        json.loads(path.read_text())  # refuse a corrupt file here, not inside the server
+        read_configs(path)  # refuse a corrupt file here, not inside the server
         dest = configs / vname / path.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, dest)

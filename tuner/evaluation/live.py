@@ -33,7 +33,9 @@ from tuner.workload.metrics import LoadPointMetrics
 log = logging.getLogger(__name__)
 
 PORT_RETRIES = 2  # a free port can be taken between choosing and binding it
-HEALTH_PROBE_TIMEOUT_S = 30.0
+HEALTH_PROBE_TIMEOUT_S = 30.0  # SGLang's /health itself gives up after 20 s (SGLANG_HEALTH_CHECK_TIMEOUT)
+HANG_PROBE_INTERVAL_S = 15.0  # during a replay, /health is probed this often ...
+HANG_PROBE_FAILURES = 3  # ... and this many failures in a row while the process lives is a hang
 
 
 def trial_dir_for(request: TrialRequest) -> Path:
@@ -117,50 +119,56 @@ class LiveDeployment(Deployment):
             model=self.plan.served_model,
             vocab_size=self.plan.vocab_size,
             send_ignore_eos=self.plan.send_ignore_eos,
+            prompt_format=self.plan.prompt_format,
             request_timeout_s=float(getattr(m, "request_timeout_s", 600)),
             max_error_rate=float(m.max_error_rate),
             time_scale=float(getattr(m, "time_scale", 1.0)),
         )
 
     def measure(self, users: int) -> LoadPointMetrics:
-        from tuner.workload.replay import run_load_point
+        from tuner.workload import replay
 
         if self._closed:
             raise RuntimeError("measure() after close()")
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
         profile = self.request.study.workload_profile()
-        result: dict[str, Any] = {}
-
-        def target():
-            try:
-                result["metrics"] = run_load_point(self.plan.base_url, profile, users, **kwargs)
-            except BaseException as exc:  # surfaced in the caller's thread
-                result["error"] = exc
-
-        worker = threading.Thread(target=target, name=f"replay-{users}", daemon=True)
+        worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
         worker.start()
+        watch = _HealthWatch(self._answers_health)
         died = None
+        hung = False
         while worker.is_alive():
-            worker.join(timeout=0.5)
+            worker.join(timeout=0.25)
             dead = self.stack.dead()
             if dead and died is None:
                 died = dead[0]
                 log.warning("%s died during the replay at %d users", died.spec.name, users)
-                # the replay's requests now fail fast; let it finish so no client outlives the trial
+                worker.cancel()
+            if died is None and not hung and watch.failed():
+                hung = True
+                log.warning("trial %d: /health failed %d times in a row at %d users: hang; stopping servers",
+                            self.request.trial_number, HANG_PROBE_FAILURES, users)
+                worker.cancel()
+                self._stop_servers()
+        watch.stop()
         self.measurements += 1
-        self.pids = tuple(dict.fromkeys((*self.pids, *self.stack.pids)))
-        if died is not None or self.stack.dead():
-            server = died or self.stack.dead()[0]
-            raise server.failure_for_exit("replay")
-        if "error" in result:
-            raise result["error"]
-        metrics: LoadPointMetrics = result["metrics"]
-        if _no_progress(metrics) and not self._answers_health():
+        if died is not None:
+            raise died.failure_for_exit("replay")
+        if hung:
+            raise TrialError("hang", f"server alive but /health failed {HANG_PROBE_FAILURES} times in a row "
+                             f"during the replay at {users} users", log_path=self.log_path)
+        dead = self.stack.dead()
+        if dead:
+            raise dead[0].failure_for_exit("replay")
+        if "error" in worker.result:
+            raise worker.result["error"]
+        metrics: LoadPointMetrics = worker.result["metrics"]
+        if not metrics.valid and not self._answers_health():
             raise TrialError(
                 "hang",
-                f"no tokens at {users} users ({metrics.invalid_reason or 'no request completed'}) and "
-                f"{self.plan.base_url}/health does not answer while the process is alive",
+                f"at {users} users: {metrics.invalid_reason or 'no request completed'}, and "
+                f"{self.plan.base_url} no longer answers /health while the process is alive",
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
@@ -170,6 +178,10 @@ class LiveDeployment(Deployment):
         else:
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
+
+    def _stop_servers(self) -> None:
+        self.pids = tuple(dict.fromkeys((*self.pids, *self.stack.pids)))
+        self.stack.close()
 
     def _answers_health(self) -> bool:
         for spec in self.plan.all_specs:
@@ -220,9 +232,82 @@ class LiveDeployment(Deployment):
         self._close_report = report
 
 
-def _no_progress(m: LoadPointMetrics) -> bool:
-    """Nothing came back: no request finished, or every one failed."""
-    return m.requests == 0 or m.errors >= m.requests
+class _ReplayThread(threading.Thread):
+    """Runs one load point on its own event loop, so a dead or hung server can cancel it.
+
+    Uses ``replay.replay_closed_loop`` (a coroutine) when the replay module has it; otherwise the
+    blocking ``run_load_point``, which then cannot be cancelled and runs out its window.
+    """
+
+    def __init__(self, replay, base_url, profile, users, kwargs):
+        super().__init__(name=f"replay-{users}", daemon=True)
+        self.replay, self.base_url, self.profile, self.users, self.kwargs = replay, base_url, profile, users, kwargs
+        self.result: dict[str, Any] = {}
+        self._loop = None
+        self._task = None
+        self._cancelled = threading.Event()
+
+    def run(self):
+        import asyncio
+
+        coro_fn = getattr(self.replay, "replay_closed_loop", None)
+        try:
+            if coro_fn is None:
+                self.result["metrics"] = self.replay.run_load_point(self.base_url, self.profile, self.users,
+                                                                    **self.kwargs)
+                return
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                self._task = loop.create_task(coro_fn(self.base_url, self.profile, self.users, **self.kwargs))
+                if self._cancelled.is_set():
+                    self._task.cancel()
+                try:
+                    out = loop.run_until_complete(self._task)
+                    self.result["metrics"] = getattr(out, "metrics", out)
+                except asyncio.CancelledError:
+                    self.result["error"] = RuntimeError("replay cancelled")
+                finally:
+                    pending = asyncio.all_tasks(loop)
+                    for t in pending:
+                        t.cancel()
+                    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+        except BaseException as exc:  # surfaced in the caller's thread
+            self.result["error"] = exc
+
+    def cancel(self):
+        self._cancelled.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # loop closed in between
+                pass
+
+
+class _HealthWatch:
+    """Probes health every HANG_PROBE_INTERVAL_S in its own thread; counts failures in a row."""
+
+    def __init__(self, probe):
+        self._probe = probe
+        self._stop = threading.Event()
+        self.consecutive_failures = 0
+        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(HANG_PROBE_INTERVAL_S):
+            ok = self._probe()
+            self.consecutive_failures = 0 if ok else self.consecutive_failures + 1
+
+    def failed(self) -> bool:
+        return self.consecutive_failures >= HANG_PROBE_FAILURES
+
+    def stop(self):
+        self._stop.set()
 
 
 # ---- the registry's classes --------------------------------------------------------------
