@@ -1,0 +1,131 @@
+"""Calibration of the step-time model: load the per-GPU efficiency file and refit its MoE entries
+from fused-MoE kernel measurements.
+
+``python -m tuner.sim.calibrate --summary results/kernels/h200/summary.json --gpu h200`` rewrites
+``tuner/sim/calibration/h200.yaml`` from a kernel-tuning summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+
+CALIBRATION_DIR = Path(__file__).parent / "calibration"
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "moe_tuned_speedup":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", file=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError("root must be a mapping", file=str(path))
+    return data
+
+
+def load_calibration(gpu_name: str, override: dict | str | Path | None = None) -> dict[str, Any]:
+    """default.yaml, then <gpu>.yaml, then ``override`` (a dict or a YAML file path)."""
+    cal = _read(CALIBRATION_DIR / "default.yaml")
+    gpu_file = CALIBRATION_DIR / f"{gpu_name}.yaml"
+    if gpu_file.exists():
+        cal = _merge(cal, _read(gpu_file))
+    if override is not None:
+        extra = _read(Path(override)) if isinstance(override, (str, Path)) else override
+        cal = _merge(cal, extra)
+    cal["moe_tuned_speedup"] = {int(k): float(v) for k, v in (cal.get("moe_tuned_speedup") or {}).items()}
+    return cal
+
+
+def refit(summary: dict | str | Path, calibration: dict[str, Any], predicted_default_us=None) -> dict[str, Any]:
+    """Update the MoE entries of ``calibration`` from a kernel summary.
+
+    ``summary`` maps batch sizes (tokens) to ``{"default_us": ..., "found_us": ...}``, either at the
+    top level or under ``"batch_sizes"``. ``moe_tuned_speedup[M] = default_us / found_us``. When
+    ``predicted_default_us(M)`` (the model's time for the default tiles at ``compute_efficiency.moe``)
+    is given, ``compute_efficiency.moe`` is scaled by the median of predicted / measured so the
+    default-tile kernel matches the measurement.
+    """
+    if not isinstance(summary, dict):
+        with open(summary) as f:
+            summary = json.load(f)
+    rows = summary.get("batch_sizes", summary)
+    out = copy.deepcopy(calibration)
+    speedups: dict[int, float] = {}
+    ratios = []
+    for key, row in rows.items():
+        try:
+            m = int(key)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(row, dict) or "default_us" not in row or "found_us" not in row:
+            continue
+        default_us, found_us = float(row["default_us"]), float(row["found_us"])
+        if default_us <= 0 or found_us <= 0:
+            continue
+        speedups[m] = round(default_us / found_us, 4)
+        if predicted_default_us is not None:
+            ratios.append(predicted_default_us(m) / default_us)
+    if not speedups:
+        raise ConfigError("no batch sizes with default_us and found_us", key="summary")
+    out["moe_tuned_speedup"] = dict(sorted(speedups.items()))
+    if ratios:
+        ratios.sort()
+        median = ratios[len(ratios) // 2]
+        eff = out.setdefault("compute_efficiency", {})
+        eff["moe"] = round(min(1.0, max(0.01, eff.get("moe", 0.5) * median)), 4)
+    return out
+
+
+def tuned_speedup(cal: dict[str, Any], tokens: int) -> float | None:
+    """Measured speedup of tuned over default tiles at ``tokens``, log-interpolated; None if unmeasured."""
+    table = cal.get("moe_tuned_speedup") or {}
+    if not table:
+        return None
+    keys = sorted(table)
+    if tokens <= keys[0]:
+        return table[keys[0]]
+    if tokens >= keys[-1]:
+        return table[keys[-1]]
+    for lo, hi in zip(keys, keys[1:]):
+        if lo <= tokens <= hi:
+            w = (math.log(tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+            return table[lo] + w * (table[hi] - table[lo])
+    return None
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summary", required=True, help="kernel summary JSON (per batch size default_us, found_us)")
+    parser.add_argument("--gpu", required=True, help="catalog GPU name; writes calibration/<gpu>.yaml")
+    args = parser.parse_args(argv)
+    path = CALIBRATION_DIR / f"{args.gpu}.yaml"
+    current = _read(path) if path.exists() else {}
+    fitted = refit(args.summary, load_calibration(args.gpu))
+    current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
+    with open(path, "w") as f:
+        f.write(f"# {args.gpu}: MoE entries refit from {args.summary}\n")
+        yaml.safe_dump(current, f, sort_keys=False)
+    print(f"wrote {path}: tuned speedups at {sorted(fitted['moe_tuned_speedup'])}")
+
+
+if __name__ == "__main__":
+    main()

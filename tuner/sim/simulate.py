@@ -1,0 +1,271 @@
+"""Simulated measurement of one load point: closed-loop users replaying ``generate_sessions``
+sessions against the simulated scheduler, aggregated exactly like a real replay.
+
+Users start at staggered times over the first think-time median, run one session at a time, and
+wait each turn's think time after its response. Requests that start inside the measurement window
+[warmup_s, warmup_s + duration_s) count; after the window no new request starts and the ones in
+flight are drained (a request still running ``DRAIN_LIMIT_S`` after the window ends counts as a
+timeout error).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from tuner.errors import ConfigError, TrialError
+from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
+from tuner.planner.memory import speculative_draft_layers
+from tuner.planner.parallel import flag_bool, flag_float
+from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
+from tuner.workload.session import WorkloadProfile, generate_sessions
+
+from .cache import SessionPrefixCache
+from .calibrate import load_calibration
+from .engine import Rank, ReplicaEngine, Req, Stats
+from .router import Router
+from .steptime import StepTimeModel
+
+DRAIN_LIMIT_S = 600.0
+MULTI_REPLICA_JUMP_S = 0.05
+
+
+def build_step_model(model: ModelSpec, gpu: GPUSpec, plan, layout, flags: dict, knobs: dict, cal: dict,
+                     gpus_per_node: int) -> StepTimeModel:
+    tiles = (knobs or {}).get("moe-tile-configs") or "default"
+    if tiles not in ("default", "tuned"):
+        raise ConfigError(f"unknown value {tiles!r}; valid: default, tuned", key="moe-tile-configs")
+    decode_graph = not (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-decode-cuda-graph")
+                        or flags.get("cuda-graph-backend-decode") == "disabled")
+    return StepTimeModel(model, gpu, resolve_checkpoint(model, flags.get("quantization")), layout,
+                         plan.bytes_per_token, cal, gpus_per_node=gpus_per_node, moe_tiles=tiles,
+                         cuda_graph_max_bs=plan.cuda_graph_max_bs_decode, decode_graph=decode_graph,
+                         with_mtp=speculative_draft_layers(model, flags) > 0)
+
+
+def routing_policy(flags: dict, knobs: dict) -> str:
+    policy = (knobs or {}).get("router-policy")
+    if policy:
+        return str(policy)
+    method = str(flags.get("load-balance-method") or "auto")
+    return "round_robin" if method in ("auto", "round_robin", "follow_bootstrap_room") else method
+
+
+class _SessionSource:
+    """Sessions handed to users in order; regenerated with a doubled count when exhausted
+    (session i depends only on (seed, i))."""
+
+    def __init__(self, profile: WorkloadProfile, count: int, seed: int):
+        self.profile, self.seed = profile, seed
+        self.sessions = generate_sessions(profile, count, seed)
+        self.prompts: dict[int, list[int]] = {}
+        self.next = 0
+
+    def take(self) -> int:
+        if self.next >= len(self.sessions):
+            self.sessions = generate_sessions(self.profile, 2 * len(self.sessions), self.seed)
+        self.next += 1
+        return self.next - 1
+
+    def prompt_len(self, idx: int, turn: int) -> int:
+        lens = self.prompts.get(idx)
+        if lens is None:
+            s = self.sessions[idx]
+            lens, total = [], s.system_prefix_tokens
+            for k, t in enumerate(s.turns):
+                total += t.new_tokens
+                lens.append(total)
+                total += t.output_tokens
+            self.prompts[idx] = lens
+        return lens[turn]
+
+
+def simulate_load_point(
+    model: ModelSpec | str,
+    gpu: GPUSpec | str,
+    gpus: int,
+    flags: dict[str, Any],
+    knobs: dict[str, Any] | None,
+    profile: WorkloadProfile,
+    users: int,
+    *,
+    warmup_s: float,
+    duration_s: float,
+    seed: int = 0,
+    nodes: int = 1,
+    host_memory_gb: float | None = None,
+    calibration: dict | str | None = None,
+) -> LoadPointMetrics:
+    """Predict what a replay of ``users`` closed-loop users would measure on this configuration."""
+    model = get_model(model) if isinstance(model, str) else model
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    knobs = dict(knobs or {})
+    if users < 1:
+        raise ConfigError(f"users must be >= 1, got {users}", key="users")
+    try:
+        plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
+    except ConfigError as exc:
+        raise TrialError("infeasible", str(exc)) from None
+    if not plan.fits:
+        cls = "oom" if "out of memory" in plan.reason.lower() or "not enough memory" in plan.reason.lower() else "infeasible"
+        raise TrialError(cls, plan.reason)
+    layout = parse_layout(model, flags, gpus * nodes)
+    cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
+        gpu.name, calibration)
+    step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus)
+
+    sys_prefix = int(round(profile.system_prefix_tokens * profile.scale))
+    radix = not flag_bool(flags, "disable-radix-cache")
+    capacity = plan.kv_capacity_tokens_per_gpu
+    stats = Stats()
+    window = (warmup_s, warmup_s + duration_s)
+    records: list[RequestRecord] = []
+    arrivals: list[tuple[float, int, int]] = []  # (time, seq, user)
+    source = _SessionSource(profile, max(2 * users, 16), seed)
+    user_session = [source.take() for _ in range(users)]
+    user_turn = [0] * users
+    rng = np.random.default_rng([seed, 1])
+    stagger = profile.think_time_s.median
+    for u in range(users):
+        heapq.heappush(arrivals, (float(rng.uniform(0, stagger)), u, u))
+    seq = users
+    end_t = window[1]
+    computed_len: dict[int, int] = {}
+    pending_in_window = 0
+
+    def on_finish(req: Req, t: float) -> None:
+        nonlocal seq, pending_in_window
+        if window[0] <= req.arrival < window[1]:
+            pending_in_window -= 1
+            records.append(RequestRecord(
+                session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
+                output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
+                cached_tokens=req.cached or 0))
+        u = req.user
+        session = source.sessions[user_session[u]]
+        think = session.turns[req.turn].think_time_s
+        if req.turn + 1 < session.num_turns:
+            user_turn[u] = req.turn + 1
+        else:
+            user_session[u] = source.take()
+            user_turn[u] = 0
+        nxt = t + think
+        if nxt < end_t:
+            seq += 1
+            heapq.heappush(arrivals, (nxt, seq, u))
+
+    ratio = cal["schedule"]["new_token_ratio"] * float(flags.get("schedule-conservativeness") or 1.0)
+    if layout.attn_dp > 1:
+        ratio *= 0.3
+    host_tokens = plan.hicache_host_tokens_per_pool if plan.hierarchical_cache else 0
+    policy = str(flags.get("schedule-policy") or "fcfs")
+    if policy not in ("fcfs", "lpm", "random", "lof", "dfs-weight", "priority", "routing-key", "hrrn",
+                      "shortest-prefill-first"):
+        raise ConfigError(f"unknown schedule-policy {policy!r}", key="schedule-policy")
+    replicas = []
+    all_ranks: list[Rank] = []
+    for _ in range(layout.dp):
+        ranks = []
+        for _ in range(layout.attn_dp):
+            cache = SessionPrefixCache(capacity, plan.page_size, sys_prefix if radix else 1 << 60,
+                                       host_tokens if radix else 0)
+            ranks.append(Rank(cache, plan.chunked_prefill_size, plan.max_running_requests_per_dp_rank))
+        all_ranks.extend(ranks)
+        replicas.append(ReplicaEngine(
+            ranks, step_model, policy="lpm" if policy == "lpm" else "fcfs",
+            mixed_chunk=flag_bool(flags, "enable-mixed-chunk"), new_token_ratio=ratio,
+            max_prefill_tokens=int(flags.get("max-prefill-tokens") or cal["schedule"]["max_prefill_tokens"]),
+            stats=stats, on_finish=on_finish, window=window, computed_len=computed_len))
+    rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
+    router = Router(routing_policy(flags, knobs), len(all_ranks), sys_prefix, seed=seed)
+
+    def deliver(t_arr: float, u: int) -> None:
+        nonlocal pending_in_window
+        idx, turn = user_session[u], user_turn[u]
+        session = source.sessions[idx]
+        prompt = source.prompt_len(idx, turn)
+        req = Req(u, idx, turn, t_arr, prompt, session.turns[turn].output_tokens)
+        if not radix:
+            req.session = -1 - seq  # nothing is ever matched
+        loads = [r.inflight for r in all_ranks]
+        toks = [r.inflight_tokens for r in all_ranks]
+        target = router.route(idx, prompt, loads, toks)
+        rank = all_ranks[target]
+        rank.inflight += 1
+        rank.inflight_tokens += prompt
+        rank.waiting.append(req)
+        if window[0] <= t_arr < window[1]:
+            pending_in_window += 1
+        rep = rank_replica[id(rank)]
+        if not rep.has_work() or rep.clock < t_arr:
+            rep.clock = max(rep.clock, t_arr)
+
+    hard_stop = end_t + DRAIN_LIMIT_S
+    while True:
+        busy = [rep for rep in replicas if rep.has_work()]
+        t_next = arrivals[0][0] if arrivals else float("inf")
+        if not busy:
+            if not arrivals:
+                break
+            t_arr, _, u = heapq.heappop(arrivals)
+            deliver(t_arr, u)
+            continue
+        rep = min(busy, key=lambda r: r.clock)
+        if t_next <= rep.clock:
+            t_arr, _, u = heapq.heappop(arrivals)
+            deliver(t_arr, u)
+            continue
+        if rep.clock > hard_stop or (rep.clock > end_t and pending_in_window <= 0):
+            break
+        horizon = t_next
+        if len(busy) > 1:
+            others = min(r.clock for r in busy if r is not rep)
+            horizon = min(horizon, max(others, rep.clock) + MULTI_REPLICA_JUMP_S)
+        rep.step(horizon)
+
+    # requests of the window still unfinished: timeouts
+    for rank in all_ranks:
+        stuck = list(rank.waiting) + list(rank.running.values()) + ([rank.chunked] if rank.chunked else [])
+        for req in stuck:
+            if window[0] <= req.arrival < window[1]:
+                records.append(RequestRecord(
+                    session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
+                    output_tokens=req.generated, ttft_s=None if req.first_t is None else req.first_t - req.arrival,
+                    end_s=None, error="timeout: not finished when the simulation stopped"))
+
+    evicted = sum(r.cache.evicted_tokens for r in all_ranks)
+    extra = {
+        "backend": "simulator",
+        "evicted_tokens": evicted,
+        "reprefill_tokens": stats.reprefill_tokens,
+        "hicache_loads": stats.hicache_loads,
+        "hicache_load_tokens": stats.hicache_load_tokens,
+        "retractions": stats.retractions,
+        "prefill_tokens": stats.prefill_tokens,
+        "sim_steps": stats.steps,
+        "sim_events": stats.events,
+        "kv_capacity_tokens_per_pool": capacity,
+        "kv_pools": len(all_ranks),
+        "router_policy": router.policy,
+    }
+    metrics = aggregate(records, users=users, duration_s=duration_s,
+                        kv_capacity_tokens_total=plan.kv_capacity_tokens_total, extra=extra)
+    itl = _weighted_percentiles(stats.itl, (50, 90, 99))
+    return replace(metrics, p50_itl_s=itl[0], p90_itl_s=itl[1], p99_itl_s=itl[2])
+
+
+def _weighted_percentiles(hist: dict[float, int], qs) -> list[float | None]:
+    items = sorted((g, c) for g, c in hist.items() if c > 0)
+    if not items:
+        return [None] * len(qs)
+    gaps = np.array([g for g, _ in items])
+    cum = np.cumsum([c for _, c in items])
+    out = []
+    for q in qs:
+        i = int(np.searchsorted(cum, q / 100 * cum[-1], side="left"))
+        out.append(float(gaps[min(i, len(gaps) - 1)]))
+    return out
