@@ -1,8 +1,9 @@
 """Simulated measurement of one load point: closed-loop users replaying ``generate_sessions``
 sessions against the simulated scheduler, aggregated exactly like a real replay.
 
-Users start at staggered times over the first think-time median, run one session at a time, and
-wait each turn's think time after its response. Requests that start inside the measurement window
+Users follow the replay client (tuner.workload.replay): user u starts at u/users x warmup/2, runs
+sessions u, u + users, u + 2 users, ... one at a time, and waits each turn's think time after the
+response (the next session starts right after the last turn). Requests that start inside the measurement window
 [warmup_s, warmup_s + duration_s) count; after the window no new request starts and the ones in
 flight are drained (a request still running ``DRAIN_LIMIT_S`` after the window ends counts as a
 timeout error).
@@ -22,7 +23,7 @@ from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import speculative_draft_layers
 from tuner.planner.parallel import flag_bool, flag_float
 from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
-from tuner.workload.session import WorkloadProfile, generate_sessions
+from tuner.workload.session import Session, WorkloadProfile, generate_session
 
 from .cache import SessionPrefixCache
 from .calibrate import load_calibration
@@ -56,27 +57,25 @@ def routing_policy(flags: dict, knobs: dict) -> str:
 
 
 class _SessionSource:
-    """Sessions handed to users in order; regenerated with a doubled count when exhausted
-    (session i depends only on (seed, i))."""
+    """User u's k-th session is session ``u + k * users`` (as the replay client draws them)."""
 
-    def __init__(self, profile: WorkloadProfile, count: int, seed: int):
-        self.profile, self.seed = profile, seed
-        self.sessions = generate_sessions(profile, count, seed)
+    def __init__(self, profile: WorkloadProfile, users: int, seed: int):
+        self.profile, self.users, self.seed = profile, users, seed
+        self.sessions: dict[int, Session] = {}
         self.prompts: dict[int, list[int]] = {}
-        self.next = 0
 
-    def take(self) -> int:
-        if self.next >= len(self.sessions):
-            self.sessions = generate_sessions(self.profile, 2 * len(self.sessions), self.seed)
-        self.next += 1
-        return self.next - 1
+    def get(self, idx: int) -> Session:
+        s = self.sessions.get(idx)
+        if s is None:
+            s = self.sessions[idx] = generate_session(self.profile, idx, self.seed)
+        return s
 
     def prompt_len(self, idx: int, turn: int) -> int:
         lens = self.prompts.get(idx)
         if lens is None:
-            s = self.sessions[idx]
+            s = self.get(idx)
             lens, total = [], s.system_prefix_tokens
-            for k, t in enumerate(s.turns):
+            for t in s.turns:
                 total += t.new_tokens
                 lens.append(total)
                 total += t.output_tokens
@@ -125,13 +124,11 @@ def simulate_load_point(
     window = (warmup_s, warmup_s + duration_s)
     records: list[RequestRecord] = []
     arrivals: list[tuple[float, int, int]] = []  # (time, seq, user)
-    source = _SessionSource(profile, max(2 * users, 16), seed)
-    user_session = [source.take() for _ in range(users)]
+    source = _SessionSource(profile, users, seed)
+    user_session = list(range(users))
     user_turn = [0] * users
-    rng = np.random.default_rng([seed, 1])
-    stagger = profile.think_time_s.median
-    for u in range(users):
-        heapq.heappush(arrivals, (float(rng.uniform(0, stagger)), u, u))
+    for u in range(users):  # staggered over the first half of the warm-up, as the replay client does
+        heapq.heappush(arrivals, (u / users * warmup_s * 0.5, u, u))
     seq = users
     end_t = window[1]
     computed_len: dict[int, int] = {}
@@ -146,14 +143,14 @@ def simulate_load_point(
                 output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
                 cached_tokens=req.cached or 0))
         u = req.user
-        session = source.sessions[user_session[u]]
-        think = session.turns[req.turn].think_time_s
+        session = source.get(user_session[u])
         if req.turn + 1 < session.num_turns:
             user_turn[u] = req.turn + 1
-        else:
-            user_session[u] = source.take()
+            nxt = t + session.turns[req.turn].think_time_s
+        else:  # next session right away
+            user_session[u] += users
             user_turn[u] = 0
-        nxt = t + think
+            nxt = t
         if nxt < end_t:
             seq += 1
             heapq.heappush(arrivals, (nxt, seq, u))
@@ -186,7 +183,7 @@ def simulate_load_point(
     def deliver(t_arr: float, u: int) -> None:
         nonlocal pending_in_window
         idx, turn = user_session[u], user_turn[u]
-        session = source.sessions[idx]
+        session = source.get(idx)
         prompt = source.prompt_len(idx, turn)
         req = Req(u, idx, turn, t_arr, prompt, session.turns[turn].output_tokens)
         if not radix:

@@ -1,0 +1,52 @@
+"""Simulator backend: a trial is a simulated deployment measured by tuner.sim (no GPUs)."""
+
+from __future__ import annotations
+
+from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.workload.metrics import LoadPointMetrics
+
+
+class SimDeployment(Deployment):
+    def __init__(self, request: TrialRequest, plan):
+        self.request = request
+        self.plan = plan
+        self.predicted_kv_capacity_tokens_total = plan.kv_capacity_tokens_total
+        self.measured_kv_capacity_tokens_total = plan.kv_capacity_tokens_total
+
+    def measure(self, users: int) -> LoadPointMetrics:
+        from tuner.sim import simulate_load_point
+
+        study, req = self.request.study, self.request
+        hw = study.hardware
+        fidelity = min(1.0, max(req.fidelity, 0.05))
+        calibration = (getattr(study, "backend_options", None) or {}).get("calibration")
+        return simulate_load_point(
+            study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
+            warmup_s=study.measurement.warmup_s, duration_s=study.measurement.duration_s * fidelity,
+            seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=calibration,
+        )
+
+    def telemetry(self) -> dict:
+        return {"backend": "simulator", "plan": self.plan.to_dict()}
+
+
+class SimEvaluator(Evaluator):
+    kind = "simulator"
+
+    def gpus_needed(self, request: TrialRequest) -> int:
+        return 0
+
+    def deploy(self, request: TrialRequest) -> Deployment:
+        from tuner.errors import ConfigError, TrialError
+        from tuner.planner import plan_memory
+
+        hw = request.study.hardware
+        try:
+            plan = plan_memory(request.study.model, hw.gpu, hw.gpus_per_node, request.flags, nodes=hw.nodes,
+                               host_memory_gb=hw.host_memory_gb)
+        except ConfigError as exc:
+            raise TrialError("infeasible", str(exc)) from None
+        if not plan.fits:
+            reason = plan.reason.lower()
+            raise TrialError("oom" if "memory" in reason else "infeasible", plan.reason)
+        return SimDeployment(request, plan)
