@@ -208,7 +208,11 @@ class SGLangBackend(ProcessBackend):
     def availability(self) -> tuple[bool, str]:
         import importlib.util
 
-        if importlib.util.find_spec("sglang") is None:
+        try:
+            found = importlib.util.find_spec("sglang") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             return False, "the sglang package is not installed (pip install 'tuner[sglang]')"
         return True, "sglang is installed"
 
