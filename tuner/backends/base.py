@@ -43,6 +43,7 @@ class LaunchPlan:
     served_model: str | None = None  # "model" field of requests (None: server default)
     vocab_size: int = 32000  # token ids the replay may draw
     send_ignore_eos: bool = True  # server honours ignore_eos (fixed output lengths)
+    prompt_format: str = "ids"  # replay prompts as token ids or as text ("text": server takes strings only)
     files: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)  # what the plan decided (gpus, ranks, ...)
 
