@@ -119,7 +119,6 @@ class LiveDeployment(Deployment):
             model=self.plan.served_model,
             vocab_size=self.plan.vocab_size,
             send_ignore_eos=self.plan.send_ignore_eos,
-            prompt_format=getattr(self.plan, "prompt_format", "ids"),
             prompt_format=self.plan.prompt_format,
             request_timeout_s=float(getattr(m, "request_timeout_s", 600)),
             max_error_rate=float(m.max_error_rate),
