@@ -136,11 +136,11 @@ class ReplicaEngine:
             items.append((req, c))
             budget -= c
             input_budget -= c
-        if budget > 0 and rank.waiting and rank.n_run + len(items) < rank.max_running:
+        if budget > 0 and rank.waiting and len(rank.running) + len(items) < rank.max_running:
             reserve = rank.remaining_output() * self.ratio
             admitted = []
             for req in self._order(rank):
-                if budget <= 0 or input_budget <= 0 or rank.n_run + len(items) >= rank.max_running:
+                if budget <= 0 or input_budget <= 0 or len(rank.running) + len(items) >= rank.max_running:
                     break
                 dev, host = cache.match(req.session, req.prefill_len)
                 extend = req.prefill_len - dev
@@ -257,10 +257,10 @@ class ReplicaEngine:
                 if rank.running and (self.mixed or not w.prefill_tokens):
                     if not self._make_room(rank, 1, t0):
                         continue
-                    w.decode_reqs = rank.n_run
+                    w.decode_reqs = len(rank.running)
                     w.decode_ctx_tokens = int(rank.ctx_sum())
                     decoding.append(rank)
-            running = sum(r.n_run for r in self.ranks)
+            running = sum(len(r.running) for r in self.ranks)
             dt = model.step_time(works, running)
             t1 = t0 + dt
             self.clock = t1
@@ -287,53 +287,58 @@ class ReplicaEngine:
             return
         k = MAX_JUMP_STEPS
         for rank in active:
-            k = min(k, rank.heap[0][0] - rank.steps if rank.heap else k)
-        k = max(1, k)
-        for rank in active:
-            room = rank.cache.free() + rank.cache.evictable
-            while rank.running and room < rank.n_run:
+            cache = rank.cache
+            n = len(rank.running)
+            room = cache.capacity - cache.tree_tokens - cache.alloc_tokens + cache.evictable
+            while n and room < n:
                 self._retract(rank, t0)
-                room = rank.cache.free() + rank.cache.evictable
-            if rank.running:
-                k = min(k, room // rank.n_run)
-        active = [r for r in active if r.running]
-        if not active:
-            return
+                n = len(rank.running)
+                room = cache.capacity - cache.tree_tokens - cache.alloc_tokens + cache.evictable
+            if n:
+                k = min(k, room // n, rank.heap[0][0] - rank.steps)
+        k = max(1, k)
+        running = 0
         for rank, w in zip(self.ranks, works):
-            if rank.running:
-                w.decode_reqs = rank.n_run
-                w.decode_ctx_tokens = int(rank.ctx_sum())
-        running = sum(r.n_run for r in active)
+            n = len(rank.running)
+            if n:
+                w.decode_reqs = n
+                w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
+                running += n
+        if not running:
+            return
         dt = model.step_time(works, running)
         if math.isfinite(horizon):
             k = max(1, min(k, math.ceil((horizon - t0) / dt))) if horizon > t0 else 1
         if k > 1:
-            for rank, w in zip(self.ranks, works):
-                if rank.running:
-                    w.decode_ctx_tokens = int(rank.ctx_sum((k - 1) / 2))
+            half = (k - 1) // 2
+            for w in works:
+                if w.decode_reqs:
+                    w.decode_ctx_tokens += w.decode_reqs * half
             dt = model.step_time(works, running)
         self.stats.steps += k
-        for rank in active:
-            rank.cache.ensure_free(rank.n_run * k)
-            self._decode(rank, k, dt, t0)
+        for rank in self.ranks:
+            if rank.running:
+                rank.cache.ensure_free(len(rank.running) * k)
+                self._decode(rank, k, dt, t0)
         self.clock = t0 + k * dt
 
     def _make_room(self, rank: Rank, k: int, t: float) -> bool:
-        while rank.running and rank.cache.free() + rank.cache.evictable < rank.n_run * k:
+        while rank.running and rank.cache.free() + rank.cache.evictable < len(rank.running) * k:
             self._retract(rank, t)
         if not rank.running:
             return False
-        rank.cache.ensure_free(rank.n_run * k)
+        rank.cache.ensure_free(len(rank.running) * k)
         return True
 
     def _decode(self, rank: Rank, k: int, dt: float, t0: float) -> None:
-        n = rank.n_run
+        n = len(rank.running)
         lo, hi = self.window
         if lo <= t0 <= hi and n:
             itl = self.stats.itl
-            key = round(dt, 4)
-            itl[key] = itl.get(key, 0) + n * (k - 1)
-            first = round(dt + rank.stall_s, 4)
+            key = int(dt * 1e4 + 0.5)  # 0.1 ms buckets
+            if k > 1:
+                itl[key] = itl.get(key, 0) + n * (k - 1)
+            first = int((dt + rank.stall_s) * 1e4 + 0.5) if rank.stall_s else key
             itl[first] = itl.get(first, 0) + n
         rank.stall_s = 0.0
         rank.cache.alloc_tokens += n * k

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,39 @@ class _SessionSource:
         return lens[turn]
 
 
+_PREPARED: dict = {}
+
+
+def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration):
+    """Plan, layout, calibration and step-time model of a configuration; memoised so a capacity
+    search re-uses the step-time model's caches across load points."""
+    key = None
+    if calibration is None or isinstance(calibration, (str, Path)):
+        key = (model.name, gpu.name, gpus, nodes, host_memory_gb, repr(sorted(flags.items())),
+               repr(sorted(knobs.items())), str(calibration))
+        hit = _PREPARED.get(key)
+        if hit is not None:
+            return hit
+    try:
+        plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
+    except ConfigError as exc:
+        raise TrialError("infeasible", str(exc)) from None
+    if not plan.fits:
+        reason = plan.reason.lower()
+        cls = "oom" if "out of memory" in reason or "not enough memory" in reason else "infeasible"
+        raise TrialError(cls, plan.reason)
+    layout = parse_layout(model, flags, gpus * nodes)
+    cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
+        gpu.name, calibration)
+    step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus)
+    out = (plan, layout, cal, step_model)
+    if key is not None:
+        if len(_PREPARED) > 64:
+            _PREPARED.clear()
+        _PREPARED[key] = out
+    return out
+
+
 def simulate_load_point(
     model: ModelSpec | str,
     gpu: GPUSpec | str,
@@ -105,17 +139,7 @@ def simulate_load_point(
     knobs = dict(knobs or {})
     if users < 1:
         raise ConfigError(f"users must be >= 1, got {users}", key="users")
-    try:
-        plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
-    except ConfigError as exc:
-        raise TrialError("infeasible", str(exc)) from None
-    if not plan.fits:
-        cls = "oom" if "out of memory" in plan.reason.lower() or "not enough memory" in plan.reason.lower() else "infeasible"
-        raise TrialError(cls, plan.reason)
-    layout = parse_layout(model, flags, gpus * nodes)
-    cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
-        gpu.name, calibration)
-    step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus)
+    plan, layout, cal, step_model = _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration)
 
     sys_prefix = int(round(profile.system_prefix_tokens * profile.scale))
     radix = not flag_bool(flags, "disable-radix-cache")
@@ -259,7 +283,7 @@ def _weighted_percentiles(hist: dict[float, int], qs) -> list[float | None]:
     items = sorted((g, c) for g, c in hist.items() if c > 0)
     if not items:
         return [None] * len(qs)
-    gaps = np.array([g for g, _ in items])
+    gaps = np.array([g for g, _ in items]) / 1e4  # keys are 0.1 ms buckets
     cum = np.cumsum([c for _, c in items])
     out = []
     for q in qs:

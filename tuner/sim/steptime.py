@@ -23,7 +23,7 @@ from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 
 
-@dataclass
+@dataclass(slots=True)
 class RankWork:
     """What one attention-DP rank computes in a step."""
 
@@ -68,6 +68,10 @@ class StepTimeModel:
                 self.linear_groups.append((2 * params, byt / self.bw, rate(kinds[0]) * eff["dense"]))
         lm_params = w["lm_head"] / BYTES_PER_PARAM[fmt("lm_head")]
         self.lm_head = (2 * lm_params, w["lm_head"] / self.bw, rate("lm_head") * eff["dense"])
+        # below this many tokens every linear group is bound by reading its weights (constant time)
+        groups = self.linear_groups + [self.lm_head]
+        self.read_bound_tokens = min((r * rate / f for f, r, rate in groups if f), default=0.0)
+        self.linear_read_s = sum(r for _, r, _ in self.linear_groups)
 
         attn_tp = layout.attn_tp
         bf16 = gpu.bf16_tflops * 1e12
@@ -134,6 +138,7 @@ class StepTimeModel:
         self.dp_sync_s = ov["dp_attention_sync_s"] if layout.attn_dp > 1 else 0.0
         self.per_req_s = ov["per_request_s"]
         self._moe_cache: dict[int, float] = {}
+        self._decode_cache: dict[tuple[int, int], float] = {}
 
     def _rate(self, fmt: str) -> float:
         g = self.gpu
@@ -148,16 +153,31 @@ class StepTimeModel:
 
     # ---- per rank -------------------------------------------------------------------------
     def rank_time(self, w: RankWork) -> float:
-        tokens = w.tokens
-        if tokens == 0 and w.load_tokens == 0:
-            return 0.0
-        t = 0.0
-        for flops, read_s, rate in self.linear_groups:
-            t += max(flops * tokens / rate, read_s)
+        if not w.prefill_tokens and not w.load_tokens:
+            if not w.decode_reqs:
+                return 0.0
+            # decode-only ranks: memoised on (batch, context in 256-token buckets)
+            key = (w.decode_reqs, w.decode_ctx_tokens >> 8)
+            t = self._decode_cache.get(key)
+            if t is None:
+                t = self._rank_time(w)
+                if len(self._decode_cache) < 200000:
+                    self._decode_cache[key] = t
+            return t
+        return self._rank_time(w)
+
+    def _rank_time(self, w: RankWork) -> float:
+        tokens = w.decode_reqs + w.prefill_tokens
         logits = w.decode_reqs + w.prefill_seqs
-        if logits:
-            flops, read_s, rate = self.lm_head
-            t += max(flops * logits / rate, read_s)
+        if tokens <= self.read_bound_tokens:
+            t = self.linear_read_s + (self.lm_head[1] if logits else 0.0)
+        else:
+            t = 0.0
+            for flops, read_s, rate in self.linear_groups:
+                t += max(flops * tokens / rate, read_s)
+            if logits:
+                flops, read_s, rate = self.lm_head
+                t += max(flops * logits / rate, read_s)
         if w.decode_reqs:
             ctx = w.decode_ctx_tokens
             if self.dsa:
