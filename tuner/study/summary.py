@@ -10,8 +10,8 @@ MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_
                       "prefix_cache_hit_rate", "kv_capacity_tokens_total", "wall_time_s", "step", "fidelity")
 
 
-def _engine(storage: str):
-    engine = db.get_engine(storage, create=False)
+def _engine(storage: str, readonly: bool = False):
+    engine = db.get_engine(storage, create=False, readonly=readonly)
     if not db.has_schema(engine):
         raise StudyNotFoundError(f"no tuner studies in {storage}")
     return engine
@@ -39,8 +39,8 @@ def trial_dict(t, ms: list) -> dict:
     }
 
 
-def study_summary(storage: str, name: str) -> dict:
-    engine = _engine(storage)
+def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
+    engine = _engine(storage, readonly)
     row = repo.get_study(engine, name)
     if row is None:
         names = [s.name for s in repo.list_studies(engine)]
@@ -73,8 +73,8 @@ def study_summary(storage: str, name: str) -> dict:
     }
 
 
-def list_summaries(storage: str) -> list[dict]:
-    engine = _engine(storage)
+def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
+    engine = _engine(storage, readonly)
     out = []
     for s in repo.list_studies(engine):
         ts = repo.trials(engine, s.name)
@@ -84,9 +84,17 @@ def list_summaries(storage: str) -> list[dict]:
             "name": s.name, "backend_kind": s.backend_kind, "status": s.status,
             "trials_budget": s.trials_budget,
             "trials_launched": sum(1 for t in ts if not (t.telemetry or {}).get("not_launched")),
+            "counts": _status_counts(t.status for t in ts),
             "best_capacity_users": best.capacity_users if best else None,
             "best_trial": best.trial_number if best else None,
             "baseline_capacity_users": base.capacity_users if base else None,
             "target_users": s.target_users, "created_at": s.created_at,
         })
     return out
+
+
+def _status_counts(statuses) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for st in statuses:
+        counts[st] = counts.get(st, 0) + 1
+    return counts
