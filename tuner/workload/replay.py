@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 LAG_PROBE_INTERVAL_S = 0.05
 CLIENT_BOUND_LAG_P99_S = 0.010  # event-loop lag above this means the client delays what it measures
 CLIENT_BOUND_CPU_FRACTION = 0.85  # of one core
+ERROR_BACKOFF_S = 0.05
 
 
 @dataclass
@@ -157,6 +158,8 @@ async def replay_closed_loop(
                         measured.append(task)
                     res = await asyncio.shield(task)
                     prompts.add_output(turn, res.output_ids if use_server_output_ids else None)
+                    if res.error is not None:
+                        await asyncio.sleep(ERROR_BACKOFF_S)  # a dead server must not become a busy loop
                     if turn + 1 < session.num_turns:
                         await asyncio.sleep(session.turns[turn].think_time_s * time_scale)
 
