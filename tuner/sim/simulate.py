@@ -158,14 +158,19 @@ def simulate_load_point(
     computed_len: dict[int, int] = {}
     pending_in_window = 0
 
-    def on_finish(req: Req, t: float) -> None:
+    def on_finish(req: Req, t: float, error: str | None = None) -> None:
         nonlocal seq, pending_in_window
         if window[0] <= req.arrival < window[1]:
             pending_in_window -= 1
-            records.append(RequestRecord(
-                session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
-                output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
-                cached_tokens=req.cached or 0))
+            if error:
+                records.append(RequestRecord(
+                    session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
+                    output_tokens=0, ttft_s=None, end_s=None, error=error))
+            else:
+                records.append(RequestRecord(
+                    session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
+                    output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
+                    cached_tokens=req.cached or 0))
         u = req.user
         session = source.get(user_session[u])
         if req.turn + 1 < session.num_turns:
@@ -212,6 +217,12 @@ def simulate_load_point(
         req = Req(u, idx, turn, t_arr, prompt, session.turns[turn].output_tokens)
         if not radix:
             req.session = -1 - seq  # nothing is ever matched
+        if window[0] <= t_arr < window[1]:
+            pending_in_window += 1
+        if prompt > plan.max_req_input_len or prompt + req.output_len > capacity:
+            # SGLang rejects a prompt longer than max_req_input_len (KV pool or context length)
+            on_finish(req, t_arr, error=f"input {prompt} tokens exceeds max_req_input_len {plan.max_req_input_len}")
+            return
         loads = [r.inflight for r in all_ranks]
         toks = [r.inflight_tokens for r in all_ranks]
         target = router.route(idx, prompt, loads, toks)
@@ -219,8 +230,6 @@ def simulate_load_point(
         rank.inflight += 1
         rank.inflight_tokens += prompt
         rank.waiting.append(req)
-        if window[0] <= t_arr < window[1]:
-            pending_in_window += 1
         rep = rank_replica[id(rank)]
         if not rep.has_work() or rep.clock < t_arr:
             rep.clock = max(rep.clock, t_arr)

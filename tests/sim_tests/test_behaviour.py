@@ -1,0 +1,103 @@
+"""GLM-5.1 on 8 GPUs with a coding-agent workload: the effects the simulator must reproduce."""
+
+import math
+
+import pytest
+
+from tuner.errors import TrialError
+from tuner.sim import simulate_load_point
+from tuner.workload.session import LogNormal, WorkloadProfile
+
+AGENT = WorkloadProfile(
+    name="coding-agent-test",
+    system_prefix_tokens=5000,
+    first_turn_context_tokens=LogNormal(mu=math.log(8000), sigma=0.6, min=200, max=40000),
+    new_tokens_per_turn=LogNormal(mu=math.log(1200), sigma=0.9, min=20, max=20000),
+    output_tokens_per_turn=LogNormal(mu=math.log(300), sigma=0.8, min=10, max=4000),
+    turns_per_session=LogNormal(mu=math.log(15), sigma=0.6, min=2, max=40),
+    think_time_s=LogNormal(mu=math.log(10), sigma=0.8, min=1, max=120),
+)
+FP4 = {"quantization": "modelopt_fp4"}
+TP8 = {"tp-size": 8, **FP4}
+DP8 = {"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, "kv-cache-dtype": "fp8_e4m3", **FP4}
+CACHE_AWARE = {"router-policy": "cache_aware", "moe-tile-configs": "tuned"}
+SLO_TTFT, SLO_TPOT = 30.0, 0.050
+
+
+def sim(gpu, flags, knobs, users=50, duration_s=600, seed=0):
+    return simulate_load_point("glm-5.1", gpu, 8, flags, knobs, AGENT, users,
+                               warmup_s=120, duration_s=duration_s, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tp8():
+    return sim("h200", TP8, {})
+
+
+@pytest.fixture(scope="module")
+def dp8():
+    return sim("h200", DP8, CACHE_AWARE)
+
+
+def test_tp8_misses_ttft_through_reprefill_while_dp_attention_meets_slo(tp8, dp8):
+    assert dp8.kv_capacity_tokens_total > 3 * tp8.kv_capacity_tokens_total
+    assert tp8.p90_ttft_s > SLO_TTFT
+    assert tp8.extra["reprefill_tokens"] > 20 * dp8.extra["reprefill_tokens"]
+    assert tp8.prefix_cache_hit_rate < 0.5 < dp8.prefix_cache_hit_rate
+    assert dp8.meets(SLO_TTFT, SLO_TPOT), (dp8.p90_ttft_s, dp8.p90_tpot_s)
+
+
+def test_b200_dp_attention_serves_more_users_than_h200():
+    users = 100
+    h200 = sim("h200", DP8, CACHE_AWARE, users=users, duration_s=300)
+    b200 = sim("b200", DP8, CACHE_AWARE, users=users, duration_s=300)
+    assert not h200.meets(SLO_TTFT, SLO_TPOT)
+    assert b200.meets(SLO_TTFT, SLO_TPOT)
+
+
+def test_cache_aware_routing_beats_round_robin_under_dp_attention(dp8):
+    rr = sim("h200", DP8, {"router-policy": "round_robin", "moe-tile-configs": "tuned"})
+    assert dp8.prefix_cache_hit_rate > rr.prefix_cache_hit_rate + 0.3
+    assert dp8.p90_ttft_s < rr.p90_ttft_s
+    assert dp8.p90_tpot_s < rr.p90_tpot_s
+    assert rr.extra["reprefill_tokens"] > 10 * dp8.extra["reprefill_tokens"]
+
+
+def test_hicache_lowers_ttft_when_the_gpu_cache_overflows(tp8):
+    hi = sim("h200", {**TP8, "enable-hierarchical-cache": True, "hicache-ratio": 4.0}, {})
+    assert tp8.extra["evicted_tokens"] > 0
+    assert hi.extra["hicache_load_tokens"] > 0
+    assert hi.p90_ttft_s < tp8.p90_ttft_s / 2
+    assert hi.p50_ttft_s < tp8.p50_ttft_s / 2
+
+
+def test_fp8_checkpoint_under_dp_attention_leaves_little_kv_on_h200():
+    fp8 = sim("h200", {**DP8, "quantization": "fp8"}, CACHE_AWARE, users=20, duration_s=120)
+    fp4 = sim("h200", DP8, CACHE_AWARE, users=20, duration_s=120)
+    assert fp8.kv_capacity_tokens_total < fp4.kv_capacity_tokens_total / 4
+
+
+def test_tuned_moe_tiles_help_on_h200_and_change_little_on_b200():
+    def tpot(gpu, tiles):
+        return sim(gpu, DP8, {"router-policy": "cache_aware", "moe-tile-configs": tiles},
+                   users=100, duration_s=120).p50_tpot_s
+
+    assert tpot("h200", "tuned") < 0.85 * tpot("h200", "default")
+    assert tpot("b200", "tuned") > 0.9 * tpot("b200", "default")
+
+
+def test_not_fitting_configuration_raises_trial_error():
+    with pytest.raises(TrialError) as exc:
+        sim("h200", {"tp-size": 8}, {}, users=4, duration_s=10)
+    assert exc.value.failure_class == "oom"
+    with pytest.raises(TrialError) as exc:
+        sim("h200", {"tp-size": 8, "attn-dp-size": 3, **FP4}, {}, users=4, duration_s=10)
+    assert exc.value.failure_class == "infeasible"
+
+
+def test_same_seed_same_result_and_window_accounting():
+    a = sim("h200", DP8, CACHE_AWARE, users=10, duration_s=60)
+    b = sim("h200", DP8, CACHE_AWARE, users=10, duration_s=60)
+    assert a.to_dict() == b.to_dict()
+    assert a.requests > 0 and a.errors == 0 and a.valid
+    assert a.p50_itl_s is not None and a.p50_itl_s <= a.p90_itl_s

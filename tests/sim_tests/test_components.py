@@ -1,0 +1,170 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.catalog import get_gpu, get_model
+from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
+from tuner.sim.cache import SessionPrefixCache
+from tuner.sim.calibrate import load_calibration, refit, tuned_speedup
+from tuner.sim.router import Router
+from tuner.sim.steptime import RankWork, StepTimeModel
+
+
+def model_for(gpu_name, flags, tiles="default", cal=None):
+    m, gpu = get_model("glm-5.1"), get_gpu(gpu_name)
+    plan = plan_memory(m, gpu, 8, flags)
+    return StepTimeModel(m, gpu, resolve_checkpoint(m, flags.get("quantization")), parse_layout(m, flags, 8),
+                         plan.bytes_per_token, cal or load_calibration(gpu_name), gpus_per_node=8, moe_tiles=tiles)
+
+
+FP4_TP8 = {"tp-size": 8, "quantization": "modelopt_fp4"}
+FP4_DP8 = {"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, "quantization": "modelopt_fp4"}
+
+
+def test_cache_lru_evicts_tail_of_least_recent_unlocked_session():
+    c = SessionPrefixCache(capacity_tokens=1000, page_size=10, system_prefix_tokens=100)
+    for s, n in ((1, 400), (2, 400)):
+        c.lock(s)
+        c.insert(s, n)
+        c.unlock(s)
+    assert c.tree_tokens == 100 + 300 + 300 and c.free() == 300
+    assert c.match(2, 500) == (400, 0)
+    c.lock(2)  # in flight: not evictable
+    assert c.ensure_free(500)
+    assert c.branch.get(1, 0) == 100 and c.branch[2] == 300  # session 1 lost its tail
+    assert not c.ensure_free(10_000)
+    assert c.match(1, 1000) == (200, 0)
+
+
+def test_hicache_keeps_evicted_tokens_on_host():
+    c = SessionPrefixCache(capacity_tokens=1000, page_size=1, system_prefix_tokens=100, host_capacity_tokens=2000)
+    c.lock(1)
+    c.insert(1, 600)
+    c.unlock(1)
+    c.evict(500)
+    assert c.match(1, 700) == (100, 500)  # 100 on the GPU (system prefix), 500 to load back
+
+
+def test_decode_step_reads_distinct_experts_and_grows_with_batch():
+    st = model_for("h200", FP4_TP8)
+    t1 = st.moe_time(1)
+    t64 = st.moe_time(64)
+    t4096 = st.moe_time(4096)
+    assert t1 < t64 < t4096
+    # one token touches 8 of 256 experts: far less than 8x cheaper than all experts
+    assert t64 / t1 > 5
+
+
+def test_dsa_decode_attention_reads_topk_latents_only():
+    st = model_for("h200", FP4_TP8)
+    short = st.rank_time(RankWork(decode_reqs=1, decode_ctx_tokens=2048))
+    long_ = st.rank_time(RankWork(decode_reqs=1, decode_ctx_tokens=100_000))
+    # only the 132 B/layer index keys scale with context, not the 1152 B/layer latents
+    extra_per_token = (long_ - short) / (100_000 - 2048)
+    assert extra_per_token < 0.2 * st.cell / st.bw
+
+
+def test_fp4_is_native_on_b200_and_dequantized_on_h200():
+    h = model_for("h200", FP4_DP8)
+    b = model_for("b200", FP4_DP8)
+    assert h.moe_dequant_rate is not None and b.moe_dequant_rate is None
+    assert b.moe_time(2048) < h.moe_time(2048) / 2
+
+
+def test_cuda_graph_limit_makes_large_decode_batches_slower():
+    st = model_for("h200", {**FP4_TP8})
+    st.graph_bs = 64
+    within = st.step_time([RankWork(decode_reqs=64, decode_ctx_tokens=64 * 4000)])
+    beyond = st.step_time([RankWork(decode_reqs=65, decode_ctx_tokens=65 * 4000)])
+    assert beyond - within > 0.5 * st.eager_s
+
+
+def test_refit_from_kernel_summary_changes_tuned_speedups():
+    cal = load_calibration("h200")
+    summary = {"batch_sizes": {"1": {"default_us": 100.0, "found_us": 80.0},
+                               "64": {"default_us": 400.0, "found_us": 100.0},
+                               "bad": {"default_us": 1}}}
+    fitted = refit(summary, cal, predicted_default_us=lambda m: {1: 50.0, 64: 200.0}[m])
+    assert fitted["moe_tuned_speedup"] == {1: 1.25, 64: 4.0}
+    assert fitted["compute_efficiency"]["moe"] == pytest.approx(cal["compute_efficiency"]["moe"] * 0.5)
+    assert tuned_speedup(fitted, 8) == pytest.approx(1.25 + 0.5 * (4.0 - 1.25))
+    tuned = model_for("h200", FP4_DP8, tiles="tuned", cal=fitted)
+    default = model_for("h200", FP4_DP8, tiles="default", cal=fitted)
+    assert tuned.moe_time(64) < default.moe_time(64)
+
+
+def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
+    import tuner.sim.calibrate as calmod
+
+    src = tmp_path / "cal"
+    src.mkdir()
+    (src / "default.yaml").write_text((calmod.CALIBRATION_DIR / "default.yaml").read_text())
+    monkeypatch.setattr(calmod, "CALIBRATION_DIR", src)
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"16": {"default_us": 30, "found_us": 20}}))
+    calmod.main(["--summary", str(summary), "--gpu", "h200"])
+    assert load_calibration("h200")["moe_tuned_speedup"] == {16: 1.5}
+
+
+def test_cache_aware_router_keeps_sessions_and_balances_new_ones():
+    r = Router("cache_aware", 4, system_prefix_tokens=5000)
+    loads = [0, 0, 0, 0]
+    first = []
+    for s in range(4):
+        first.append(r.route(s, 13000, loads, loads))
+        loads[first[-1]] += 1
+    assert sorted(first) == [0, 1, 2, 3]  # equal system-prefix matches -> least loaded
+    assert r.route(2, 20000, loads, loads) == first[2]  # returning session sticks to its rank
+    rr = Router("round_robin", 4, system_prefix_tokens=5000)
+    assert [rr.route(0, 10, loads, loads) for _ in range(5)] == [0, 1, 2, 3, 0]
+
+
+def test_sim_evaluator_deploys_and_measures():
+    from types import SimpleNamespace
+
+    from tuner.errors import TrialError
+    from tuner.evaluation.base import TrialRequest
+    from tuner.evaluation.sim import SimEvaluator
+    from tests.sim_tests.test_behaviour import AGENT
+
+    study = SimpleNamespace(
+        model="glm-5.1", hardware=SimpleNamespace(gpu="h200", gpus_per_node=8, nodes=1, host_memory_gb=2048),
+        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=200))
+    ev = SimEvaluator()
+    req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"},
+                       fidelity=0.25)
+    assert ev.kind == "simulator" and ev.gpus_needed(req) == 0
+    with ev.deploy(req) as dep:
+        assert dep.predicted_kv_capacity_tokens_total == plan_memory("glm-5.1", "h200", 8, FP4_DP8).kv_capacity_tokens_total
+        m = dep.measure(8)
+        assert m.duration_s == 50 and m.requests > 0
+    with pytest.raises(TrialError):
+        ev.deploy(TrialRequest(study=study, trial_number=1, flags={"tp-size": 8}))
+
+
+def test_simulate_cli_json_contract(tmp_path):
+    from tuner.cli import cli
+
+    study = tmp_path / "s.yaml"
+    study.write_text("""
+name: s
+model: glm-5.1
+hardware: {gpu: h200, gpus_per_node: 8, nodes: 1}
+workload: coding-agent
+search_space: glm-5.1
+slo: {p90_ttft_s: 30.0, p90_tpot_s: 0.050}
+measurement: {warmup_s: 30, duration_s: 60}
+baseline: {tp-size: 8, quantization: modelopt_fp4}
+backend: simulator
+""")
+    res = CliRunner().invoke(cli, ["simulate", "--study", str(study), "--users", "8", "--json",
+                                   "--config", '{"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, '
+                                               '"quantization": "modelopt_fp4", "router-policy": "cache_aware"}'])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for key in ("users", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p90_tpot_s", "p99_tpot_s",
+                "throughput_tokens_per_s", "prefix_cache_hit_rate", "kv_capacity_tokens_total", "meets_slo",
+                "requests"):
+        assert key in doc
+    assert doc["users"] == 8 and doc["knobs"] == {"router-policy": "cache_aware"} and doc["requests"] > 0
