@@ -110,12 +110,23 @@ def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
 def test_cache_aware_router_keeps_sessions_and_balances_new_ones():
     r = Router("cache_aware", 4, system_prefix_tokens=5000)
     loads = [0, 0, 0, 0]
-    first = []
-    for s in range(4):
-        first.append(r.route(s, 13000, loads, loads))
-        loads[first[-1]] += 1
-    assert sorted(first) == [0, 1, 2, 3]  # equal system-prefix matches -> least loaded
-    assert r.route(2, 20000, loads, loads) == first[2]  # returning session sticks to its rank
+
+    def route(session, prompt):
+        rank = r.route(session, prompt, loads, loads)
+        loads[rank] += 1
+        return rank
+
+    assert route(0, 13000) == 0
+    # only rank 0 holds the system prefix: 5000/13000 > cache_threshold 0.3 -> rank 0 again
+    assert route(1, 13000) == 0
+    # a long first prompt matches less than 30% -> least-loaded rank
+    assert [route(s, 30000) for s in (2, 3, 4)] == [1, 2, 3]
+    # every rank now holds the system prefix: equal matches go to the least loaded
+    loads[:] = [5, 1, 3, 3]
+    assert route(5, 13000) == 1
+    assert route(2, 40000) == 1  # a returning session sticks to the rank holding its conversation
+    loads[:] = [200, 0, 0, 0]  # imbalanced (abs > 64 and rel > 1.5): least loaded wins
+    assert route(0, 20000) == 1
     rr = Router("round_robin", 4, system_prefix_tokens=5000)
     assert [rr.route(0, 10, loads, loads) for _ in range(5)] == [0, 1, 2, 3, 0]
 
