@@ -17,8 +17,10 @@ def server():
         yield url
 
 
-def test_latencies_follow_server_pacing_and_prefix_cache_hits(server):
-    r = run_sync(replay_closed_loop(server, PROFILE, 4, warmup_s=0.5, duration_s=2.5, time_scale=0.02))
+@pytest.mark.parametrize("transport", ["fast", "aiohttp"])
+def test_latencies_follow_server_pacing_and_prefix_cache_hits(server, transport):
+    r = run_sync(replay_closed_loop(server, PROFILE, 4, warmup_s=0.5, duration_s=2.5, time_scale=0.02,
+                                    transport=transport))
     m = r.metrics
     assert m.valid and m.errors == 0 and m.requests >= 8
     assert TTFT <= m.p50_ttft_s < TTFT + 0.03
@@ -53,10 +55,11 @@ def test_generate_api_and_server_output_ids(server):
     assert all(x.cached_tokens is not None for x in r.records)
 
 
-def test_dropped_connections_are_errors_not_zero_latency():
+@pytest.mark.parametrize("transport", ["fast", "aiohttp"])
+def test_dropped_connections_are_errors_not_zero_latency(transport):
     with LoadgenProcess(ServerConfig(token_rate_per_s=RATE, ttft_s=0.01, drop_every=2)) as url:
         r = run_sync(replay_closed_loop(url, PROFILE, 4, warmup_s=0.2, duration_s=1.5, time_scale=0.0,
-                                        max_error_rate=0.05))
+                                        max_error_rate=0.05, transport=transport))
     m = r.metrics
     assert m.errors >= m.requests // 4 > 0
     failed = [x for x in r.records if not x.ok]

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tuner.errors import ConfigError
+from tuner.workload.fasthttp import HttpStatusError
 
 APIS = ("completions", "generate")
+TRANSPORTS = ("auto", "fast", "aiohttp")
 PROMPT_FORMATS = ("ids", "text")
 _ENDPOINT = {"completions": "/v1/completions", "generate": "/generate"}
 
@@ -87,6 +89,7 @@ class StreamingClient:
         prompt_format: str = "ids",
         request_timeout_s: float = 600,
         record_server_ts: bool = False,
+        transport: str = "auto",
     ):
         if api not in APIS:
             raise ConfigError(f"unknown api {api!r}; valid: {', '.join(APIS)}", key="api")
@@ -102,16 +105,30 @@ class StreamingClient:
         self.record_server_ts = record_server_ts
         self.url = self.base_url + _ENDPOINT[api]
         self._session: aiohttp.ClientSession | None = None
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"unknown transport {transport!r}; valid: {', '.join(TRANSPORTS)}", key="transport")
+        # "auto": the raw-protocol transport for plain http (much cheaper per chunk), aiohttp otherwise.
+        self.transport = "fast" if transport == "auto" and self.url.startswith("http://") else transport
+        if self.transport == "auto":
+            self.transport = "aiohttp"
+        self._fast = None
 
     async def __aenter__(self):
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        if self.transport == "fast":
+            from tuner.workload.fasthttp import FastStreamingHTTP
+
+            self._fast = FastStreamingHTTP(self.url)
         if self.model is None and self.api == "completions":
             self.model = await self._discover_model()
         return self
 
     async def __aexit__(self, *exc):
+        if self._fast is not None:
+            self._fast.close()
+            self._fast = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -156,62 +173,49 @@ class StreamingClient:
         res = StreamResult(start=time.perf_counter())
         if self.record_server_ts:
             res.added_latency_s = []
+        sse = _SSEParser(res)
         try:
-            async with self._session.post(self.url, data=body, headers={"Content-Type": "application/json"}) as resp:
-                if resp.status != 200:
-                    text = (await resp.read())[:300].decode("utf-8", errors="replace")
-                    res.error = f"HTTP {resp.status}: {text.strip()}"
-                    return res
-                await self._read_events(resp, res)
+            if self._fast is not None:
+                await asyncio.wait_for(self._fast.post(body, sse), self.request_timeout_s)
+            else:
+                await self._post_aiohttp(body, sse)
         except asyncio.TimeoutError:
             res.error = f"timeout after {self.request_timeout_s:g} s"
         except aiohttp.ClientError as exc:
             res.error = f"{type(exc).__name__}: {exc}"
+        except (_HttpError, HttpStatusError) as exc:
+            res.error = str(exc)
         except (ConnectionError, OSError) as exc:
             res.error = f"{type(exc).__name__}: {exc}"
-        if res.error is None and res.end is None:
-            res.end = time.perf_counter()
+        if res.error is None:
+            self._finish(sse, res)
         return res
 
-    async def _read_events(self, resp: aiohttp.ClientResponse, res: StreamResult) -> None:
-        times = res.token_times
-        lat = res.added_latency_s
-        perf, wall = time.perf_counter, time.time
-        read = resp.content.readany
-        pending = b""
-        last = None
-        done = False
-        while not done:
-            chunk = await read()
-            if not chunk:
-                break
-            now = perf()
-            if pending:
-                chunk = pending + chunk
-            cut = chunk.rfind(b"\n") + 1
-            pending = chunk[cut:]
-            for line in chunk[:cut].split(b"\n"):
-                if line[:5] != b"data:":
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
+    async def _post_aiohttp(self, body: bytes, sse: "_SSEParser") -> None:
+        async with self._session.post(self.url, data=body, headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                text = (await resp.read())[:300].decode("utf-8", errors="replace")
+                raise _HttpError(f"HTTP {resp.status}: {text.strip()}")
+            read = resp.content.readany
+            perf = time.perf_counter
+            while not sse.done:
+                chunk = await read()
+                if not chunk:
                     break
-                if payload.startswith(b'{"error"'):
-                    res.error = _error_message(payload)
-                    return
-                times.append(now)
-                last = payload
-                if lat is not None:
-                    lat.append(wall() - _server_ts(payload))
-        res.end = perf()
-        final = _loads(last)
+                sse.feed(chunk, perf())
+
+    def _finish(self, sse: "_SSEParser", res: StreamResult) -> None:
+        if sse.error is not None:
+            res.error = sse.error
+            return
+        res.end = sse.end or time.perf_counter()
+        final = _loads(sse.last)
         usage_only = self._apply_final(final, res)
-        if usage_only and times:
-            times.pop()  # the usage chunk carries no token
-            if lat:
-                lat.pop()
-        if not done and not _finished(final):
+        if usage_only and res.token_times:
+            res.token_times.pop()  # the usage chunk carries no token
+            if res.added_latency_s:
+                res.added_latency_s.pop()
+        if not sse.done and not _finished(final):
             res.error = "stream ended before the response was complete"
 
     def _apply_final(self, final: dict | None, res: StreamResult) -> bool:
@@ -234,6 +238,50 @@ class StreamingClient:
         if isinstance(ids, list) and res.completion_tokens is not None and len(ids) == res.completion_tokens:
             res.output_ids = ids  # cumulative ids; incremental streaming would be shorter
         return False
+
+
+class _HttpError(Exception):
+    pass
+
+
+class _SSEParser:
+    """Timestamps and counts ``data:`` events of a server-sent-event body fed in pieces."""
+
+    __slots__ = ("res", "times", "lat", "pending", "last", "done", "error", "end")
+
+    def __init__(self, res: StreamResult):
+        self.res = res
+        self.times = res.token_times
+        self.lat = res.added_latency_s
+        self.pending = b""
+        self.last = None
+        self.done = False
+        self.error = None
+        self.end = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        if self.pending:
+            chunk = self.pending + chunk
+        cut = chunk.rfind(b"\n") + 1
+        self.pending = chunk[cut:]
+        times, lat = self.times, self.lat
+        for line in chunk[:cut].split(b"\n"):
+            if line[:5] != b"data:":
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                self.end = now
+                return
+            if payload.startswith(b'{"error"'):
+                self.error = _error_message(payload)
+                self.done = True
+                return
+            times.append(now)
+            self.last = payload
+            if lat is not None:
+                lat.append(time.time() - _server_ts(payload))
+        self.end = now
 
 
 def _loads(payload: bytes | None) -> dict | None:

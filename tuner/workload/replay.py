@@ -103,6 +103,7 @@ async def replay_closed_loop(
     request_timeout_s: float = 600,
     max_error_rate: float = 0.05,
     time_scale: float = 1.0,
+    transport: str = "auto",
 ) -> ReplayResult:
     if users < 1:
         raise ValueError("users must be >= 1")
@@ -113,7 +114,8 @@ async def replay_closed_loop(
     max_in_flight = 0
     cpu0 = time.process_time()
     async with StreamingClient(base_url, api=api, model=model, send_ignore_eos=send_ignore_eos,
-                               prompt_format=prompt_format, request_timeout_s=request_timeout_s) as client:
+                               prompt_format=prompt_format, request_timeout_s=request_timeout_s,
+                               transport=transport) as client:
         prefix_cache: dict[int, str] = {}
 
         def prefix_json(n: int) -> str:
@@ -236,13 +238,14 @@ def run_load_point(
     reserved_ids=(),
     prompt_format: str = "ids",
     use_server_output_ids: bool = False,
+    transport: str = "auto",
 ) -> LoadPointMetrics:
     """Measure one load point: ``users`` closed-loop users for ``duration_s`` after ``warmup_s``."""
     coro_kwargs = dict(
         warmup_s=warmup_s, duration_s=duration_s, seed=seed, api=api, model=model, vocab_size=vocab_size,
         reserved_ids=reserved_ids, send_ignore_eos=send_ignore_eos, prompt_format=prompt_format,
         use_server_output_ids=use_server_output_ids, request_timeout_s=request_timeout_s,
-        max_error_rate=max_error_rate, time_scale=time_scale,
+        max_error_rate=max_error_rate, time_scale=time_scale, transport=transport,
     )
     return run_sync(replay_closed_loop(base_url, profile, users, **coro_kwargs)).metrics
 
