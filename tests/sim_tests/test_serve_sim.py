@@ -1,0 +1,130 @@
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from tuner.catalog import get_gpu, get_model
+from tuner.planner import parse_layout, plan_memory
+from tuner.sim.calibrate import load_calibration
+from tuner.sim.online import OnlineEngine
+from tuner.sim.server import SimServer
+from tuner.sim.simulate import build_step_model
+
+FLAGS = {"tp-size": 8, "attn-dp-size": 2, "quantization": "modelopt_fp4"}
+
+
+def make_server(time_scale=50.0):
+    m, gpu = get_model("glm-5.1"), get_gpu("h200")
+    plan = plan_memory(m, gpu, 8, FLAGS)
+    st = build_step_model(m, gpu, plan, parse_layout(m, FLAGS, 8), FLAGS, {}, load_calibration("h200"), 8)
+    engine = OnlineEngine(st, pools=plan.kv_pools, capacity_tokens=plan.kv_capacity_tokens_per_gpu,
+                          chunk=plan.chunked_prefill_size, max_running=plan.max_running_requests_per_dp_rank,
+                          vocab_size=m.vocab_size, time_scale=time_scale)
+    return SimServer(engine, plan, model_name="glm-5.1", server_args={"tp_size": 8}, time_scale=time_scale), plan
+
+
+async def _stream(client, body):
+    resp = await client.post("/v1/completions", json=body)
+    assert resp.status == 200
+    chunks, t0, first = [], time.monotonic(), None
+    async for line in resp.content:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        if first is None:
+            first = time.monotonic() - t0
+        chunks.append(json.loads(line[6:]))
+    return chunks, first
+
+
+def test_streaming_completions_usage_cached_tokens_and_server_info():
+    async def run():
+        server, plan = make_server()
+        async with TestClient(TestServer(server.app())) as client:
+            prompt = list(range(100, 4100))
+            body = {"model": "glm-5.1", "prompt": prompt, "max_tokens": 20, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            chunks, ttft_cold = await _stream(client, body)
+            tokens = [c for c in chunks if c["choices"]]
+            assert len(tokens) == 20
+            usage = chunks[-1]["usage"]
+            assert usage["prompt_tokens"] == 4000 and usage["completion_tokens"] == 20
+            assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+            chunks, ttft_warm = await _stream(client, {**body, "prompt": prompt + list(range(5000, 5100))})
+            cached = chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= 3984  # the first 4000 tokens, page-aligned
+            assert ttft_warm < ttft_cold
+            info = await (await client.get("/server_info")).json()
+            assert info["max_total_num_tokens"] == plan.kv_capacity_tokens_per_gpu
+            assert len(info["internal_states"]) == 2 and info["enable_dp_attention"]
+            assert (await client.get("/health")).status == 200
+            models = await (await client.get("/v1/models")).json()
+            assert models["data"][0]["id"] == "glm-5.1"
+            gen = await (await client.post("/generate", json={"text": "hello world",
+                                                              "sampling_params": {"max_new_tokens": 3}})).json()
+            assert len(gen["output_ids"]) == 3 and gen["meta_info"]["prompt_tokens"] == 2
+            bad = await client.post("/v1/completions", json={"prompt": {"x": 1}})
+            assert bad.status == 400
+
+    asyncio.run(run())
+
+
+def test_concurrent_requests_are_batched():
+    async def run():
+        server, _ = make_server(time_scale=20.0)
+        async with TestClient(TestServer(server.app())) as client:
+            body = {"prompt": "a b c d", "max_tokens": 30, "stream": True}
+            engine = server.engine
+            await _stream(client, body)
+            one = engine.steps
+            await asyncio.gather(*[_stream(client, {**body, "prompt": f"user {i} asks"}) for i in range(8)])
+            eight = engine.steps - one
+            assert one >= 30 and eight < 2 * one  # continuous batching, not eight sequential requests
+
+    asyncio.run(run())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(*extra):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "serve-sim", "--port", str(port), "--time-scale", "50",
+                             "--config", json.dumps(FLAGS), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, port
+
+
+@pytest.mark.parametrize("fault,needle", [("exit_at_start", "exit_at_start"), ("oom", "CUDA out of memory")])
+def test_fault_at_start_exits_with_message(fault, needle):
+    proc, _ = _launch("--fault", fault)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and needle in err
+
+
+def test_fault_crash_after_s_kills_the_server_mid_run():
+    proc, port = _launch("--fault", "crash_after_s=50")  # 1 s at time scale 50
+    try:
+        async def probe():
+            async with aiohttp.ClientSession() as s:
+                for _ in range(100):
+                    try:
+                        async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                            return r.status
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.1)
+        assert asyncio.run(probe()) == 200
+        assert proc.wait(timeout=30) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
