@@ -227,7 +227,7 @@ const TunerCharts = (() => {
     if (!spec.rows.length || spec.axes.length < 2) return empty(container, spec.empty || "no data yet", 200);
     const H = spec.height || 300;
     const { svg, width } = svgFor(container, H);
-    const x0 = 40, x1 = width - 50, top = 46, bottom = H - 24;
+    const x0 = 40, x1 = width - 50, top = 56, bottom = H - 24;
     const n = spec.axes.length;
     const axX = (k) => x0 + (n === 1 ? 0 : k * (x1 - x0) / (n - 1));
     const pos = spec.axes.map((a) => {
@@ -253,8 +253,8 @@ const TunerCharts = (() => {
     spec.axes.forEach((a, k) => {
       const X = axX(k);
       el("line", { x1: X, x2: X, y1: top, y2: bottom, class: "axis" }, svg);
-      // labels alternate between two rows so neighbouring names do not collide
-      text(svg, X, k % 2 ? top - 8 : top - 22, a.label || a.name, { "text-anchor": k === 0 ? "start" : k === n - 1 ? "end" : "middle", class: "pc-axis-label" });
+      // labels cycle through three rows so neighbouring names do not collide
+      text(svg, X, top - 8 - 13 * (k % 3), a.label || a.name, { "text-anchor": k === 0 ? "start" : k === n - 1 ? "end" : "middle", class: "pc-axis-label" });
       for (const [v, y] of pos[k].ticks) {
         const lbl = v === null ? "default" : typeof v === "number" ? fmt(v) : String(v);
         text(svg, X + 4, y + 4, lbl, { class: "tick pc-tick" });
