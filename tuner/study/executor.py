@@ -51,6 +51,7 @@ class TrialWorker:
             "predicted_kv_capacity_tokens_total": d.predicted_kv_capacity_tokens_total,
             "measured_kv_capacity_tokens_total": d.measured_kv_capacity_tokens_total,
             "pids": list(d.pids),
+            "process_identities": _identities(d.pids),
             "log_path": d.log_path,
             "gpu_ids": list(gpu_ids),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -93,6 +94,19 @@ class TrialWorker:
             self.close()
         except Exception:
             log.exception("teardown after a failure raised")
+
+
+def _identities(pids) -> list[dict]:
+    """PID + start time + command line of each live process, so a later resume can reap exactly
+    these processes (and never a process that reused the PID)."""
+    from tuner.backends.process import identify
+
+    out = []
+    for pid in pids:
+        ident = identify(int(pid))
+        if ident is not None:
+            out.append(ident.to_dict())
+    return out
 
 
 def _assigned_gpu_ids() -> list:

@@ -10,6 +10,7 @@ hardware with TP = GPUs of the node.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -30,8 +31,10 @@ from tuner.study.samplers import make_sampler, mark_feasible
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 10
-HEARTBEAT_GRACE_S = 30
+# A trial whose heartbeat is older than the grace period belongs to a dead driver (resume takes it
+# over). TUNER_HEARTBEAT_GRACE_S shortens it, e.g. for tests that kill a driver and resume at once.
+HEARTBEAT_GRACE_S = max(2, int(os.environ.get("TUNER_HEARTBEAT_GRACE_S", "30")))
+HEARTBEAT_INTERVAL_S = max(1, min(10, HEARTBEAT_GRACE_S // 3))
 
 
 @dataclass
@@ -154,7 +157,8 @@ class StudyRunner:
                             f"(heartbeat within {HEARTBEAT_GRACE_S} s); stop it first or wait")
         recovered = []
         for row in repo.running_trials(self.engine, self.study.name):
-            reaped = _reap(row.pids or [])
+            # identities (PID + start time) prove a process is still ours; a bare PID does not
+            reaped = _reap((row.telemetry or {}).get("process_identities") or row.pids or [])
             repo.finish_trial(self.engine, self.study.name, row.trial_number, status="interrupted",
                               capacity_users=None, failure_class="interrupted",
                               failure_reason=f"the tuner process died during this trial; reaped {len(reaped)} "
@@ -252,6 +256,12 @@ class StudyRunner:
             # we record heartbeats ourselves (ask/tell, not Study.optimize)
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             otrial = ostudy.ask()
+        # at once: Optuna never counts a trial without any heartbeat as stale, so a driver killed
+        # before the loop's first beat would leave a trial that no resume could take over
+        try:
+            ostudy._storage.record_heartbeat(otrial._trial_id)
+        except Exception:
+            log.debug("first heartbeat failed", exc_info=True)
         is_baseline = not has_trials
         if is_baseline:
             values = baseline_values(self.study)
@@ -327,7 +337,8 @@ class StudyRunner:
             return
         if res.op == "close":
             if res.ok and res.value:
-                repo.update_trial(self.engine, self.study.name, rt.number, telemetry=_jsonable(res.value))
+                repo.update_trial(self.engine, self.study.name, rt.number,
+                                  telemetry=_jsonable({**_placement(rt.info), **res.value}))
             status, cap, fclass, reason = rt.pending_outcome
             self._finish(rt, ostudy, status, cap, fclass, reason)
             return
@@ -341,6 +352,7 @@ class StudyRunner:
             rt.info = res.value or {}
             repo.update_trial(self.engine, self.study.name, rt.number,
                               pids=rt.info.get("pids", []), gpu_ids=rt.info.get("gpu_ids", []),
+                              telemetry=_jsonable(_placement(rt.info)),
                               log_path=rt.info.get("log_path"),
                               predicted_kv_capacity_tokens=rt.info.get("predicted_kv_capacity_tokens_total"),
                               measured_kv_capacity_tokens=rt.info.get("measured_kv_capacity_tokens_total"))
@@ -403,6 +415,12 @@ def _config_key(values: dict) -> str:
     return repr(sorted((k, v) for k, v in values.items() if v is not None))
 
 
+def _placement(info: dict) -> dict:
+    """Where the deploy ran and what it started, kept in the trial's telemetry."""
+    keys = ("node", "cuda_visible_devices", "gpu_ids", "process_identities")
+    return {k: info[k] for k in keys if info.get(k) is not None}
+
+
 def _jsonable(d: dict) -> dict:
     import json
 
@@ -433,10 +451,8 @@ def _reap(pids: list[int]) -> list[int]:
         from tuner.backends.process import reap_pids
     except ImportError:
         return []
-    result = reap_pids(pids)
-    if isinstance(result, dict):
-        return list(result.get("killed", []))
-    return list(result or [])
+    result = reap_pids(pids)  # {pid: gone | not_ours | killed | survived}
+    return sorted(pid for pid, outcome in result.items() if outcome == "killed")
 
 
 def load_existing(storage_url: str, name: str) -> StudySpec:
