@@ -128,3 +128,18 @@ def test_fault_crash_after_s_kills_the_server_mid_run():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_fault_hang_stops_tokens_and_fails_health():
+    async def run():
+        server, _ = make_server(time_scale=100.0)
+        server.fault = "hang"
+        async with TestClient(TestServer(server.app())) as client:
+            await asyncio.sleep(0.05)
+            assert server.engine.hung
+            resp = await client.post("/v1/completions", json={"prompt": "x y", "max_tokens": 4, "stream": True})
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(resp.content.readline(), timeout=0.5)
+            assert (await client.get("/health")).status == 503
+
+    asyncio.run(run())
