@@ -21,7 +21,7 @@ def study():
 
 
 def _backend_choice():
-    return click.Choice(["auto", "simulator", "sglang", "transformers"])
+    return click.Choice(["auto", "simulator", "sglang", "transformers", "serve-sim"])
 
 
 def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:

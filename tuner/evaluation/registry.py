@@ -12,6 +12,7 @@ _KINDS = {
     "simulator": "tuner.evaluation.sim:SimEvaluator",
     "sglang": "tuner.evaluation.live:SGLangEvaluator",
     "transformers": "tuner.evaluation.live:TransformersEvaluator",
+    "serve-sim": "tuner.evaluation.serve_sim:ServeSimEvaluator",
 }
 KINDS = tuple(_KINDS)
 

@@ -154,7 +154,7 @@ class StudySpec(_Strict):
     baseline: dict[str, Any] = Field(default_factory=dict, description="flags of trial 0 (SGLang defaults + these)")
     trials: int = Field(default=30, ge=1)
     sampler: Literal["default", "tpe", "random", "gp", "grid"] = "default"
-    backend: Literal["auto", "simulator", "sglang", "transformers"] = "auto"
+    backend: Literal["auto", "simulator", "sglang", "transformers", "serve-sim"] = "auto"
     backend_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = 0
     # filled in by the loader: the resolved profile and search space, and where they came from
