@@ -231,7 +231,7 @@ const TunerView = (() => {
     if (state.status) rows = rows.filter((t) => t.status === state.status);
     if (state.filter) rows = rows.filter((t) => [configText(t, d).join(" "), t.status, t.failure_class || "", t.failure_reason || "",
       t.is_baseline ? "baseline" : "", `#${t.number}`].join(" ").toLowerCase().includes(state.filter));
-    rows.sort((a, b) => { const x = sortValue(a, key), y = sortValue(b, key); return (x < y ? -1 : x > y ? 1 : a.number - b.number) * dir; });
+    rows.sort((a, b) => { const x = sortValue(a, key), y = sortValue(b, key); return (x < y ? -1 : x > y ? 1 : 0) * dir || a.number - b.number; });
     ui.count.textContent = `${rows.length} of ${d.trials.length} trials`;
     const head = h("tr", {}, ...COLUMNS.map((c) => {
       const arrow = c.key === key ? (dir > 0 ? " ▲" : " ▼") : "";
