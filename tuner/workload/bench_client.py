@@ -58,6 +58,8 @@ async def _step(url: str, streams: int, rate: float, duration_s: float, ramp_s: 
         "first_error": errors[0] if errors else None,
         "window_s": window,
         "client_cpu_fraction": cpu / max(time.perf_counter() - t0, 1e-9),
+        # CPU the client spent per received token: its ceiling on one free core is 1e6 / this.
+        "client_cpu_us_per_token": cpu / max(sum(len(r.token_times) for r in results), 1) * 1e6,
     }
 
 
