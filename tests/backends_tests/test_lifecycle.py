@@ -229,6 +229,10 @@ def fake_replay(monkeypatch, request):
     if request.param == "coroutine":
         mod.replay_closed_loop = _fake_replay_closed_loop
     monkeypatch.setitem(sys.modules, "tuner.workload.replay", mod)
+    # `from tuner.workload import replay` reads the package attribute once the real module was imported
+    import tuner.workload
+
+    monkeypatch.setattr(tuner.workload, "replay", mod, raising=False)
     return request.param
 
 
