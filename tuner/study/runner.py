@@ -27,7 +27,8 @@ from tuner.spec.load import spec_hash
 from tuner.spec.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.study import space as space_mod
-from tuner.study.samplers import make_sampler, mark_feasible
+from tuner.study.fidelity import prune_reason, should_prune
+from tuner.study.samplers import make_sampler, mark_feasible, seed_configs
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class StudyOutcome:
     baseline_capacity_users: int | None
     wall_time_s: float
     stopped_reason: str | None = None
+    trials_pruned: int = 0  # launched, stopped early: could not beat the best (tuner.study.fidelity)
+    enqueued: int = 0  # configurations enqueued behind the baseline (planner seeds, warm start)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -98,8 +101,11 @@ class StudyRunner:
     def __init__(self, study: StudySpec, *, storage_url: str, backend_kind: str, backend_reason: str = "",
                  parallel: int = 1, ray_address: str | None = None, use_ray: bool = True, seed: int | None = None,
                  max_failures: int | None = None, on_event: Callable[[str, dict], None] | None = None,
-                 workdir: str = "results/runs", prescreen: bool = True):
+                 workdir: str = "results/runs", prescreen: bool = True, prune: bool = True,
+                 initial_configs: list[dict] | None = None):
         self.study = study
+        self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.fidelity)
+        self.initial_configs = list(initial_configs or [])  # launched right after the baseline
         self.storage_url = storage_url
         self.backend_kind = backend_kind
         self.backend_reason = backend_reason
@@ -115,7 +121,9 @@ class StudyRunner:
         self.env = space_mod.env_for(study)
         self._running: dict[int, RunningTrial] = {}
         self._stop = threading.Event()
-        self._counts = {"failed": 0, "infeasible": 0, "prescreened": 0, "duplicates": 0}
+        self._counts = {"failed": 0, "infeasible": 0, "prescreened": 0, "duplicates": 0, "pruned": 0,
+                        "enqueued": 0}
+        self._incumbent: int | None = None  # best capacity of a finished trial (pruning threshold)
         self._seen: dict[str, int | None] = {}  # config key -> capacity (None while running)
 
     # ---------------------------------------------------------------- set-up
@@ -180,6 +188,7 @@ class StudyRunner:
         for t in repo.trials(self.engine, self.study.name):
             if t.status == "complete":
                 self._seen[_config_key(t.params)] = t.capacity_users
+                self._incumbent = max(self._incumbent or 0, t.capacity_users or 0)
         launched = len(done_before)
         self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
                                 "budget": budget, "done": launched})
@@ -228,7 +237,8 @@ class StudyRunner:
             best_trial_number=best.trial_number if best else None,
             best_capacity_users=best.capacity_users if best else None,
             baseline_capacity_users=base.capacity_users if base else None,
-            wall_time_s=time.time() - t0, stopped_reason=stopped_reason)
+            wall_time_s=time.time() - t0, stopped_reason=stopped_reason, trials_pruned=self._counts["pruned"],
+            enqueued=self._counts["enqueued"])
         self.on_event("end", outcome.to_dict())
         return outcome
 
@@ -266,6 +276,7 @@ class StudyRunner:
         if is_baseline:
             values = baseline_values(self.study)
             otrial.set_user_attr("baseline", True)
+            self._enqueue_initial(ostudy)
         else:
             values = space_mod.suggest(otrial, self.study.space(), self.env)
         engine_name = self.study.space().engine
@@ -302,7 +313,7 @@ class StudyRunner:
 
         self._seen[key] = None
         request = TrialRequest(study=self.study, trial_number=number, flags=flags, knobs=knobs,
-                               workdir=f"{self.workdir}/{self.study.name}/trial-{number:04d}",
+                               workdir=f"{self.workdir}/{self.study.name}",  # backends add trial-NNNN
                                seed=self.seed + number)
         from tuner.evaluation.registry import get_evaluator
 
@@ -317,6 +328,19 @@ class StudyRunner:
         executor.submit(number, "deploy", self.backend_kind, request, num_gpus=num_gpus)
         self.on_event("trial_start", {"number": number, "config": values, "baseline": is_baseline})
         return True
+
+    def _enqueue_initial(self, ostudy) -> None:
+        """Queue behind the baseline: warm-start configurations, then the default sampler's
+        planner-ranked seeds (tuner.study.samplers.seed_configs)."""
+        configs = list(self.initial_configs)
+        if self.study.sampler == "default":
+            try:
+                configs += seed_configs(self.study)
+            except Exception:  # seeds are an optimisation: a planner gap must not stop the study
+                log.warning("planner-ranked seeds unavailable", exc_info=True)
+        for cfg in configs:
+            ostudy.enqueue_trial(cfg, skip_if_exists=True)
+        self._counts["enqueued"] += len(configs)
 
     def _settle_without_launch(self, ostudy, otrial, values, flags, knobs, is_baseline, status, failure_class,
                                reason, predicted_kv=None):
@@ -372,6 +396,11 @@ class StudyRunner:
                 log.debug("report failed", exc_info=True)
             self.on_event("measurement", {"number": rt.number, "users": metrics.users, "passed": passed,
                                           "p90_ttft_s": metrics.p90_ttft_s, "p90_tpot_s": metrics.p90_tpot_s})
+            if self.prune and not rt.is_baseline and should_prune(rt.search, self._incumbent):
+                rt.pending_outcome = ("pruned", rt.search.capacity_users, None,
+                                      prune_reason(rt.search, self._incumbent))
+                executor.submit(rt.number, "close")
+                return
             self._next_step(rt, executor)
 
     def _next_step(self, rt: RunningTrial, executor) -> None:
@@ -388,8 +417,12 @@ class StudyRunner:
         repo.finish_trial(self.engine, self.study.name, rt.number, status=status, capacity_users=capacity,
                           failure_class=failure_class, failure_reason=reason, **extra)
         key = _config_key(rt.values)
-        if status == "complete":
-            self._seen[key] = capacity
+        if status in ("complete", "pruned"):
+            self._seen[key] = capacity  # pruned: its lower bound, which cannot beat the best either
+            if status == "complete":
+                self._incumbent = max(self._incumbent or 0, capacity or 0)
+            else:
+                self._counts["pruned"] += 1
         else:
             self._seen.pop(key, None)
             if status == "failed":
@@ -401,9 +434,11 @@ class StudyRunner:
         if status == "interrupted":
             ostudy.tell(rt.optuna_trial, state=optuna.trial.TrialState.FAIL)
         else:
-            feasible = status == "complete"
+            feasible = status in ("complete", "pruned")
             mark_feasible(rt.optuna_trial, feasible)
-            if reason:
+            if status == "pruned":
+                rt.optuna_trial.set_user_attr("pruned", reason)
+            elif reason:
                 rt.optuna_trial.set_user_attr("failure", f"{failure_class}: {reason}")
             ostudy.tell(rt.optuna_trial, float(capacity or 0))
         self.on_event("trial_end", {"number": rt.number, "status": status, "capacity": capacity,
