@@ -67,6 +67,9 @@ def tune_batch_sizes(shape: MoEShape, batch_sizes: list[int], budget: int, *, se
     results, prev_top = [], []
     t0 = time.perf_counter()
     with CompilePool(shape, workers=compile_workers) as pool:
+        # Compiling the whole feasible space at once keeps every core busy; compiling each small
+        # batch of proposals as it comes leaves most cores idle behind the slowest compile.
+        pool.ensure(feasible, on_done=(lambda r: progress({"event": "compiled"})) if progress else None)
         for M in sorted(batch_sizes):
             dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                   shape.config_dtype, shape.block_shape)

@@ -1,0 +1,154 @@
+"""CPU tests of the tile tuner's pure parts (no torch, no triton)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.errors import ConfigError
+from tuner.kernels.configfile import (config_relpath, moe_config_filename, nearest_config, read_configs,
+                                      triton_dir_name, write_configs)
+from tuner.kernels.shapes import moe_shape, parse_block_shape
+from tuner.kernels.space import (TileConfig, default_config, feasible_space, neighbours, search_space_for,
+                                 sglang_search_space, smem_bytes)
+
+
+def test_cpu_modules_do_not_import_torch():
+    import subprocess
+
+    code = ("import sys, tuner.cli.kernels, tuner.kernels.search, tuner.kernels.tune, tuner.kernels.configfile, "
+            "tuner.kernels.shapes, tuner.kernels.space; print(sorted({'torch', 'triton'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("model,tp,ep,expect", [
+    ("glm-5.1", 8, 1, (257, 256, 6144)),
+    ("glm-5.1", 8, 8, (33, 2048, 6144)),
+    ("deepseek-v3", 8, 8, (33, 2048, 7168)),
+    ("deepseek-v3", 8, 1, (257, 256, 7168)),
+    ("deepseek-v3", 8, 4, (65, 1024, 7168)),
+    ("qwen3-235b-a22b", 8, 1, (128, 192, 4096)),
+    ("qwen3-235b-a22b", 8, 8, (16, 1536, 4096)),
+])
+def test_expert_shapes(model, tp, ep, expect):
+    s = moe_shape(model, tp, ep)
+    assert (s.num_experts, s.intermediate, s.hidden) == expect
+    assert s.topk == 8
+
+
+def test_shared_fusion_can_be_disabled():
+    assert moe_shape("glm-5.1", 8, 1, disable_shared_experts_fusion=True).num_experts == 256
+
+
+def test_bad_parallelism_is_config_error():
+    with pytest.raises(ConfigError, match="ep_size"):
+        moe_shape("glm-5.1", 8, 3)
+    with pytest.raises(ConfigError, match="unknown model"):
+        moe_shape("glm-9", 8, 1)
+    with pytest.raises(ConfigError, match="block_shape"):
+        moe_shape("glm-5.1", 8, 1, "bf16", (128, 128))
+    with pytest.raises(ConfigError):
+        parse_block_shape("128")
+
+
+def test_sglang_space_size_and_block_rule():
+    space = sglang_search_space()
+    assert len(space) == 1920 == len(set(space))
+    assert len(search_space_for("bf16", None)) == 1920
+    fp8 = search_space_for("fp8_w8a8", (128, 128))
+    assert len(fp8) == 1280 and {c.BLOCK_SIZE_K for c in fp8} == {64, 128}
+
+
+def test_shared_memory_estimate_and_filter():
+    c = TileConfig(256, 256, 128, 1, 8, 4)
+    assert smem_bytes(c, "bf16") == (256 * 128 * 2 + 128 * 256 * 2) * 4
+    assert smem_bytes(c, "fp8_w8a8") == smem_bytes(c, "bf16") // 2
+    feas = feasible_space("bf16", None, 232_448)
+    assert c not in feas and TileConfig(64, 64, 64, 1, 4, 3) in feas
+    assert all(smem_bytes(x, "bf16") <= 232_448 for x in feas)
+    assert len(feas) < 1920
+
+
+def test_default_config_rules():
+    assert default_config(1, 257, 256, 6144, 8, "fp8_w8a8", (128, 128)) == TileConfig(64, 128, 128, 32, 4, 3)
+    assert default_config(300, 257, 256, 6144, 8, "fp8_w8a8", None) == TileConfig(128, 256, 128, 32, 8, 4)
+    assert default_config(100, 257, 256, 6144, 8, "fp8_w8a8", None) == TileConfig(64, 128, 128, 1, 4, 4)
+    assert default_config(128, 128, 192, 4096, 8, None) == TileConfig(16, 32, 64, 1, 4, 3)
+    assert default_config(129, 128, 192, 4096, 8, None) == TileConfig(64, 64, 32, 8, 4, 3)
+
+
+def test_file_naming():
+    assert triton_dir_name("3.6.0") == "triton_3_6_0"
+    assert moe_config_filename(257, 256, "NVIDIA H200", "fp8_w8a8", [128, 128]) == \
+        "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    assert moe_config_filename(128, 192, "NVIDIA H100 80GB HBM3", None) == \
+        "E=128,N=192,device_name=NVIDIA_H100_80GB_HBM3.json"
+    assert str(config_relpath(128, 192, "NVIDIA H200", "3.6.0")) == \
+        "configs/triton_3_6_0/E=128,N=192,device_name=NVIDIA_H200.json"
+
+
+def test_write_read_roundtrip(tmp_path):
+    cfgs = {64: TileConfig(16, 64, 128, 1, 4, 3).as_dict(), 1: TileConfig(16, 32, 64, 16, 4, 5).as_dict()}
+    p = write_configs(tmp_path / "configs" / "triton_3_6_0" / "f.json", cfgs)
+    raw = json.loads(p.read_text())
+    assert list(raw) == ["1", "64"]
+    assert list(raw["1"]) == ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
+    assert read_configs(p) == {1: cfgs[1], 64: cfgs[64]}
+    assert nearest_config(read_configs(p), 30) == cfgs[1] and nearest_config(read_configs(p), 40) == cfgs[64]
+
+
+def test_read_rejects_bad_files(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps({"x": {}}))
+    with pytest.raises(ConfigError, match="bad.json"):
+        read_configs(p)
+    p.write_text(json.dumps({"4": {"BLOCK_SIZE_M": 16}}))
+    with pytest.raises(ConfigError, match="missing"):
+        read_configs(p)
+
+
+def test_neighbours_change_one_parameter():
+    space = set(search_space_for("fp8_w8a8", (128, 128)))
+    c = TileConfig(64, 128, 128, 16, 4, 3)
+    ns = neighbours(c, space)
+    assert len(ns) == 4 + 3 + 1 + 3 + 1 + 3
+    assert all(sum(a != b for a, b in zip(c.as_dict().values(), n.as_dict().values())) == 1 for n in ns)
+
+
+def test_search_finds_near_optimum_of_synthetic_landscape():
+    from tuner.kernels.search import search_batch_size
+
+    space = feasible_space("fp8_w8a8", (128, 128), 232_448)
+    rng = random.Random(3)
+    noise = {c: rng.uniform(0.95, 1.05) for c in space}
+
+    def cost(c):
+        return ((1 + abs(math.log2(c.BLOCK_SIZE_M / 32)) * 0.3) * (1 + abs(math.log2(c.BLOCK_SIZE_N / 128)) * 0.2)
+                * (1 + abs(c.num_stages - 4) * 0.1) * (1.1 if c.num_warps == 8 else 1.0) * noise[c])
+
+    calls = []
+
+    def evaluate(cfgs):
+        calls.extend(cfgs)
+        return [cost(c) for c in cfgs]
+
+    res = search_batch_size(evaluate, space, 128, seed=1)
+    assert res.evaluations == len(set(calls)) == len(calls) <= 128
+    assert min(cost(c) for c in space) / res.best_us >= 0.97
+
+
+def test_cli_shape_json():
+    from tuner.cli.kernels import kernels
+
+    r = CliRunner().invoke(kernels, ["shape", "--model", "glm-5.1", "--tp-size", "8", "--dtype", "fp8_w8a8",
+                                     "--block-shape", "128,128", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert (doc["num_experts"], doc["intermediate"], doc["hidden"], doc["grid_size"]) == (257, 256, 6144, 1280)
+    assert doc["default_budget"] == 128
