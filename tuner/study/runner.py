@@ -81,6 +81,9 @@ class StudyOutcome:
 def optuna_storage(url: str):
     import optuna
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
     kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": db.SQLITE_BUSY_TIMEOUT_MS / 1000}}
