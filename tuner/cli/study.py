@@ -149,13 +149,19 @@ def status(name, storage, as_json):
     table = Table()
     for col in ("trial", "status", "users", "P90 TTFT s", "P90 TPOT ms", "configuration / reason"):
         table.add_column(col)
+    base_params = (s["baseline"] or {}).get("params", {})
     for t in s["trials"]:
-        cfg = " ".join(f"{k}={v}" for k, v in t["params"].items() if v is not None)
+        # show what differs from the baseline: shorter, and what a reader wants to compare
+        diff = {k: v for k, v in t["params"].items() if v is not None and base_params.get(k) != v}
+        if t["is_baseline"]:
+            cfg = " ".join(f"{k}={v}" for k, v in t["params"].items() if v is not None) + ", SGLang defaults otherwise"
+        else:
+            cfg = "baseline + " + " ".join(f"{k}={v}" for k, v in diff.items()) if diff else "baseline"
         detail = cfg if t["status"] == "complete" else f"{t['failure_class']}: {t['failure_reason']}"
         at = t.get("at_capacity") or {}
         table.add_row(str(t["number"]) + (" B" if t["is_baseline"] else ""), t["status"],
                       "" if t["capacity_users"] is None else str(t["capacity_users"]),
-                      _fmt(at.get("p90_ttft_s")), _fmt(at.get("p90_tpot_s"), 1000), detail[:100])
+                      _fmt(at.get("p90_ttft_s")), _fmt(at.get("p90_tpot_s"), 1000), detail[:300])
     console.print(table)
     if s["best"]:
         console.print(f"best: trial {s['best']['number']} with {s['best']['capacity_users']} users"
