@@ -8,11 +8,10 @@ server log inside its trial directory, so escaping and log serving are exercised
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tuner.errors import TrialError
 from tuner.evaluation import registry
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.evaluation.live import trial_dir_for
 from tuner.workload.metrics import LoadPointMetrics
 
 KIND = "reportfake"
@@ -33,7 +32,7 @@ class FakeDeployment(Deployment):
         self.tpot_base_s = 0.018 if f.get("quantization") == "modelopt_fp4" else 0.024
         self.predicted_kv_capacity_tokens_total = int(150_000 * dp * kv)
         self.measured_kv_capacity_tokens_total = int(self.predicted_kv_capacity_tokens_total * 0.93)
-        log = Path(request.workdir) / "server.log"
+        log = trial_dir_for(request) / "server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"server started with {sorted(f.items())}\n")
         self.log_path = str(log)
@@ -57,7 +56,7 @@ class FakeEvaluator(Evaluator):
 
     def deploy(self, request: TrialRequest) -> Deployment:
         if request.trial_number == 2:
-            log = Path(request.workdir) / "server.log"
+            log = trial_dir_for(request) / "server.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text("loading weights\ntorch.OutOfMemoryError: CUDA out of memory <script>x</script>\n")
             raise TrialError("oom", HOSTILE_REASON, log_path=str(log))

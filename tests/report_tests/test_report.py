@@ -93,3 +93,21 @@ def test_png_without_chromium_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(png.shutil, "which", lambda name: None)
     with pytest.raises(UserError, match="apt-get install chromium"):
         png.find_chromium()
+
+
+@pytest.mark.slow
+def test_report_of_a_real_simulated_study(tmp_path):
+    """The whole path a user takes: `tuner study start` on the simulator, then `tuner study report`."""
+    import importlib.util
+
+    if importlib.util.find_spec("tuner.evaluation.sim") is None:
+        pytest.skip("the simulator backend is not in this build")
+    storage = f"sqlite:///{tmp_path}/t.db"
+    r = run_cli(["study", "start", "h200", "--trials", "2", "--storage", storage, "--no-ray", "--backend", "simulator"],
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli(["study", "report", "h200", "-o", str(tmp_path / "r.html"), "--storage", storage], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    html = (tmp_path / "r.html").read_text()
+    assert "GLM-5.1" in html and "simulator" in html and 'class="big"' in html
+    assert not EXTERNAL_URL.findall(html)

@@ -53,7 +53,18 @@ def render_pngs(report_html: Path, out_dir: Path, chromium: str | None = None) -
     """Write one PNG per chart (and the whole report page) from ``report_html`` into ``out_dir``."""
     exe = chromium or find_chromium()
     out_dir.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(asyncio.wait_for(_render(exe, report_html.resolve(), out_dir), TIMEOUT_S))
+    def job():
+        return asyncio.run(asyncio.wait_for(_render(exe, report_html.resolve(), out_dir), TIMEOUT_S))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return job()
+    # called from inside an event loop (a notebook, an async caller): render on a thread of its own
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(job).result()
 
 
 async def _render(exe: str, html: Path, out_dir: Path) -> list[Path]:
