@@ -126,6 +126,7 @@ class StudyRunner:
         self._stop = threading.Event()
         self._counts = {"failed": 0, "infeasible": 0, "prescreened": 0, "duplicates": 0, "pruned": 0,
                         "enqueued": 0}
+        self._queue: list[dict] = []  # configurations to enqueue, one per ask, after the baseline
         self._incumbent: int | None = None  # best capacity of a finished trial (pruning threshold)
         self._seen: dict[str, int | None] = {}  # config key -> capacity (None while running)
 
@@ -193,6 +194,7 @@ class StudyRunner:
                 self._seen[_config_key(t.params)] = t.capacity_users
                 self._incumbent = max(self._incumbent or 0, t.capacity_users or 0)
         launched = len(done_before)
+        self._queue = self._initial_queue({_config_key(t.params) for t in repo.trials(self.engine, self.study.name)})
         self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
                                 "budget": budget, "done": launched})
         executor = self._make_executor()
@@ -265,6 +267,10 @@ class StudyRunner:
     def _start_next(self, ostudy, executor) -> bool:
         """Ask for a configuration; launch it, or settle it at once. True if launched."""
         has_trials = bool(repo.trials(self.engine, self.study.name))
+        if has_trials and self._queue:
+            # one at a time, so Optuna holds no waiting trial the budget never reaches
+            ostudy.enqueue_trial(self._queue.pop(0), skip_if_exists=True)
+            self._counts["enqueued"] += 1
         with warnings.catch_warnings():
             # we record heartbeats ourselves (ask/tell, not Study.optimize)
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
@@ -279,7 +285,6 @@ class StudyRunner:
         if is_baseline:
             values = baseline_values(self.study)
             otrial.set_user_attr("baseline", True)
-            self._enqueue_initial(ostudy)
         else:
             values = space_mod.suggest(otrial, self.study.space(), self.env)
         engine_name = self.study.space().engine
@@ -332,18 +337,21 @@ class StudyRunner:
         self.on_event("trial_start", {"number": number, "config": values, "baseline": is_baseline})
         return True
 
-    def _enqueue_initial(self, ostudy) -> None:
-        """Queue behind the baseline: warm-start configurations, then the default sampler's
-        planner-ranked seeds (tuner.study.samplers.seed_configs)."""
+    def _initial_queue(self, tried: set[str]) -> list[dict]:
+        """Launched right after the baseline: warm-start configurations, then the default sampler's
+        planner-ranked seeds (tuner.study.samplers.seed_configs); those already tried are skipped."""
         configs = list(self.initial_configs)
         if self.study.sampler == "default":
             try:
                 configs += seed_configs(self.study)
             except Exception:  # seeds are an optimisation: a planner gap must not stop the study
                 log.warning("planner-ranked seeds unavailable", exc_info=True)
+        out, keys = [], set(tried)
         for cfg in configs:
-            ostudy.enqueue_trial(cfg, skip_if_exists=True)
-        self._counts["enqueued"] += len(configs)
+            if _config_key(cfg) not in keys:
+                keys.add(_config_key(cfg))
+                out.append(cfg)
+        return out
 
     def _settle_without_launch(self, ostudy, otrial, values, flags, knobs, is_baseline, status, failure_class,
                                reason, predicted_kv=None):

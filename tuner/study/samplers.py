@@ -29,3 +29,61 @@ def make_sampler(name: str, seed: int, *, resumed: bool = False):
     if name == "grid":
         return optuna.samplers.RandomSampler(seed=seed)  # the grid is enqueued by the caller
     raise ConfigError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}", key="sampler")
+
+
+# ---------------------------------------------------------------- planner-ranked first trials
+# The default sampler does not start from random points: right after the baseline it tries, for
+# each parallelism family (TP/DP/attention-DP/EP split) in the space, the memory settings that the
+# planner says leave the most KV cache (quantization, KV dtype, memory fraction, hierarchical
+# cache), ranked by that KV room. KV room is what decides capacity on multi-turn workloads (see
+# docs/search.md); TPE then refines the other knobs from these points.
+PARALLEL_KNOBS = ("tp-size", "dp-size", "attn-dp-size", "ep-size", "pp-size")
+MEMORY_KNOBS = ("quantization", "kv-cache-dtype", "mem-fraction-static", "enable-hierarchical-cache", "hicache-ratio")
+# Other knobs in the seeds: the value the serving guides recommend where the space offers it,
+# else SGLang's default (None) where offered, else the first listed value.
+PRIOR_VALUES = {"router-policy": "cache_aware", "moe-tile-configs": "tuned"}
+HOST_KV_WEIGHT = 0.5  # a token kept in host memory (HiCache) counts half: loading it back costs time
+MAX_SEED_CONFIGS = 6
+MAX_SEED_PLANS = 5000
+
+
+def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
+    """Planner-ranked first configurations (one per parallelism family, largest KV room first)."""
+    if study.space().engine != "sglang":
+        return []
+    from tuner.catalog import get_gpu, get_model
+    from tuner.errors import TrialError, UserError
+    from tuner.planner import plan_memory
+    from tuner.spec.schema import ParamSpec
+    from tuner.study import space as space_mod
+
+    space, env = study.space(), space_mod.env_for(study)
+    reduced = {}
+    for name, p in space.params.items():
+        if name in PARALLEL_KNOBS or name in MEMORY_KNOBS:
+            reduced[name] = p
+            continue
+        choices = p.values if p.values is not None else p.grid()
+        prior = PRIOR_VALUES.get(name)
+        value = prior if prior in choices else (None if None in choices else choices[0])
+        reduced[name] = ParamSpec(values=[value], condition=p.condition)
+    small = space.model_copy(update={"params": reduced})
+    if space_mod.grid_size_upper_bound(small) > MAX_SEED_PLANS:
+        return []
+    model, gpu, hw = get_model(study.model), get_gpu(study.hardware.gpu), study.hardware
+    best: dict[tuple, tuple[float, dict]] = {}
+    for values in space_mod.enumerate_grid(small, env):
+        flags, _ = space_mod.split(values, space.engine)
+        try:
+            plan = plan_memory(model, gpu, hw.gpus_per_node, flags, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb)
+        except (TrialError, UserError):
+            continue
+        if not plan.fits:
+            continue
+        room = plan.kv_capacity_tokens_total + HOST_KV_WEIGHT * plan.hicache_host_tokens_per_pool * plan.kv_pools
+        family = tuple(values.get(k) for k in PARALLEL_KNOBS)
+        if family not in best or room > best[family][0]:
+            best[family] = (room, values)
+    ranked = sorted(best.values(), key=lambda rv: -rv[0])[:max_configs]
+    return [{k: v for k, v in values.items() if space_mod.condition_holds(space, k, values, env)}
+            for _, values in ranked]
