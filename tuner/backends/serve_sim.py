@@ -14,7 +14,7 @@ One launch::
 * ``request_gpus``: ask Ray for the configuration's GPUs (tp-size x dp-size), as SGLang would,
   and pass the assigned ones as ``CUDA_VISIBLE_DEVICES`` (default false: a CPU-only trial);
 * ``faults``: a testing aid that injects a server fault into chosen trials, keyed by trial number:
-  ``{"1": "crash_after_s=2", "2": "hang", "3": "oom", "4": "exit_at_start",
+  ``{"1": "crash_after_s=2", "2": "hang_after_s=1", "3": "oom", "4": "exit_at_start",
   "5": "slow_start_s=120", "6": "port_in_use"}``. ``port_in_use`` is done here: the chosen port
   is held by a listening socket (another process's, as far as the server can tell) until the
   next trial is planned; the others are ``serve-sim --fault`` modes.
@@ -35,7 +35,7 @@ from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import ConfigError
 
 DEFAULT_STARTUP_TIMEOUT_S = 60.0
-SERVER_FAULTS = ("exit_at_start", "crash_after_s", "hang", "oom", "slow_start_s")
+SERVER_FAULTS = ("exit_at_start", "crash_after_s", "hang", "hang_after_s", "oom", "slow_start_s")
 BACKEND_FAULTS = ("port_in_use",)
 OPTIONS = ("time_scale", "startup_timeout_s", "request_gpus", "faults")
 
@@ -64,7 +64,7 @@ def fault_for(opts: dict[str, Any], trial_number: int) -> str | None:
         return None
     name = str(fault).partition("=")[0]
     if name not in SERVER_FAULTS + BACKEND_FAULTS:
-        raise ConfigError(f"unknown fault {fault!r}; valid: exit_at_start, crash_after_s=N, hang, oom, "
+        raise ConfigError(f"unknown fault {fault!r}; valid: exit_at_start, crash_after_s=N, hang, hang_after_s=N, oom, "
                           f"slow_start_s=N, port_in_use", key=f"backend_options.faults.{trial_number}")
     return str(fault)
 

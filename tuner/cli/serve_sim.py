@@ -17,7 +17,7 @@ import click
 @click.option("--port", type=int, default=30000, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Run simulated time this many times faster than real time.")
-@click.option("--fault", default=None, help="exit_at_start | crash_after_s=N | hang | oom | slow_start_s=N")
+@click.option("--fault", default=None, help="exit_at_start | crash_after_s=N | hang | hang_after_s=N | oom | slow_start_s=N")
 def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault):
     """Serve /v1/completions, /generate, /health, /server_info and /v1/models with simulated timing."""
     from aiohttp import web

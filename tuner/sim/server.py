@@ -3,7 +3,7 @@
 Endpoints: ``/v1/completions`` (prompt as text or token ids; SSE streaming with ``usage`` and
 ``prompt_tokens_details.cached_tokens`` when ``stream_options.include_usage``), ``/generate``
 (SGLang native), ``/health``, ``/server_info`` (SGLang-shaped), ``/v1/models``.
-Faults for reliability tests: exit_at_start, crash_after_s=N, hang, oom, slow_start_s=N.
+Faults for reliability tests: exit_at_start, crash_after_s=N, hang, hang_after_s=N, oom, slow_start_s=N.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiohttp import web
 
 from .online import OnlineEngine
 
-FAULTS = ("exit_at_start", "crash_after_s", "hang", "oom", "slow_start_s")
+FAULTS = ("exit_at_start", "crash_after_s", "hang", "hang_after_s", "oom", "slow_start_s")
 
 
 def parse_fault(text: str | None) -> tuple[str | None, float]:
@@ -29,9 +29,9 @@ def parse_fault(text: str | None) -> tuple[str | None, float]:
         return None, 0.0
     name, _, value = text.partition("=")
     if name not in FAULTS:
-        raise ConfigError(f"unknown fault {text!r}; valid: exit_at_start, crash_after_s=N, hang, oom, "
-                          "slow_start_s=N", key="fault")
-    if name in ("crash_after_s", "slow_start_s"):
+        raise ConfigError(f"unknown fault {text!r}; valid: exit_at_start, crash_after_s=N, hang, hang_after_s=N, "
+                          "oom, slow_start_s=N", key="fault")
+    if name in ("crash_after_s", "hang_after_s", "slow_start_s"):
         try:
             return name, float(value)
         except ValueError:
@@ -81,6 +81,8 @@ class SimServer:
         self._engine_task = loop.create_task(self.engine.run())
         if self.fault == "hang":
             loop.call_later(delay, setattr, self.engine, "hung", True)
+        if self.fault == "hang_after_s":  # answers, then stops producing tokens mid-run
+            loop.call_later(delay + self.fault_value / self.time_scale, setattr, self.engine, "hung", True)
         if self.fault == "crash_after_s":
             loop.call_later(delay + self.fault_value / self.time_scale, self._crash)
 

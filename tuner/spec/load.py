@@ -55,6 +55,9 @@ def read_yaml(path: Path) -> Any:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})",
+                          file=str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

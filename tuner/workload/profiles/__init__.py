@@ -79,6 +79,10 @@ def load_profile(name_or_path: str | os.PathLike, search_dirs=None) -> WorkloadP
     path = resolve_profile_path(name_or_path, search_dirs)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is not UTF-8)", file=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -1,0 +1,165 @@
+"""Shared helpers of the reliability tests: small serve-sim studies, real CLI processes, /proc scans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import REPO
+
+MARK_ENV = "TUNER_TEST_MARK"  # inherited by every process a test's tuner starts: finds orphans
+
+TINY_WORKLOAD = {
+    "name": "tiny-agent",
+    "system_prefix_tokens": 64,
+    "first_turn_context_tokens": {"mu": 3.9, "sigma": 0.3, "min": 16, "max": 128},
+    "new_tokens_per_turn": {"mu": 3.0, "sigma": 0.4, "min": 4, "max": 64},
+    "output_tokens_per_turn": {"mu": 2.8, "sigma": 0.3, "min": 4, "max": 32},
+    "turns_per_session": {"mu": 1.1, "sigma": 0.3, "min": 1, "max": 5},
+    "think_time_s": {"mu": -1.2, "sigma": 0.4, "min": 0.05, "max": 1.0},
+    "max_context_tokens": 2048,
+}
+
+
+def write_study(tmp: Path, name: str, *, trials: int, backend: str = "serve-sim", options: dict | None = None,
+                **overrides) -> Path:
+    """A GLM-5.1 / 8xH200 study with a tiny workload and 1-second load points (seconds per trial)."""
+    data = {
+        "name": name,
+        "model": "glm-5.1",
+        "hardware": {"gpu": "h200", "gpus_per_node": 8, "nodes": 1, "host_memory_gb": 2048},
+        "workload": TINY_WORKLOAD,
+        "search_space": "glm-5.1",
+        "slo": {"p90_ttft_s": 30.0, "p90_tpot_s": 0.05},
+        "target_users": 2,
+        "capacity": {"start_users": 2, "max_users": 8, "resolution_users": 2},
+        "measurement": {"warmup_s": 0, "duration_s": 1, "max_error_rate": 0.05, "request_timeout_s": 4},
+        "baseline": {"tp-size": 8, "quantization": "modelopt_fp4"},
+        "trials": trials,
+        "backend": backend,
+        "backend_options": {"time_scale": 10, **(options or {})},
+    }
+    data.update(overrides)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def tuner_env(mark: str | None = None, **extra: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["TUNER_HEARTBEAT_GRACE_S"] = "2"  # resume may take a killed driver's trials over 2 s later
+    if mark:
+        env[MARK_ENV] = mark
+    env.update(extra)
+    return env
+
+
+def new_mark() -> str:
+    return uuid.uuid4().hex
+
+
+def spawn_tuner(args: list[str], *, cwd: Path, env: dict, log_name: str) -> tuple[subprocess.Popen, Path]:
+    out = cwd / f"{log_name}.out"
+    err = cwd / f"{log_name}.err"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=cwd, env=env,
+                            stdout=open(out, "wb"), stderr=open(err, "wb"), stdin=subprocess.DEVNULL)
+    return proc, err
+
+
+def run_tuner(args: list[str], *, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def query(db: Path, sql: str, args: tuple = ()) -> list[tuple]:
+    """Read-only query that tolerates the writer (WAL) and a file that does not exist yet."""
+    if not db.exists():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+    finally:
+        con.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def marked_pids(mark: str) -> list[int]:
+    """Live processes whose environment carries ``TUNER_TEST_MARK=mark`` (everything a tuner run
+    under that mark started, however deep, even if re-parented)."""
+    needle = f"{MARK_ENV}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if needle in env.split(b"\0") and pid_alive(int(entry)):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            cmd = "?"
+        out.append(f"{pid}: {cmd[:160]}")
+    return out
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return predicate()
+
+
+def kill_marked(mark: str) -> None:
+    """Test clean-up: SIGKILL whatever a failed test left behind (by PID, from the scan)."""
+    for pid in marked_pids(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trial_rows(db: Path, study: str) -> dict[int, dict]:
+    rows = query(db, "SELECT trial_number, status, failure_class, failure_reason, capacity_users, pids, telemetry "
+                     "FROM tuner_trials WHERE study_name=? ORDER BY trial_number", (study,))
+    return {r[0]: {"status": r[1], "failure_class": r[2], "failure_reason": r[3], "capacity_users": r[4],
+                   "pids": json.loads(r[5] or "[]"), "telemetry": json.loads(r[6] or "{}")} for r in rows}

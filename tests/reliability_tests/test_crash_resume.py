@@ -1,0 +1,137 @@
+"""kill -9 of the tuner process in the middle of a measurement, then `tuner study resume`.
+
+Real processes throughout: the driver is `python -m tuner study start` with the serve-sim backend,
+whose trials launch `tuner serve-sim` HTTP servers on loopback in their own sessions, so they
+outlive the killed driver exactly as SGLang servers would. Resume must mark the dead trial
+interrupted (our table) and failed (Optuna, by heartbeat), reap its servers by recorded identity,
+leave an unrelated `tuner serve-sim` alone, keep every completed trial and measurement, and run
+the study to its budget with no process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.reliability_tests._util import (
+    describe, free_port, kill_marked, marked_pids, new_mark, pid_alive, query, run_tuner, spawn_tuner, trial_rows,
+    tuner_env, wait_until, write_study,
+)
+
+BUDGET = 3
+
+
+def _mid_measurement(db, study):
+    """(trial number, pids) of a running trial (not the first) with >= 1 measurement and PIDs."""
+    rows = query(db, "SELECT t.trial_number, t.pids FROM tuner_trials t WHERE t.study_name=? AND t.status='running' "
+                     "AND t.trial_number > 0 AND t.pids != '[]' AND (SELECT count(*) FROM tuner_measurements m "
+                     "WHERE m.study_name=t.study_name AND m.trial_number=t.trial_number) >= 1", (study,))
+    return (rows[0][0], json.loads(rows[0][1])) if rows else None
+
+
+def _decoy(tmp, env):
+    """An unrelated serve-sim process: same program, same arguments shape, not ours."""
+    port = free_port()
+    decoy_env = {k: v for k, v in env.items() if k != "TUNER_TEST_MARK"}
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "serve-sim", "--port", str(port), "--time-scale", "10"],
+                            cwd=tmp, env=decoy_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc
+
+
+def _kill_and_resume(tmp, *, ray: bool):
+    mark = new_mark()
+    env = tuner_env(mark)
+    name = "crash-ray" if ray else "crash"
+    study = write_study(tmp, name, trials=BUDGET)
+    db = tmp / "tuner.db"
+    storage = f"sqlite:///{db}"
+    decoy = _decoy(tmp, env)
+    driver = None
+    try:
+        args = ["study", "start", str(study), "--storage", storage, "--json"]
+        if not ray:
+            args.append("--no-ray")
+        driver, driver_err = spawn_tuner(args, cwd=tmp, env=env, log_name="start")
+        hit = wait_until(lambda: _mid_measurement(db, name) or driver.poll() is not None, timeout_s=120, interval_s=0.05)
+        assert driver.poll() is None, f"driver ended before a trial was mid-measurement:\n{driver_err.read_text()[-2000:]}"
+        killed_trial, server_pids = hit
+
+        before_trials = trial_rows(db, name)
+        before_meas = query(db, "SELECT id, trial_number, users, p90_ttft_s FROM tuner_measurements WHERE study_name=?",
+                            (name,))
+        completed_before = {n: t["capacity_users"] for n, t in before_trials.items() if t["status"] == "complete"}
+        assert completed_before, "the baseline trial completed before the kill"
+
+        os.kill(driver.pid, signal.SIGKILL)  # the driver only: its servers are orphaned
+        driver.wait(timeout=10)
+        if not ray:  # in-process trials: the server (own session) is orphaned and must be reaped
+            assert all(pid_alive(p) for p in server_pids), "the killed trial's server did not outlive the driver"
+        time.sleep(3.5)  # past the heartbeat grace period (TUNER_HEARTBEAT_GRACE_S=2)
+
+        args = ["study", "resume", name, "--storage", storage, "--json"]
+        if not ray:
+            args.append("--no-ray")
+        r = run_tuner(args, cwd=tmp, env=env, timeout=240)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outcome = json.loads(r.stdout)
+
+        after = trial_rows(db, name)
+        dead = after[killed_trial]
+        assert dead["status"] == "interrupted" and dead["failure_class"] == "interrupted", dead
+        reaped = dead["telemetry"]["reaped_pids"]
+        if ray:
+            # Ray kills a dead worker's child processes itself when the raylet outlives the driver
+            # for a moment; whatever it left, resume reaped
+            assert set(reaped) <= set(server_pids), dead["telemetry"]
+        else:
+            assert sorted(reaped) == sorted(server_pids), dead["telemetry"]
+        assert not any(pid_alive(p) for p in server_pids), "the interrupted trial's server was not reaped"
+        # Optuna's copy of the dead trial failed by heartbeat, none left running
+        states = dict(query(db, "SELECT number, state FROM trials t JOIN studies s ON t.study_id=s.study_id "
+                                "WHERE s.study_name=?", (name,)))
+        assert states[killed_trial] == "FAIL"
+        assert "RUNNING" not in states.values()
+
+        # nothing completed was lost or changed
+        for number, capacity in completed_before.items():
+            assert after[number]["status"] == "complete" and after[number]["capacity_users"] == capacity
+        after_meas = set(query(db, "SELECT id, trial_number, users, p90_ttft_s FROM tuner_measurements "
+                                   "WHERE study_name=?", (name,)))
+        lost = set(before_meas) - after_meas
+        assert not lost, f"measurements lost: {lost}"
+
+        # the budget counts the interrupted trial; the study went on to it
+        launched = [t for t in after.values() if not t["telemetry"].get("not_launched")]
+        assert len(launched) == BUDGET
+        assert outcome["best_capacity_users"] is not None
+        assert query(db, "SELECT status FROM tuner_studies WHERE name=?", (name,))[0][0] == "finished"
+
+        # no orphans: every recorded PID is gone, and nothing started under this test's mark lives
+        recorded = {p for t in after.values() for p in t["pids"]}
+        assert not [p for p in recorded if pid_alive(p)]
+        leftovers = wait_until(lambda: not marked_pids(mark), timeout_s=20) or marked_pids(mark)
+        assert leftovers is True or leftovers == [], f"orphan processes after resume: {describe(leftovers)}"
+        assert decoy.poll() is None, "an unrelated serve-sim process was killed"
+        return {"trials_lost": len(set(completed_before) - {n for n, t in after.items() if t["status"] == "complete"}),
+                "measurements_lost": len(lost), "orphans": 0}
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        decoy.kill()
+        decoy.wait(timeout=10)
+        kill_marked(mark)
+
+
+def test_kill_9_driver_mid_measurement_then_resume(tmp_path):
+    _kill_and_resume(tmp_path, ray=False)
+
+
+@pytest.mark.slow
+def test_kill_9_ray_driver_mid_measurement_then_resume(tmp_path):
+    _kill_and_resume(tmp_path, ray=True)
