@@ -82,8 +82,14 @@ def _print_outcome(o, storage):
 @click.option("--seed", type=int, default=None, help="Sampler and workload seed (default: the study's).")
 @click.option("--max-failures", type=click.IntRange(min=1), default=None, help="Stop the study after this many failed trials.")
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
+@click.option("--warm-start-from-simulator", "warm_k", type=click.IntRange(min=1), default=None, metavar="K",
+              help="First run the study on the simulator (sibling study NAME-sim in the same storage, reused if "
+                   "present), then launch its K best configurations right after the baseline.")
+@click.option("--no-pruning", is_flag=True,
+              help="Run every capacity search to the end, even when it can no longer beat the best trial.")
 @json_option
-def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, as_json):
+def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, warm_k, no_pruning,
+          as_json):
     """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
     from tuner.spec.load import load_study
     from tuner.storage import db
@@ -92,8 +98,18 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
     spec = load_study(name)
     db.parse_url(storage)
     kind, reason = _resolve_backend(spec, backend)
+    initial, prelude = [], []
+    if warm_k:
+        from tuner.study.warm_start import simulated_top_k
+
+        sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
+                                                    ray_address=ray_address, parallel=parallel)
+        prelude.append(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
+                       + (" (reused)" if reused else ""))
+        click.echo(prelude[-1], err=True)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
-                         ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures)
+                         ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
+                         prune=not no_pruning, initial_configs=initial)
     runner.create()
     click.echo(f"backend: {kind} ({reason})", err=True)
     _run(runner, spec, trials or spec.trials, as_json, [])
@@ -135,6 +151,7 @@ def status(name, storage, as_json):
     from tuner.study.summary import study_summary
 
     summary = study_summary(storage, name)
+    summary.update(_search_facts(summary, storage, name))
     if as_json:
         emit_json(summary)
         return
@@ -166,6 +183,27 @@ def status(name, storage, as_json):
     if s["best"]:
         console.print(f"best: trial {s['best']['number']} with {s['best']['capacity_users']} users"
                       + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
+    cost = s.get("cost") or {}
+    console.print(f"{s['prescreened']} configuration(s) screened out by the planner (not launched), "
+                  f"{s['pruned']} trial(s) pruned"
+                  + (f"; estimated real cost {cost['gpu_hours']:.1f} GPU-hours ({cost['launched_trials']} launches, "
+                     f"{cost['load_points']} load points)" if "gpu_hours" in cost else ""))
+
+
+def _search_facts(summary: dict, storage: str, name: str) -> dict:
+    """Configurations the planner screened out, trials pruned, and the estimated GPU cost."""
+    from tuner.study.cost import study_cost
+    from tuner.study.runner import load_existing
+
+    trials = summary["trials"]
+    facts = {"prescreened": sum(1 for t in trials if not t["launched"]
+                                and str(t.get("failure_reason") or "").startswith("planner:")),
+             "pruned": sum(1 for t in trials if t["status"] == "pruned")}
+    try:
+        facts["cost"] = study_cost(load_existing(storage, name), trials)
+    except Exception as exc:  # the estimate is informative; status must still print
+        facts["cost"] = {"error": str(exc)}
+    return facts
 
 
 def _fmt(v, scale=1.0):
