@@ -32,6 +32,15 @@ def parse_url(url: str):
                            "or postgresql://user@host/db") from None
 
 
+def sqlalchemy_url(url: str) -> str:
+    """``url`` with a driver SQLAlchemy can load here: plain ``postgresql://`` means psycopg 3
+    (a dependency), not SQLAlchemy's default psycopg2. Used for our engine and Optuna's."""
+    u = parse_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    return url
+
+
 def sqlite_path(url: str) -> Path | None:
     u = parse_url(url)
     if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
@@ -56,6 +65,7 @@ def get_engine(url: str, *, create: bool = True, readonly: bool = False) -> Engi
             url = f"sqlite:///file:{path.resolve()}?mode=ro&uri=true"
     else:
         kwargs = {"pool_pre_ping": True}
+        url = sqlalchemy_url(url)
     try:
         engine = create_engine(url, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:

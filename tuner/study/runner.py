@@ -87,7 +87,7 @@ def optuna_storage(url: str):
     kwargs = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": db.SQLITE_BUSY_TIMEOUT_MS / 1000}}
-    return optuna.storages.RDBStorage(url, **kwargs)
+    return optuna.storages.RDBStorage(db.sqlalchemy_url(url), **kwargs)
 
 
 def baseline_values(study: StudySpec) -> dict:
