@@ -72,7 +72,7 @@ def test_cli_json_contract_and_files(tiny):
     tmp, path = tiny
     out = tmp / "r2"
     r = run_cli(["bench", "search", "--study", str(path), "--seeds", "2", "--budget", "4", "--workers", "1",
-                 "--results-dir", str(out), "--json"], cwd=tmp)
+                 "--results-dir", str(out), "--warm-start", "1", "--json"], cwd=tmp)
     assert r.returncode == 0, r.stderr[-2000:]
     doc = json.loads(r.stdout)
     assert doc["grid_points"] == 6 and doc["grid_optimum_users"] == 16
@@ -83,6 +83,8 @@ def test_cli_json_contract_and_files(tiny):
         assert len(s["trials_to_95pct"]) == 2 and len(s["users_at_15"]) == 2 and len(s["users_at_30"]) == 2
         # every configuration of this space reaches max_users: the baseline already meets 95%
         assert s["trials_to_95pct"] == [1, 1] and s["median_trials_to_95pct"] == 1
+    w = doc["warm_start"]
+    assert len(w["cold_trials_to_95pct"]) == 2 and len(w["warm_trials_to_95pct"]) == 2 and len(w["enqueued"]) == 1
     assert doc["cost"]["grid_launches"] == 6 and doc["cost"]["grid_gpu_hours"] > 0
     assert (out / "bench-tiny-tiny-bench.json").is_file() and (out / "bench-tiny-tiny-bench.md").is_file()
     r = run_cli(["bench", "search", "--study", str(path), "--samplers", "nope", "--results-dir", str(out)], cwd=tmp)

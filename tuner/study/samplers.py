@@ -3,6 +3,8 @@ constrained samplers learn them as infeasible regions instead of ignoring them."
 
 from __future__ import annotations
 
+import warnings
+
 from tuner.errors import ConfigError
 
 CONSTRAINT_KEY = "infeasible"  # trial.set_constraint(CONSTRAINT_KEY, 1.0) marks a trial infeasible
@@ -20,8 +22,10 @@ def make_sampler(name: str, seed: int, *, resumed: bool = False):
     if name in ("default", "tpe"):
         # default: multivariate TPE with constraints (learns infeasible regions), few startup trials
         multivariate = name == "default"
-        return optuna.samplers.TPESampler(seed=seed, multivariate=multivariate, group=multivariate,
-                                          n_startup_trials=6 if multivariate else 10)
+        with warnings.catch_warnings():  # multivariate/group are stable in use, flagged experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=multivariate, group=multivariate,
+                                              n_startup_trials=6 if multivariate else 10)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
