@@ -261,7 +261,8 @@ def bench_search(name: str, *, seeds: int = 5, budget: int = 60, samplers: tuple
             "grid_gpu_hours_with_pruning": round(grid_cost_pruned["gpu_hours"], 1),
             "grid_launches": grid_cost["launches"],
         },
-        "table_compute_s": round(bs.table.compute_s, 1), "table_load_s": round(table_s, 1),
+        "table_entries": len(bs.table.entries), "table_compute_s": round(bs.table.compute_s, 1),
+        "table_load_s": round(table_s, 1),
         "search_s": round(time.time() - t1, 1),
     }
 
@@ -340,7 +341,8 @@ def format_table(doc: dict) -> str:
                      f"{s['median_gpu_hours']:g} |")
     c = doc["cost"]
     lines += ["", f"exhaustive grid: {c['grid_launches']} launches, {c['grid_gpu_hours']:,} GPU-hours "
-                  f"({c['grid_gpu_hours_with_pruning']:,} with pruning against the running best)"]
+                  f"({c['grid_gpu_hours_with_pruning']:,} with pruning against the running best); "
+                  f"simulating it took {doc['table_compute_s']:,.0f} s of wall time"]
     w = doc.get("warm_start")
     if w:
         lines += ["", f"simulator warm start (top {w['k']} of a {w['sim_trials']}-trial simulated study) on a perturbed "

@@ -97,11 +97,13 @@ class Table:
         self.path = Path(path)
         self.hash = table_hash(study)
         self.entries: dict[str, dict] = {}
+        self.workers: int | None = None
+        self.compute_s = 0.0  # wall time spent measuring the entries, over every fill
         if self.path.exists():
             doc = json.loads(self.path.read_text())
             if doc.get("table_hash") == self.hash:
                 self.entries = doc.get("entries", {})
-        self.compute_s = 0.0
+                self.compute_s = float(doc.get("compute_s") or 0.0)
 
     def get(self, values: dict) -> dict | None:
         return self.entries.get(config_key(values))
@@ -123,6 +125,7 @@ class Table:
             return 0
         t0 = time.time()
         workers = workers or max(1, min(os.cpu_count() or 1, len(todo)))
+        self.workers = workers
         study_json = self.study.model_dump_json()
         done = 0
         if workers == 1:
@@ -154,7 +157,7 @@ class Table:
         doc = {"table_version": TABLE_VERSION, "table_hash": self.hash, "study": self.study.name,
                "model": self.study.model, "gpu": self.study.hardware.gpu, "space": self.study.space().name,
                "calibration": (self.study.backend_options or {}).get("calibration"),
-               "compute_s": round(self.compute_s, 1), "entries": self.entries}
+               "compute_s": round(self.compute_s, 1), "workers": self.workers, "entries": self.entries}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=0, sort_keys=True))
         tmp.replace(self.path)
