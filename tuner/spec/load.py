@@ -147,10 +147,10 @@ def check_search_space(space: SearchSpaceSpec, file: str, *, prefix: str = "", e
                     continue
                 if knob.type is bool and not isinstance(v, bool):
                     raise ConfigError(f"must be true/false, got {v!r}", file=file, key=f"{key}.values[{i}]")
-                if knob.type is int and (isinstance(v, bool) or not float(v).is_integer()):
-                    raise ConfigError(f"must be an integer, got {v!r}", file=file, key=f"{key}.values[{i}]")
-                if knob.type in (int, float) and (isinstance(v, (str, bool))):
+                if knob.type in (int, float) and (isinstance(v, bool) or not isinstance(v, (int, float))):
                     raise ConfigError(f"must be a number, got {v!r}", file=file, key=f"{key}.values[{i}]")
+                if knob.type is int and not float(v).is_integer():
+                    raise ConfigError(f"must be an integer, got {v!r}", file=file, key=f"{key}.values[{i}]")
                 if knob.type in (int, float) and v < 0 and name != "chunked-prefill-size":
                     raise ConfigError(f"must be >= 0, got {v!r}", file=file, key=f"{key}.values[{i}]")
                 if knob.choices and v not in knob.choices:

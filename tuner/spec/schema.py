@@ -6,6 +6,7 @@ name the file and the key path, with a did-you-mean for misspelt keys.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -41,6 +42,8 @@ class ParamSpec(_Strict):
         else:
             if self.low is None or self.high is None:
                 raise ValueError("give 'values' (a list) or both 'low' and 'high'")
+            if not (math.isfinite(self.low) and math.isfinite(self.high)):
+                raise ValueError(f"low and high must be finite numbers, got {self.low} and {self.high}")
             if self.low > self.high:
                 raise ValueError(f"empty range: low ({self.low}) > high ({self.high})")
             if self.log and self.low <= 0:
