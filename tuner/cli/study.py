@@ -33,7 +33,23 @@ def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
     else:
         reason = "chosen explicitly"
     get_evaluator(kind)  # fails now (exit 2) if the backend cannot be used here
+    _check_extra_server_args(spec)
     return kind, reason
+
+
+def _check_extra_server_args(spec) -> None:
+    """User-supplied `sglang serve` arguments are checked against the real flag set before any
+    trial starts (exit 2), whichever backend runs the study."""
+    extra = (spec.backend_options or {}).get("extra_server_args")
+    if extra is None or spec.space().engine != "sglang":
+        return
+    from tuner.backends.sglang_flags import parse_extra_args
+    from tuner.errors import ConfigError
+
+    try:
+        parse_extra_args(extra)
+    except ConfigError as exc:
+        raise ConfigError(exc.detail, file=spec.source_path, key=exc.key or "backend_options.extra_server_args") from None
 
 
 def _run(runner, spec, budget, as_json, prelude: list[str]):
