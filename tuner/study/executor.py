@@ -56,6 +56,7 @@ class TrialWorker:
             "gpu_ids": list(gpu_ids),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "node": os.uname().nodename,
+            "ray_node_id": _ray_node_id(),  # several Ray nodes may share one host name
         }
 
     def measure(self, users: int):
@@ -107,6 +108,17 @@ def _identities(pids) -> list[dict]:
         if ident is not None:
             out.append(ident.to_dict())
     return out
+
+
+def _ray_node_id() -> str | None:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:
+        pass
+    return None
 
 
 def _assigned_gpu_ids() -> list:

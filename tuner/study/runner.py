@@ -463,7 +463,7 @@ def _config_key(values: dict) -> str:
 
 def _placement(info: dict) -> dict:
     """Where the deploy ran and what it started, kept in the trial's telemetry."""
-    keys = ("node", "cuda_visible_devices", "gpu_ids", "process_identities")
+    keys = ("node", "ray_node_id", "cuda_visible_devices", "gpu_ids", "process_identities")
     return {k: info[k] for k in keys if info.get(k) is not None}
 
 
