@@ -51,6 +51,11 @@ def _str(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _index(i) -> int:
+    """NVML wants an int index; Ray and CUDA_VISIBLE_DEVICES give GPU ids as strings ("0")."""
+    return int(i)
+
+
 @dataclass(frozen=True)
 class GPUInfo:
     index: int
@@ -119,7 +124,7 @@ def gpu_processes(indices: Sequence[int] | None = None) -> dict[int, list[tuple[
     out = {}
     for i in indices if indices is not None else range(nv.nvmlDeviceGetCount()):
         try:
-            out[i] = gpu_processes_of_handle(nv, nv.nvmlDeviceGetHandleByIndex(i))
+            out[i] = gpu_processes_of_handle(nv, nv.nvmlDeviceGetHandleByIndex(_index(i)))
         except Exception as exc:
             log.warning("NVML process query of GPU %d failed: %s", i, exc)
     return out
@@ -132,7 +137,7 @@ def memory_used_mib(indices: Sequence[int]) -> dict[int, int]:
     out = {}
     for i in indices:
         try:
-            out[i] = int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used // 2**20)
+            out[i] = int(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(_index(i))).used // 2**20)
         except Exception:
             pass
     return out
@@ -189,7 +194,7 @@ class GPUSampler:
         handles = {}
         for i in self.indices:
             try:
-                handles[i] = nv.nvmlDeviceGetHandleByIndex(i)
+                handles[i] = nv.nvmlDeviceGetHandleByIndex(_index(i))
             except Exception as exc:
                 log.warning("GPU sampler: no handle for GPU %d: %s", i, exc)
         t0 = time.monotonic()

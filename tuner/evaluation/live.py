@@ -56,8 +56,11 @@ class LiveEvaluator(Evaluator):
     def deploy(self, request: TrialRequest) -> "LiveDeployment":
         trial_dir = trial_dir_for(request)
         last: TrialError | None = None
+        from tuner.backends import gpu
+
         for attempt in range(PORT_RETRIES + 1):
             plan = self.backend.build_plan(request, trial_dir)
+            before_mib = gpu.memory_used_mib(request.gpu_ids)  # what close() must return to
             stack = ProcessStack()
             try:
                 _start(stack, plan)
@@ -71,7 +74,7 @@ class LiveEvaluator(Evaluator):
             except BaseException:
                 stack.close()
                 raise
-            return LiveDeployment(self.backend, request, plan, stack)
+            return LiveDeployment(self.backend, request, plan, stack, gpu_before_start_mib=before_mib)
         raise last  # pragma: no cover - loop always returns or raises
 
 
@@ -87,7 +90,8 @@ def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
 
 
 class LiveDeployment(Deployment):
-    def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack):
+    def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack,
+                 gpu_before_start_mib: dict | None = None):
         from tuner.backends import gpu
 
         self.backend = backend
@@ -99,8 +103,10 @@ class LiveDeployment(Deployment):
         self._closed = False
         self._close_report: dict[str, Any] = {}
         self._gpu_ids = tuple(request.gpu_ids)
-        self._gpu_baseline = gpu.memory_used_mib(self._gpu_ids)  # after start: close waits for below
+        self._gpu_before_start = dict(gpu_before_start_mib or {})  # close() waits until used is back near it
+        self._gpu_after_ready = gpu.memory_used_mib(self._gpu_ids)
         self.facts = backend.server_facts(plan)
+        self._gpu_after_warmup = gpu.memory_used_mib(self._gpu_ids)  # engines that allocate at first use
         self.measured_kv_capacity_tokens_total = self.facts.get("kv_capacity_tokens_total")
         self.pids = stack.pids
         self.sampler = gpu.GPUSampler(self._gpu_ids).start()
@@ -208,6 +214,8 @@ class LiveDeployment(Deployment):
             "pids": list(self.pids),
             "process_identities": self.stack.identities(),
             "gpu": self.sampler.summary(),
+            "gpu_memory_used_mib": {"before_start": self._gpu_before_start, "after_ready": self._gpu_after_ready,
+                                    "after_warmup": self._gpu_after_warmup},
             "close": self._close_report,
         }
 
@@ -223,13 +231,20 @@ class LiveDeployment(Deployment):
         survivors = self.stack.close()
         report["survivors"] = sorted(survivors)
         if self._gpu_ids:
-            report["gpu_release"] = gpu.wait_memory_released(self._gpu_ids, pids, timeout_s=60.0)
+            report["gpu_release"] = gpu.wait_memory_released(self._gpu_ids, pids, timeout_s=60.0,
+                                                             baseline_mib=self._gpu_before_start or None)
+            report["gpu_release"]["before_start_mib"] = self._gpu_before_start
             if report["gpu_release"].get("released") is False:
                 log.error("trial %d: GPU memory not released: %s", self.request.trial_number,
                           report["gpu_release"])
         if survivors:
             log.error("trial %d: processes %s survived teardown", self.request.trial_number, sorted(survivors))
         self._close_report = report
+
+    @property
+    def close_report(self) -> dict[str, Any]:
+        """What close() found: survivors and whether the GPU memory came back (empty before close)."""
+        return dict(self._close_report)
 
 
 class _ReplayThread(threading.Thread):

@@ -9,6 +9,12 @@ shared-memory misfits included, each timed; a config whose first replay is 1.5x 
 not timed further); (3) a final interleaved re-measurement of the grid's top 3, the search's pick and
 the default. grid_best_us is the fastest of those re-measured grid configs (the search's pick is a
 grid config too). Writes DIR/summary.json, the config file and every timing (grid.jsonl).
+
+``--grid-only --found-from SUMMARY.json`` completes the grid at batch sizes whose search already
+ran: one timing pass per batch size over the whole space with the search's pick (read from the
+summary) and SGLang's default timed first, so grid best, found and default come from the same pass.
+Batch sizes run in the order given; DIR/grid_only_<shape>.json is rewritten after each one and
+``--deadline-s`` stops the timing cleanly (the unfinished batch size is written as incomplete).
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int =
                 rows[M]["grid_first_us"] = ranked[0][0]
                 rows[M]["grid_timed"] = len(ranked)
                 _log(f"grid M={M}: best {ranked[0][0]:.1f} us {ranked[0][1].short()} ({time.perf_counter() - tm:.1f} s)")
+                log_f.flush()  # a run stopped later keeps every finished batch size
                 problem.drop_batch(M)
             grid_wall = time.perf_counter() - t1
 
@@ -151,6 +158,135 @@ def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int =
     }
 
 
+def found_configs_from(summary_path: Path, shape) -> dict[int, "TileConfig"]:
+    """{batch size: the search's pick} for ``shape`` from a summary.json (committed or a run's)."""
+    from tuner.errors import ConfigError
+    from tuner.kernels.space import TileConfig
+
+    doc = json.loads(Path(summary_path).read_text())
+    want = shape.to_dict()
+    for sh in doc.get("shapes", [doc]):
+        if sh.get("shape") == want:
+            return {int(r["batch_size"]): TileConfig.from_dict(r["found_config"])
+                    for r in sh["batch_sizes"] if r.get("found_config")}
+    raise ConfigError(f"{summary_path} has no shape {want}", key="--found-from")
+
+
+def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: int = 0,
+                  deadline: float | None = None) -> dict:
+    """One timing pass over the whole space per batch size, found and default first (see module doc).
+
+    ``deadline`` is a time.monotonic() value; timing stops there and what is done is kept.
+    """
+    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.compile import CompilePool
+    from tuner.kernels.space import default_config, search_space_for, smem_bytes
+    from tuner.kernels.worker import device_facts
+
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
+    facts = device_facts()
+    space = search_space_for(shape.dtype, shape.block_shape)
+    missing = [M for M in batch_sizes if M not in found]
+    if missing:
+        from tuner.errors import ConfigError
+
+        raise ConfigError(f"no found config for batch size(s) {missing}", key="--found-from")
+    problem = MoEProblem(shape, seed=seed)
+    grid_timer = Timer(problem, target_ms=8.0, max_replays=6)  # the grid pass's timer of run_shape
+    tag = f"{shape.num_experts}_{shape.intermediate}_{shape.hidden}"
+    log_f = open(out / f"grid_{tag}.jsonl", "a")
+    res = {"shape": shape.to_dict(), "device_name": facts["device_name"], "triton_version": facts["triton_version"],
+           "torch_version": facts["torch_version"], "grid_size": len(space), "batch_sizes": []}
+    summary_path = out / f"grid_only_{tag}.json"
+
+    def write():
+        summary_path.write_text(json.dumps(_clean(res), indent=2) + "\n")
+
+    def timed(M, cfg, **kw):
+        try:
+            return grid_timer.measure(M, cfg, **kw)
+        except ConfigFailed:
+            return math.inf
+
+    with CompilePool(shape) as pool:
+        t0 = time.perf_counter()
+        pool.ensure(space)
+        res["compile_wall_s"] = round(time.perf_counter() - t0, 1)
+        res["compile_failures"] = sum(1 for c in space if pool.failed(c))
+        _log(f"grid compile: {len(space) - res['compile_failures']}/{len(space)} configs compile "
+             f"({res['compile_wall_s']} s)")
+        write()
+        for M in batch_sizes:
+            tm = time.perf_counter()
+            dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
+                                  shape.config_dtype, shape.block_shape)
+            pool.ensure([dflt])
+            order = list(dict.fromkeys([found[M], dflt, *space]))
+            times: dict = {}
+            best = math.inf
+            stopped = False
+            for i, cfg in enumerate(order):
+                if deadline is not None and time.monotonic() > deadline:
+                    stopped = True
+                    break
+                if pool.failed(cfg):
+                    us = math.inf
+                elif i < 2:  # found and default: always timed in full
+                    us = timed(M, cfg)
+                else:
+                    us = timed(M, cfg, cutoff_us=1.3 * best)
+                times[cfg] = us
+                best = min(best, us)
+                role = "found" if i == 0 else "default" if i == 1 else None
+                log_f.write(json.dumps({"batch_size": M, **cfg.as_dict(), "us": us if math.isfinite(us) else None,
+                                        "smem_est": smem_bytes(cfg, shape.dtype), "role": role,
+                                        "pass": "grid_only"}) + "\n")
+            log_f.flush()
+            wall = round(time.perf_counter() - tm, 1)
+            space_set = set(space)
+            ok = {c: t for c, t in times.items() if math.isfinite(t)}
+            row = {"batch_size": M, "complete": not stopped and sum(c in space_set for c in times) == len(space),
+                   "grid_timed": len(ok), "configs_visited": len(times), "grid_size": len(space),
+                   "grid_timing_wall_s": wall, "found_config": found[M].as_dict(), "default_config": dflt.as_dict(),
+                   "found_us": times.get(found[M]), "default_us": times.get(dflt)}
+            if ok:
+                best_cfg = min(ok, key=ok.get)
+                row.update(grid_best_us=ok[best_cfg], grid_best_config=best_cfg.as_dict())
+                if math.isfinite(row["found_us"]):
+                    row["fraction_of_grid_best"] = ok[best_cfg] / row["found_us"]
+                # interleaved re-measurement of the pass's top 3, found and default (10 replays, 3 rounds)
+                cands = {"found": found[M], "default": dflt}
+                for j, (_, c) in enumerate(sorted((t, c) for c, t in ok.items())[:3]):
+                    cands[f"grid{j}"] = c
+                if not stopped:
+                    samples = {k: [] for k in cands}
+                    for _ in range(3):
+                        for k, c in cands.items():
+                            samples[k].append(math.inf if pool.failed(c) else timed(M, c, replays=10))
+                    row["remeasured_us"] = {k: statistics.median(v) for k, v in samples.items()}
+                    row["remeasured_configs"] = {k: c.as_dict() for k, c in cands.items()}
+            res["batch_sizes"].append(row)
+            write()
+            _log(f"grid-only M={M}: {'complete' if row['complete'] else 'STOPPED at deadline'} "
+                 f"{len(times)}/{len(space)} visited, best {row.get('grid_best_us', math.inf):.1f} us, "
+                 f"found {row['found_us'] or math.inf:.1f} us, default {row['default_us'] or math.inf:.1f} us "
+                 f"({wall} s)")
+            problem.drop_batch(M)
+            if stopped:
+                break
+    log_f.close()
+    return res
+
+
+def _clean(obj):
+    """JSON-safe copy: non-finite floats become null, floats are rounded to the nanosecond."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return _num(obj)
+
+
 def _num(v):
     if isinstance(v, float):
         return round(v, 3) if math.isfinite(v) else None
@@ -171,10 +307,26 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=int, default=None)
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--grid-only", action="store_true",
+                    help="complete the grid at these batch sizes against --found-from's picks (no search)")
+    ap.add_argument("--found-from", type=Path, default=None, help="summary.json holding the search's picks")
+    ap.add_argument("--deadline-s", type=float, default=None, help="stop grid timing after this many seconds")
     ap.add_argument("--out", required=True, type=Path)
     a = ap.parse_args(argv)
     shape = moe_shape(a.model, a.tp_size, a.ep_size, a.dtype, parse_block_shape(a.block_shape))
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.grid_only:
+        if a.found_from is None:
+            ap.error("--grid-only needs --found-from")
+        deadline = time.monotonic() + a.deadline_s if a.deadline_s else None
+        _log(f"grid-only {shape.to_dict()} batch sizes {a.batch_sizes}")
+        res = run_grid_only(shape, parse_int_list(a.batch_sizes, "batch_sizes"), found_configs_from(a.found_from, shape),
+                            a.out, seed=a.seed, deadline=deadline)
+        print(f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'complete':>8}")
+        for r in res["batch_sizes"]:
+            print(f"{r['batch_size']:>6} {_num(r.get('grid_best_us'))!s:>10} {_num(r['found_us'])!s:>10} "
+                  f"{_num(r['default_us'])!s:>10} {r.get('fraction_of_grid_best', 0):>6.3f} {r['complete']!s:>8}")
+        return 0
     budget = a.budget or default_budget(shape)
     _log(f"shape {shape.to_dict()} budget {budget}")
     res = run_shape(shape, parse_int_list(a.batch_sizes, "batch_sizes"), budget, a.out, seed=a.seed,

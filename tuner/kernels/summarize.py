@@ -7,6 +7,10 @@ From the grid's timings (one pass, every config, same timer) at each batch size 
 grid_best_us = fastest config; found_us and default_us = the same pass's time of the search's pick and
 of SGLang's default, so all three come from one measurement pass. Batch sizes without a complete grid
 keep the search's own time and null grid figures.
+
+    python -m tuner.kernels.summarize --update-from RUN/grid_only_257_256_6144.json -o results/kernels/h200/summary.json
+
+folds the complete batch sizes of a ``benchmark --grid-only`` run into an existing summary.
 """
 
 from __future__ import annotations
@@ -61,16 +65,53 @@ def summarize_shape(grid_path: Path, log_path: Path, shape: dict, grid_size: int
             "grid_timing_wall_s_per_batch_size": grid_walls, "batch_sizes": rows}
 
 
+def update_from_grid_only(doc: dict, grid_only: dict) -> list[int]:
+    """Put a grid-only run's complete batch sizes into a summary document (in place).
+
+    Only rows whose grid pass visited the whole space are taken; grid best, found and default all
+    come from that pass (as in ``summarize_shape``). The search's evaluation count is kept. Returns
+    the batch sizes updated.
+    """
+    shape = next((sh for sh in doc["shapes"] if sh["shape"] == grid_only["shape"]), None)
+    if shape is None:
+        raise ValueError(f"summary has no shape {grid_only['shape']}")
+    rows = {r["batch_size"]: r for r in shape["batch_sizes"]}
+    walls = shape.setdefault("grid_timing_wall_s_per_batch_size", [])
+    done = []
+    for new in grid_only["batch_sizes"]:
+        M = new["batch_size"]
+        row = rows.get(M)
+        if row is None or not new.get("complete") or new.get("found_config") != row.get("found_config"):
+            continue
+        row.update(grid_best_us=new["grid_best_us"], found_us=new["found_us"], default_us=new["default_us"],
+                   fraction_of_grid_best=round(new["grid_best_us"] / new["found_us"], 4), grid_size=new["grid_size"],
+                   default_config=new["default_config"], grid_best_config=new["grid_best_config"],
+                   grid_timed=new["grid_timed"])
+        walls.append(new["grid_timing_wall_s"])
+        done.append(M)
+    return done
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--grid", type=Path, required=True)
-    ap.add_argument("--search-log", type=Path, required=True)
-    ap.add_argument("--shape-json", required=True, help="JSON: {model, tp_size, ep_size, shape: {...}, grid_size}")
+    ap.add_argument("--update-from", type=Path, default=None,
+                    help="a benchmark --grid-only result: fold its complete batch sizes into -o in place")
+    ap.add_argument("--grid", type=Path)
+    ap.add_argument("--search-log", type=Path)
+    ap.add_argument("--shape-json", help="JSON: {model, tp_size, ep_size, shape: {...}, grid_size}")
     ap.add_argument("--extra", type=Path, nargs="*", default=[], help="benchmark summaries of further shapes")
     ap.add_argument("--device-name", default="NVIDIA H200")
     ap.add_argument("--triton-version", default="3.6.0")
     ap.add_argument("-o", "--output", type=Path, required=True)
     a = ap.parse_args(argv)
+    if a.update_from is not None:
+        doc = json.loads(a.output.read_text())
+        done = update_from_grid_only(doc, json.loads(a.update_from.read_text()))
+        a.output.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"updated batch sizes {done} in {a.output}")
+        return 0
+    if not (a.grid and a.search_log and a.shape_json):
+        ap.error("--grid, --search-log and --shape-json are needed (or --update-from)")
     meta = json.loads(a.shape_json)
     first = summarize_shape(a.grid, a.search_log, meta["shape"], meta["grid_size"])
     first.update(model=meta["model"], tp_size=meta["tp_size"], ep_size=meta["ep_size"])

@@ -32,16 +32,17 @@ class OpResult:
 class TrialWorker:
     """Holds one deployment at a time. Runs inside a Ray actor or in-process."""
 
-    def __init__(self):
+    def __init__(self, gpu_ids=()):
         self._deployment = None
         self._evaluator = None
+        self._gpu_ids = list(gpu_ids)  # without Ray: the GPUs the in-process executor gives this trial
 
     def deploy(self, kind: str, request) -> dict:
         from tuner.evaluation.registry import get_evaluator
 
         if self._deployment is not None:
             self.close()
-        gpu_ids = _assigned_gpu_ids()
+        gpu_ids = _assigned_gpu_ids() or self._gpu_ids
         if gpu_ids:
             request = replace(request, gpu_ids=tuple(gpu_ids))
         self._evaluator = get_evaluator(kind)
@@ -75,6 +76,9 @@ class TrialWorker:
         except Exception as exc:  # telemetry is best effort; teardown is not
             telemetry = {"error": str(exc)}
         d.close()
+        report = getattr(d, "close_report", None)  # teardown facts (GPU memory released) exist only now
+        if report:
+            telemetry["close"] = report
         return telemetry
 
     def call(self, op: str, *args):
@@ -132,6 +136,21 @@ def _assigned_gpu_ids() -> list:
     return []
 
 
+def _local_gpu_ids(n: int) -> list[str]:
+    """The first ``n`` GPUs of this process (one trial at a time, so no bookkeeping): the ids in
+    CUDA_VISIBLE_DEVICES where it is set, else NVML's indices. Fewer when fewer exist."""
+    if n <= 0:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+    else:
+        from tuner.backends import gpu
+
+        ids = [str(g.index) for g in gpu.detect_gpus()]
+    return ids[:n]
+
+
 class InProcessExecutor:
     """Runs operations one at a time in the driver process (no Ray): for debugging and small runs."""
 
@@ -143,7 +162,8 @@ class InProcessExecutor:
         return 1
 
     def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
-        self._workers.setdefault(key, TrialWorker())
+        if key not in self._workers:
+            self._workers[key] = TrialWorker(gpu_ids=_local_gpu_ids(num_gpus))
         self._queue.append((key, op, args))
 
     def wait(self, timeout_s: float = 0.5) -> list[OpResult]:
