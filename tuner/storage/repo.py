@@ -122,14 +122,21 @@ def running_trials(engine: Engine, study_name: str) -> list[TrialRow]:
 
 
 def best_trial(engine: Engine, study_name: str) -> TrialRow | None:
-    done = [t for t in trials(engine, study_name) if t.status == "complete" and t.capacity_users is not None]
+    return best_of(trials(engine, study_name))
+
+
+def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
+    return baseline_of(trials(engine, study_name))
+
+
+def best_of(rows: list[TrialRow]) -> TrialRow | None:
+    """The best of already-read rows: readers that summarise one snapshot use this, not a second
+    query that may see trials finished in between."""
+    done = [t for t in rows if t.status == "complete" and t.capacity_users is not None]
     if not done:
         return None
     return max(done, key=lambda t: (t.capacity_users, -t.trial_number))
 
 
-def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
-    for t in trials(engine, study_name):
-        if t.is_baseline:
-            return t
-    return None
+def baseline_of(rows: list[TrialRow]) -> TrialRow | None:
+    return next((t for t in rows if t.is_baseline), None)

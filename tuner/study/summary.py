@@ -51,8 +51,8 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
     for m in ms:
         by_trial.setdefault(m.trial_number, []).append(m)
     trials = [trial_dict(t, by_trial.get(t.trial_number, [])) for t in ts]
-    best = repo.best_trial(engine, name)
-    base = repo.baseline_trial(engine, name)
+    best = repo.best_of(ts)  # from the same snapshot as `trials` (a trial may finish meanwhile)
+    base = repo.baseline_of(ts)
     best_d = next((t for t in trials if best and t["number"] == best.trial_number), None)
     base_d = next((t for t in trials if base and t["number"] == base.trial_number), None)
     improvement = None
@@ -78,8 +78,8 @@ def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
     out = []
     for s in repo.list_studies(engine):
         ts = repo.trials(engine, s.name)
-        best = repo.best_trial(engine, s.name)
-        base = repo.baseline_trial(engine, s.name)
+        best = repo.best_of(ts)
+        base = repo.baseline_of(ts)
         out.append({
             "name": s.name, "backend_kind": s.backend_kind, "status": s.status,
             "trials_budget": s.trials_budget,
