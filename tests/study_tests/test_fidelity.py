@@ -62,7 +62,7 @@ def test_runner_prunes_trials_that_cannot_beat_the_baseline(tmp_path):
     base, rest = trials[0], [t for t in trials[1:] if not (t.telemetry or {}).get("not_launched")]
     assert base.status == "complete" and base.capacity_users == 16
     assert rest and all(t.status == "pruned" for t in rest)
-    assert all(t.capacity_users == 4 and t.failure_reason.startswith("pruned") for t in rest)
+    assert all(t.capacity_users == 4 and t.failure_reason.startswith("stopped early") for t in rest)
     for t in rest:
         assert len(repo.measurements(db.get_engine(storage), "prune", t.trial_number)) == 1
     assert outcome.trials_pruned == len(rest) and outcome.best_capacity_users == 16

@@ -21,7 +21,7 @@ def should_prune(search: CapacitySearch, incumbent_users: int | None) -> bool:
 
 
 def prune_reason(search: CapacitySearch, incumbent_users: int) -> str:
-    return (f"pruned: capacity is between {search.capacity_users} and {search.upper_bound()} users, "
+    return (f"stopped early: capacity is between {search.capacity_users} and {search.upper_bound()} users, "
             f"not above the best so far ({incumbent_users})")
 
 
