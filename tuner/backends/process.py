@@ -20,6 +20,7 @@ Linux only (reads ``/proc``), like the servers it starts.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: environment variable carrying a per-launch token; reap_pids can match on it
 TOKEN_ENV = "TUNER_PROCESS_TOKEN"
+#: beside each server log: identities of the server's processes (written at start, for reaping)
+PID_FILE_SUFFIX = ".pids.json"
 
 # Log patterns, checked in this order: the first class that matches wins.
 _OOM_PATTERNS = (
@@ -377,8 +380,23 @@ class ServerProcess:
                              log_path=spec.log_path) from exc
         self._started_at = time.monotonic()
         self.snapshot_pids()
+        self.write_pid_file()
         log.info("started %s pid=%d port=%d log=%s", spec.name, self.proc.pid, spec.port, spec.log_path)
         return self
+
+    @property
+    def pid_file(self) -> Path:
+        return Path(self.spec.log_path).with_suffix(PID_FILE_SUFFIX)
+
+    def write_pid_file(self) -> None:
+        """Identities of this server's processes beside its log, from the moment it starts: a
+        driver killed before the deployment is recorded leaves them for the resume to reap."""
+        try:
+            tmp = self.pid_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps([i.to_dict() for i in self.identities.values()]))
+            os.replace(tmp, self.pid_file)
+        except OSError:
+            log.warning("cannot write %s", self.pid_file)
 
     # ---- readiness -----------------------------------------------------------------------
     def _probe(self, path: str) -> tuple[bool, str]:
@@ -417,6 +435,7 @@ class ServerProcess:
                 self.ready = True
                 self.ready_after_s = time.monotonic() - self._started_at
                 self.snapshot_pids()
+                self.write_pid_file()
                 log.info("%s ready after %.1f s", self.spec.name, self.ready_after_s)
                 return self.ready_after_s
             if time.monotonic() >= deadline:

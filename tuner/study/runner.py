@@ -170,12 +170,17 @@ class StudyRunner:
         recovered = []
         for row in repo.running_trials(self.engine, self.study.name):
             # identities (PID + start time) prove a process is still ours; a bare PID does not
-            reaped = _reap((row.telemetry or {}).get("process_identities") or row.pids or [])
+            identities = (row.telemetry or {}).get("process_identities") or []
+            # servers started but not yet recorded (the driver died while they started) left PID files
+            identities += _pid_files(f"{self.workdir}/{self.study.name}/trial-{row.trial_number:04d}")
+            outcomes = _reap(identities or row.pids or [])
+            reaped = sorted(pid for pid, outcome in outcomes.items() if outcome == "killed")
             repo.finish_trial(self.engine, self.study.name, row.trial_number, status="interrupted",
                               capacity_users=None, failure_class="interrupted",
                               failure_reason=f"the tuner process died during this trial; reaped {len(reaped)} "
                                              f"server process(es) by recorded PID",
-                              telemetry={"reaped_pids": reaped})
+                              telemetry={**(row.telemetry or {}), "reaped_pids": reaped,
+                                         "reap_outcomes": {str(p): o for p, o in outcomes.items()}})
             recovered.append(row.trial_number)
         return recovered
 
@@ -490,15 +495,29 @@ def _prescreen(study: StudySpec, flags: dict) -> tuple[bool, str, int | None]:
     return bool(plan.fits), plan.reason or "", plan.kv_capacity_tokens_total
 
 
-def _reap(pids: list[int]) -> list[int]:
+def _pid_files(trial_dir: str) -> list[dict]:
+    """Process identities the trial's servers wrote beside their logs (tuner.backends.process)."""
+    import json
+    from pathlib import Path
+
+    from tuner.backends.process import PID_FILE_SUFFIX
+
+    out = []
+    for f in sorted(Path(trial_dir).glob(f"*{PID_FILE_SUFFIX}")):
+        try:
+            out += [d for d in json.loads(f.read_text()) if isinstance(d, dict) and "pid" in d]
+        except (OSError, ValueError):
+            log.warning("unreadable PID file %s", f)
+    return out
+
+
+def _reap(pids: list) -> dict[int, str]:
+    """{pid: gone | not_ours | killed | survived} for the recorded processes of a dead trial."""
     if not pids:
-        return []
-    try:
-        from tuner.backends.process import reap_pids
-    except ImportError:
-        return []
-    result = reap_pids(pids)  # {pid: gone | not_ours | killed | survived}
-    return sorted(pid for pid, outcome in result.items() if outcome == "killed")
+        return {}
+    from tuner.backends.process import reap_pids
+
+    return reap_pids(pids)
 
 
 def load_existing(storage_url: str, name: str) -> StudySpec:
