@@ -17,8 +17,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from tests.reliability_tests._util import (
     describe, free_port, kill_marked, marked_pids, new_mark, pid_alive, query, run_tuner, spawn_tuner, trial_rows,
     tuner_env, wait_until, write_study,
@@ -44,7 +42,21 @@ def _decoy(tmp, env):
     return proc
 
 
-def _kill_and_resume(tmp, *, ray: bool):
+def _our_processes(mark: str, cluster_mark: str | None) -> list[int]:
+    """Processes this run started: under the driver's mark, and (with a shared Ray cluster) the
+    trial workers and servers the cluster's raylets started for it."""
+    pids = marked_pids(mark)
+    if cluster_mark:
+        pids += [p for p, d in zip(marked_pids(cluster_mark), describe(marked_pids(cluster_mark)))
+                 if "serve-sim" in d or "TrialWorker" in d]
+    return pids
+
+
+def kill_and_resume(tmp, *, ray_address: str | None = None, cluster_mark: str | None = None):
+    """kill -9 the driver mid-measurement, resume, check. Without ``ray_address`` the trials run
+    in the driver (`--no-ray`); with it, driver and resume join that Ray cluster, which outlives
+    the driver (raylets and all)."""
+    ray = ray_address is not None
     mark = new_mark()
     env = tuner_env(mark)
     name = "crash-ray" if ray else "crash"
@@ -54,29 +66,32 @@ def _kill_and_resume(tmp, *, ray: bool):
     decoy = _decoy(tmp, env)
     driver = None
     try:
-        args = ["study", "start", str(study), "--storage", storage, "--json"]
-        if not ray:
-            args.append("--no-ray")
+        # without pruning every trial runs its whole capacity search: a kill after the first load
+        # point lands in the middle of the next one, not while a pruned trial is closing
+        args = ["study", "start", str(study), "--storage", storage, "--json", "--no-pruning"]
+        args += ["--ray-address", ray_address] if ray else ["--no-ray"]
         driver, driver_err = spawn_tuner(args, cwd=tmp, env=env, log_name="start")
         hit = wait_until(lambda: _mid_measurement(db, name) or driver.poll() is not None, timeout_s=120, interval_s=0.05)
         assert driver.poll() is None, f"driver ended before a trial was mid-measurement:\n{driver_err.read_text()[-2000:]}"
-        killed_trial, server_pids = hit
+        os.kill(driver.pid, signal.SIGKILL)  # the driver only: its servers are orphaned
+        driver.wait(timeout=10)
 
+        # what the dead driver left (a pruned trial may have ended between the poll and the kill)
         before_trials = trial_rows(db, name)
+        (killed_trial,) = [n for n, t in before_trials.items() if t["status"] == "running"]
+        server_pids = sorted({d["pid"] for f in (tmp / "results/runs" / name / f"trial-{killed_trial:04d}")
+                              .glob("*.pids.json") for d in json.loads(f.read_text())})
+        assert server_pids, "the running trial's server wrote its PID file at start"
         before_meas = query(db, "SELECT id, trial_number, users, p90_ttft_s FROM tuner_measurements WHERE study_name=?",
                             (name,))
         completed_before = {n: t["capacity_users"] for n, t in before_trials.items() if t["status"] == "complete"}
         assert completed_before, "the baseline trial completed before the kill"
-
-        os.kill(driver.pid, signal.SIGKILL)  # the driver only: its servers are orphaned
-        driver.wait(timeout=10)
         if not ray:  # in-process trials: the server (own session) is orphaned and must be reaped
             assert all(pid_alive(p) for p in server_pids), "the killed trial's server did not outlive the driver"
         time.sleep(3.5)  # past the heartbeat grace period (TUNER_HEARTBEAT_GRACE_S=2)
 
         args = ["study", "resume", name, "--storage", storage, "--json"]
-        if not ray:
-            args.append("--no-ray")
+        args += ["--ray-address", ray_address] if ray else ["--no-ray"]
         r = run_tuner(args, cwd=tmp, env=env, timeout=240)
         assert r.returncode == 0, r.stderr[-3000:]
         outcome = json.loads(r.stdout)
@@ -86,8 +101,8 @@ def _kill_and_resume(tmp, *, ray: bool):
         assert dead["status"] == "interrupted" and dead["failure_class"] == "interrupted", dead
         reaped = dead["telemetry"]["reaped_pids"]
         if ray:
-            # Ray kills a dead worker's child processes itself when the raylet outlives the driver
-            # for a moment; whatever it left, resume reaped
+            # Ray may kill a dead driver's trial workers and their children itself; whatever it
+            # left, resume reaped
             assert set(reaped) <= set(server_pids), dead["telemetry"]
         else:
             assert sorted(reaped) == sorted(server_pids), dead["telemetry"]
@@ -115,7 +130,8 @@ def _kill_and_resume(tmp, *, ray: bool):
         # no orphans: every recorded PID is gone, and nothing started under this test's mark lives
         recorded = {p for t in after.values() for p in t["pids"]}
         assert not [p for p in recorded if pid_alive(p)]
-        leftovers = wait_until(lambda: not marked_pids(mark), timeout_s=20) or marked_pids(mark)
+        leftovers = wait_until(lambda: not _our_processes(mark, cluster_mark), timeout_s=20) or \
+            _our_processes(mark, cluster_mark)
         assert leftovers is True or leftovers == [], f"orphan processes after resume: {describe(leftovers)}"
         assert decoy.poll() is None, "an unrelated serve-sim process was killed"
         return {"trials_lost": len(set(completed_before) - {n for n, t in after.items() if t["status"] == "complete"}),
@@ -129,9 +145,42 @@ def _kill_and_resume(tmp, *, ray: bool):
 
 
 def test_kill_9_driver_mid_measurement_then_resume(tmp_path):
-    _kill_and_resume(tmp_path, ray=False)
+    figures = kill_and_resume(tmp_path)
+    print(f"\nkill -9 and resume: {figures}")
 
 
-@pytest.mark.slow
-def test_kill_9_ray_driver_mid_measurement_then_resume(tmp_path):
-    _kill_and_resume(tmp_path, ray=True)
+def test_kill_9_while_a_server_starts_then_resume(tmp_path):
+    """The driver dies before the deployment is recorded (the server is still starting): the
+    server's PID file, written at launch, is what the resume reaps it by."""
+    mark = new_mark()
+    env = tuner_env(mark)
+    study = write_study(tmp_path, "starting", trials=2,
+                        options={"startup_timeout_s": 60, "faults": {"1": "slow_start_s=300"}})
+    db = tmp_path / "tuner.db"
+    storage = f"sqlite:///{db}"
+    pid_dir = tmp_path / "results/runs/starting/trial-0001"
+    driver = None
+    try:
+        driver, driver_err = spawn_tuner(["study", "start", str(study), "--storage", storage, "--no-ray"],
+                                         cwd=tmp_path, env=env, log_name="start")
+        assert wait_until(lambda: list(pid_dir.glob("*.pids.json")) or driver.poll() is not None, 120)
+        assert driver.poll() is None, driver_err.read_text()[-2000:]
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        row = trial_rows(db, "starting")[1]
+        assert row["status"] == "running" and row["pids"] == [], "the deployment was not recorded yet"
+        server_pids = sorted({d["pid"] for f in pid_dir.glob("*.pids.json") for d in json.loads(f.read_text())})
+        assert server_pids and all(pid_alive(p) for p in server_pids)
+        time.sleep(3.5)
+        r = run_tuner(["study", "resume", "starting", "--storage", storage, "--no-ray", "--json"], cwd=tmp_path,
+                      env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        row = trial_rows(db, "starting")[1]
+        assert row["status"] == "interrupted"
+        assert sorted(row["telemetry"]["reaped_pids"]) == server_pids
+        assert not any(pid_alive(p) for p in server_pids)
+        assert wait_until(lambda: not marked_pids(mark), 20), describe(marked_pids(mark))
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        kill_marked(mark)

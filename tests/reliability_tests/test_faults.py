@@ -38,7 +38,7 @@ FAULTS = {
 def test_each_fault_is_classified_and_the_study_continues(tmp_path):
     mark = new_mark()
     study = write_study(tmp_path, "faults", trials=len(FAULTS) + 2, search_space=SPACE,
-                        options={"startup_timeout_s": 8, "faults": {k: v[0] for k, v in FAULTS.items()}})
+                        options={"startup_timeout_s": 5, "faults": {k: v[0] for k, v in FAULTS.items()}})
     db = tmp_path / "tuner.db"
     try:
         r = run_tuner(["study", "start", str(study), "--storage", f"sqlite:///{db}", "--no-ray", "--json"],
@@ -57,7 +57,7 @@ def test_each_fault_is_classified_and_the_study_continues(tmp_path):
         # the reasons say what happened, in the server's or the tuner's words
         assert "Segmentation fault" in recognised["crash"]
         assert "out of memory" in recognised["oom"]
-        assert "not ready after 8 s" in recognised["startup_timeout"]
+        assert "not ready after 5 s" in recognised["startup_timeout"]
         assert "already taken" in recognised["port_in_use"]
         # the study went on around the failures: baseline and the last trial completed
         assert rows[0]["status"] == "complete" and rows[len(FAULTS) + 1]["status"] in ("complete", "pruned")
