@@ -72,7 +72,8 @@ def _run(runner, spec, budget, as_json, prelude: list[str]):
 
 def _print_outcome(o, storage):
     click.echo(f"\nstudy {o.name} ({o.backend_kind}): {o.trials_run} trials in {o.wall_time_s:.1f} s; "
-               f"{o.trials_failed} failed, {o.trials_infeasible} infeasible ({o.prescreened} screened out by the planner)")
+               f"{o.trials_failed} failed, {o.trials_infeasible} infeasible ({o.prescreened} screened out by the planner), "
+               f"{o.trials_pruned} stopped early (could not beat the best)")
     if o.best_capacity_users is not None:
         base = o.baseline_capacity_users
         gain = ""
