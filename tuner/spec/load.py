@@ -255,6 +255,7 @@ def check_study(study: StudySpec, file: str) -> None:
         for name, value in study.baseline.items():
             if name not in SGLANG_KNOBS:
                 raise ConfigError(f"unknown knob{_did_you_mean(name, SGLANG_KNOBS)}", file=file, key=f"baseline.{name}")
+            _check_baseline_value(SGLANG_KNOBS[name], value, file, f"baseline.{name}")
         if study.baseline.get("quantization", next(iter(valid_q))) not in valid_q:
             raise ConfigError(f"no checkpoint for quantization {study.baseline['quantization']!r}; valid: "
                               + ", ".join(map(str, valid_q)), file=file, key="baseline.quantization")
@@ -268,13 +269,32 @@ def check_study(study: StudySpec, file: str) -> None:
         if min(tp_values) * min(dp_values) > gpus:
             raise ConfigError(f"every tp-size x dp-size combination needs more than the {gpus} GPUs present",
                               file=file, key="search_space.params.dp-size")
-        btp = study.baseline.get("tp-size", study.hardware.gpus_per_node)
+        btp = study.baseline.get("tp-size") or study.hardware.gpus_per_node  # null: the default, TP = node
         bdp = study.baseline.get("dp-size", 1) or 1
         if btp * bdp > gpus:
             raise ConfigError(f"baseline tp-size x dp-size = {btp * bdp} > {gpus} GPUs", file=file, key="baseline")
     if study.capacity.max_users < study.target_users:
         raise ConfigError(f"max_users ({study.capacity.max_users}) is below target_users ({study.target_users})",
                           file=file, key="capacity.max_users")
+
+
+def _check_baseline_value(knob, value, file: str, key: str) -> None:
+    """A baseline flag has the knob's type (null leaves SGLang's default)."""
+    if value is None:
+        return
+    if knob.type is bool and not isinstance(value, bool):
+        raise ConfigError(f"must be true/false, got {value!r}", file=file, key=key)
+    if knob.type is str and not isinstance(value, str):
+        raise ConfigError(f"must be a string, got {value!r}", file=file, key=key)
+    if knob.type in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"must be a number, got {value!r}", file=file, key=key)
+        if knob.type is int and not float(value).is_integer():
+            raise ConfigError(f"must be an integer, got {value!r}", file=file, key=key)
+        if knob.name in ("tp-size", "dp-size", "attn-dp-size", "ep-size") and value < 1:
+            raise ConfigError(f"must be >= 1, got {value!r}", file=file, key=key)
+    if knob.choices and value not in knob.choices and knob.name != "quantization":  # checkpoints: below
+        raise ConfigError(f"invalid value {value!r}; valid: " + ", ".join(map(str, knob.choices)), file=file, key=key)
 
 
 def spec_hash(study: StudySpec) -> str:
