@@ -75,9 +75,13 @@ def http(method, url, headers=None):
         return e.code, e.headers, e.read()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Debian Chromium through Playwright; skipped with the reason when unavailable."""
+    """Headless Debian Chromium through Playwright; skipped with the reason when unavailable.
+
+    Module scope: Playwright's sync API keeps an asyncio loop marked running in the main thread
+    while it is open, which would break every later test that calls asyncio.run().
+    """
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         pytest.skip("Chromium is not installed (CI: apt-get install -y chromium)")
