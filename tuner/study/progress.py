@@ -60,6 +60,8 @@ class StudyProgress:
             msg = f"trial {data['number']}: {data['status']}"
             if data["status"] == "complete":
                 msg += f", capacity {cap} users"
+            elif data["status"] == "pruned":
+                msg += f", {str(data.get('reason') or '')[:110]}"
             elif data.get("reason"):
                 msg += f" ({data.get('failure_class') or data['status']}: {str(data['reason'])[:90]})"
             self.recent = (self.recent + [msg])[-6:]
