@@ -82,7 +82,9 @@ def test_tuned_moe_tiles_help_on_h200_and_change_little_on_b200():
         return sim(gpu, DP8, {"router-policy": "cache_aware", "moe-tile-configs": tiles},
                    users=100, duration_s=120).p50_tpot_s
 
-    assert tpot("h200", "tuned") < 0.85 * tpot("h200", "default")
+    # H200's speedups come from the committed kernel measurements (results/kernels/h200/summary.json:
+    # 1.3-1.6x on the MoE GEMMs up to 256 tokens); the MoE share of a decode step makes it ~10% of TPOT
+    assert tpot("h200", "tuned") < 0.95 * tpot("h200", "default")
     assert tpot("b200", "tuned") > 0.9 * tpot("b200", "default")
 
 

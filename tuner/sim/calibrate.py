@@ -67,7 +67,7 @@ def refit(summary: dict | str | Path, calibration: dict[str, Any], predicted_def
     if not isinstance(summary, dict):
         with open(summary) as f:
             summary = json.load(f)
-    rows = summary.get("batch_sizes", summary)
+    rows = _summary_rows(summary)
     out = copy.deepcopy(calibration)
     speedups: dict[int, float] = {}
     ratios = []
@@ -93,6 +93,19 @@ def refit(summary: dict | str | Path, calibration: dict[str, Any], predicted_def
         eff = out.setdefault("compute_efficiency", {})
         eff["moe"] = round(min(1.0, max(0.01, eff.get("moe", 0.5) * median)), 4)
     return out
+
+
+def _summary_rows(summary: dict, model: str | None = None) -> dict:
+    """Batch-size rows keyed by batch size, from a flat summary or the kernel benchmark's
+    ``{"shapes": [{"model", "batch_sizes": [{"batch_size", ...}]}]}`` (first shape, or ``model``'s)."""
+    if "shapes" in summary:
+        shapes = summary["shapes"]
+        chosen = next((sh for sh in shapes if model and sh.get("model") == model), shapes[0] if shapes else {})
+        summary = chosen
+    rows = summary.get("batch_sizes", summary)
+    if isinstance(rows, list):
+        rows = {str(r.get("batch_size")): r for r in rows if isinstance(r, dict)}
+    return rows
 
 
 def tuned_speedup(cal: dict[str, Any], tokens: int) -> float | None:
@@ -121,8 +134,16 @@ def main(argv=None) -> None:
     current = _read(path) if path.exists() else {}
     fitted = refit(args.summary, load_calibration(args.gpu))
     current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
+    header = []
+    if path.exists():  # keep the file's own explanation, note the refit below it
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            if "MoE entries refit from" not in line:
+                header.append(line)
+    header.append(f"# MoE entries refit from {args.summary}")
     with open(path, "w") as f:
-        f.write(f"# {args.gpu}: MoE entries refit from {args.summary}\n")
+        f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)
     print(f"wrote {path}: tuned speedups at {sorted(fitted['moe_tuned_speedup'])}")
 
