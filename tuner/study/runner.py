@@ -118,7 +118,7 @@ class StudyRunner:
         self.seed = study.seed if seed is None else seed
         self.max_failures = max_failures
         self.on_event = on_event or (lambda kind, data: None)
-        self.workdir = workdir
+        self.workdir = os.path.abspath(workdir)  # Ray workers run elsewhere: trial dirs as the driver sees them
         self.prescreen = prescreen
         self.engine = db.get_engine(storage_url)
         self.env = space_mod.env_for(study)
