@@ -143,7 +143,11 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, as_json):
     """Continue study NAME to its budget: trials left running by a dead process are marked
-    interrupted and their server processes reaped by recorded PID."""
+    interrupted and their server processes reaped by recorded PID.
+
+    A trial counts as dead once its heartbeat is older than 30 s (TUNER_HEARTBEAT_GRACE_S
+    changes it); run resume from the directory the study was started in (trial logs and PID
+    files are under results/runs/NAME)."""
     from tuner.storage import db, repo
     from tuner.study.runner import StudyRunner, load_existing
 
