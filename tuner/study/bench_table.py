@@ -40,6 +40,10 @@ def table_hash(study: StudySpec) -> str:
     dump = study.model_dump(mode="json", exclude={"trials", "source_path", "description", "backend", "sampler",
                                                   "name"})
     dump["table_version"] = TABLE_VERSION
+    # the simulator's calibration files change measurements too (e.g. a refit from kernel timings)
+    from tuner.sim.calibrate import load_calibration
+
+    dump["calibration_resolved"] = load_calibration(study.hardware.gpu, (study.backend_options or {}).get("calibration"))
     return hashlib.sha256(yaml.safe_dump(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
