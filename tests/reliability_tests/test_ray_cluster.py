@@ -172,7 +172,7 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
     c, temp_dir, _ = cluster
     mark = new_mark()
     env = tuner_env(mark)
-    study = write_study(tmp_path, "load", trials=16, backend="simulator", options={},
+    study = write_study(tmp_path, "load", trials=12, backend="simulator", options={},
                         capacity={"start_users": 8, "max_users": 64, "resolution_users": 8},
                         measurement={"warmup_s": 20, "duration_s": 60})
     # the simulator backend takes no backend_options
