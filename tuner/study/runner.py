@@ -192,14 +192,16 @@ class StudyRunner:
         t0 = time.time()
         ostudy = self._optuna_study()
         budget = trials if trials is not None else self.study.trials
-        done_before = [t for t in repo.trials(self.engine, self.study.name)
+        existing = repo.trials(self.engine, self.study.name)
+        self._has_trials = bool(existing)  # the first trial of a study is its baseline
+        done_before = [t for t in existing
                        if t.status not in ("running",) and not (t.telemetry or {}).get("not_launched")]
-        for t in repo.trials(self.engine, self.study.name):
+        for t in existing:
             if t.status == "complete":
                 self._seen[_config_key(t.params)] = t.capacity_users
                 self._incumbent = max(self._incumbent or 0, t.capacity_users or 0)
         launched = len(done_before)
-        self._queue = self._initial_queue({_config_key(t.params) for t in repo.trials(self.engine, self.study.name)})
+        self._queue = self._initial_queue({_config_key(t.params) for t in existing})
         self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
                                 "budget": budget, "done": launched})
         executor = self._make_executor()
@@ -271,7 +273,8 @@ class StudyRunner:
     # ---------------------------------------------------------------- one trial
     def _start_next(self, ostudy, executor) -> bool:
         """Ask for a configuration; launch it, or settle it at once. True if launched."""
-        has_trials = bool(repo.trials(self.engine, self.study.name))
+        has_trials = self._has_trials
+        self._has_trials = True
         if has_trials and self._queue:
             # one at a time, so Optuna holds no waiting trial the budget never reaches
             ostudy.enqueue_trial(self._queue.pop(0), skip_if_exists=True)
