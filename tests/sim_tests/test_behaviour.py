@@ -1,22 +1,14 @@
 """GLM-5.1 on 8 GPUs with a coding-agent workload: the effects the simulator must reproduce."""
 
-import math
-
 import pytest
 
 from tuner.errors import TrialError
 from tuner.sim import simulate_load_point
-from tuner.workload.session import LogNormal, WorkloadProfile
+from tuner.sim.bench import CODING_AGENT
 
-AGENT = WorkloadProfile(
-    name="coding-agent-test",
-    system_prefix_tokens=5000,
-    first_turn_context_tokens=LogNormal(mu=math.log(8000), sigma=0.6, min=200, max=40000),
-    new_tokens_per_turn=LogNormal(mu=math.log(1200), sigma=0.9, min=20, max=20000),
-    output_tokens_per_turn=LogNormal(mu=math.log(300), sigma=0.8, min=10, max=4000),
-    turns_per_session=LogNormal(mu=math.log(15), sigma=0.6, min=2, max=40),
-    think_time_s=LogNormal(mu=math.log(10), sigma=0.8, min=1, max=120),
-)
+# the coding-agent shape of the brief (5k prefix, 8k first turn, ~1.2k new tokens per turn up to
+# 20k, 300 output, 15 turns up to 40, 10 s think time), shared with the CPU-cost benchmark
+AGENT = CODING_AGENT
 FP4 = {"quantization": "modelopt_fp4"}
 TP8 = {"tp-size": 8, **FP4}
 DP8 = {"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, "kv-cache-dtype": "fp8_e4m3", **FP4}
