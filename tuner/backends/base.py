@@ -94,3 +94,8 @@ def try_get_json(url: str, timeout_s: float = 30.0) -> Any | None:
         return http_get_json(url, timeout_s)
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+def cuda_visible_devices(gpu_ids) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` for the GPUs Ray assigned a trial (empty when there are none)."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_ids)} if gpu_ids else {}

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.base import LaunchPlan, ProcessBackend, try_get_json
+from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import ConfigError
 
@@ -135,8 +135,8 @@ class ServeSimBackend(ProcessBackend):
         }
         cuda = None
         if opts.get("request_gpus"):
-            cuda = ",".join(str(g) for g in request.gpu_ids) if request.gpu_ids else os.environ.get(
-                "CUDA_VISIBLE_DEVICES", "")
+            cuda = cuda_visible_devices(request.gpu_ids).get("CUDA_VISIBLE_DEVICES",
+                                                             os.environ.get("CUDA_VISIBLE_DEVICES", ""))
             env["CUDA_VISIBLE_DEVICES"] = cuda
         if fault == "port_in_use":
             _squat(request.trial_number, port)

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from tuner.backends import moe_configs
-from tuner.backends.base import LaunchPlan, ProcessBackend, try_get_json
+from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang_flags import FlagSet, load_flagset, parse_extra_args
@@ -180,10 +180,6 @@ def checkpoint_for(model, quantization: str | None, options: Mapping[str, Any] |
         raise TrialError("infeasible", f"{model.name} has no checkpoint for --quantization {quantization}; "
                          f"catalog has {', '.join(have)}")
     return match.hf_id, match
-
-
-def cuda_visible_devices(gpu_ids: Sequence[int]) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpu_ids)} if gpu_ids else {}
 
 
 def sglang_argv(config_path: str | Path, model_path: str, host: str, port: int, *,

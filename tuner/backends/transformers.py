@@ -38,7 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.backends.base import LaunchPlan, ProcessBackend, try_get_json
+from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import ConfigError, TrialError
 
@@ -324,7 +324,7 @@ class TransformersBackend(ProcessBackend):
         if self._device(request) == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif request.gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in request.gpu_ids)
+            env.update(cuda_visible_devices(request.gpu_ids))
         if options.get("threads"):
             env["OMP_NUM_THREADS"] = str(int(options["threads"]))
         spec = LaunchSpec(
