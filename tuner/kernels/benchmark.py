@@ -30,6 +30,16 @@ import time
 from pathlib import Path
 
 
+
+def _time_or_inf(timer, M, cfg, **kw) -> float:
+    """A config that fails to compile or launch times as infinity (never the best)."""
+    from tuner.kernels.bench import ConfigFailed  # needs torch: imported where timing happens
+
+    try:
+        return timer.measure(M, cfg, **kw)
+    except ConfigFailed:
+        return math.inf
+
 def _log(msg: str):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -55,10 +65,7 @@ def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int =
     log_f = open(out / f"grid_{shape.num_experts}_{shape.intermediate}_{shape.hidden}.jsonl", "w")
 
     def safe(M, cfg, timer=timer, **kw):
-        try:
-            return timer.measure(M, cfg, **kw)
-        except ConfigFailed:
-            return math.inf
+        return _time_or_inf(timer, M, cfg, **kw)
 
     with CompilePool(shape) as pool:
         # 1. search: compile every feasible variant up front (all cores busy), then search
@@ -203,10 +210,7 @@ def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: i
         summary_path.write_text(json.dumps(_clean(res), indent=2) + "\n")
 
     def timed(M, cfg, **kw):
-        try:
-            return grid_timer.measure(M, cfg, **kw)
-        except ConfigFailed:
-            return math.inf
+        return _time_or_inf(grid_timer, M, cfg, **kw)
 
     with CompilePool(shape) as pool:
         t0 = time.perf_counter()
