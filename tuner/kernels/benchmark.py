@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 
-
 def _time_or_inf(timer, M, cfg, **kw) -> float:
     """A config that fails to compile or launch times as infinity (never the best)."""
     from tuner.kernels.bench import ConfigFailed  # needs torch: imported where timing happens
