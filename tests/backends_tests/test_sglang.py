@@ -18,7 +18,7 @@ from tuner.backends.sglang import (
     LAUNCH_FLAGS, SGLangBackend, config_to_argv, config_yaml_dict, kv_capacity_from_server_info,
     render_config_yaml,
 )
-from tuner.backends.sglang_flags import load_flagset, parse_extra_args
+from tuner.catalog.sglang_flags import load_flagset, parse_extra_args
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import TrialRequest
@@ -219,30 +219,71 @@ def test_tuned_moe_needs_a_valid_source(tmp_path):
 
 # ---- the extractor on the real wheel -----------------------------------------------------------
 
-def _cached_wheel() -> Path | None:
+def _cached_wheel(version: str = "0.5.23") -> Path | None:
     for d in (os.environ.get("TUNER_SGLANG_WHEEL_DIR"), "/tmp/sglang_wheel", str(REPO / ".whl")):
         if d and Path(d).is_dir():
-            found = sorted(Path(d).glob("sglang-0.5.23-*.whl"))
+            found = sorted(Path(d).glob(f"sglang-{version}-*.whl"))
             if found:
                 return found[0]
     return None
 
 
-@pytest.mark.skipif(_cached_wheel() is None, reason="sglang 0.5.23 wheel not cached locally")
-def test_extractor_reproduces_the_committed_flag_set():
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_extractor_reproduces_the_committed_flag_set(version):
+    wheel = _cached_wheel(version)
+    if wheel is None:
+        pytest.skip(f"sglang {version} wheel not cached locally (TUNER_SGLANG_WHEEL_DIR)")
     from tuner.backends.sglang_flag_extract import extract_from_wheel
 
-    data = extract_from_wheel(_cached_wheel())
-    committed = json.loads((REPO / "tuner/backends/sglang_flags.json").read_text())
+    data = extract_from_wheel(wheel)
+    committed = json.loads((REPO / f"tuner/catalog/sglang-flags-{version}.json").read_text())
     assert data["wheel_sha256"] == committed["wheel_sha256"]
     assert data["flags"] == committed["flags"]
     flags = data["flags"]
-    assert "cuda-graph-max-bs" not in flags and "cuda-graph-max-bs-decode" in flags
     assert flags["tp-size"]["aliases"] == ["tensor-parallel-size"]
-    assert flags["enable-tf32-matmul"]["config_yaml"] == "unsupported"
     assert flags["enable-hierarchical-cache"]["kind"] == "store_true"
     assert flags["load-balance-method"]["choices"][:2] == ["auto", "round_robin"]
-    assert len(flags) > 500
+    if version == "0.5.23":
+        assert "cuda-graph-max-bs" not in flags and "cuda-graph-max-bs-decode" in flags
+        assert flags["enable-tf32-matmul"]["config_yaml"] == "unsupported"
+        assert len(flags) > 500
+    else:  # 0.5.17 keys YAML by dest: the deprecated --cuda-graph-max-bs blocks its new twin
+        assert flags["cuda-graph-max-bs"]["kind"] == "custom_action"
+        assert flags["cuda-graph-max-bs-decode"]["config_yaml"] == "unsupported"
+        assert "attn-dp-size" not in flags and flags["enable-dp-attention"]["kind"] == "store_true"
+        assert len(flags) > 450
+
+
+def test_committed_flag_sets_differ_where_tuner_cares():
+    old, new = load_flagset("0.5.17"), load_flagset("0.5.23")
+    assert (old.version, new.version) == ("0.5.17", "0.5.23")
+    assert "attn-dp-size" not in old and "attn-dp-size" in new
+    assert not old.in_config_yaml("cuda-graph-max-bs-decode") and new.in_config_yaml("cuda-graph-max-bs-decode")
+    assert "hrrn" in new.info("schedule-policy").choices and "hrrn" not in old.info("schedule-policy").choices
+    assert old.info("hicache-ratio").default == 2.0 and new.info("hicache-ratio").default is None
+    assert "enable-dp-attention" in old.suggest("attn-dp-size")  # the replacement is named
+
+
+def test_flags_the_yaml_refuses_go_on_the_command_line_for_0_5_17(tmp_path):
+    fs = load_flagset("0.5.17")
+    overflow: list[str] = []
+    cfg = config_yaml_dict({"cuda-graph-max-bs-decode": 64, "mem-fraction-static": 0.8}, flagset=fs,
+                           cli_overflow=overflow)
+    assert cfg == {"mem-fraction-static": 0.8}
+    assert overflow == ["--cuda-graph-max-bs-decode", "64"]
+    with pytest.raises(ConfigError, match="cannot go into an SGLang --config"):
+        config_yaml_dict({"cuda-graph-max-bs-decode": 64}, flagset=fs)
+    # 0.5.23 takes it in the YAML
+    assert config_yaml_dict({"cuda-graph-max-bs-decode": 64}) == {"cuda-graph-max-bs-decode": 64}
+
+
+def test_unknown_versions_are_refused():
+    from tuner.catalog.sglang_flags import resolve_version
+
+    assert resolve_version("0.5.17.post1") == "0.5.17"
+    assert resolve_version(None) == "0.5.23"
+    with pytest.raises(ConfigError, match="0.5.17, 0.5.23"):
+        resolve_version("0.4.0")
 
 
 # ---- without sglang installed ------------------------------------------------------------------

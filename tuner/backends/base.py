@@ -44,6 +44,7 @@ class LaunchPlan:
     vocab_size: int = 32000  # token ids the replay may draw
     send_ignore_eos: bool = True  # server honours ignore_eos (fixed output lengths)
     prompt_format: str = "ids"  # replay prompts as token ids or as text ("text": server takes strings only)
+    use_server_output_ids: bool = False  # next turns resend the ids the server generated (/generate)
     files: dict[str, str] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)  # what the plan decided (gpus, ranks, ...)
 

@@ -1,13 +1,20 @@
-"""SGLang 0.5.23 as a process backend: the ``sglang serve`` argv, ``--config`` YAML and environment.
+"""SGLang as a process backend: the ``sglang serve`` argv, ``--config`` YAML and environment.
 
 Never imports sglang (it pins its own torch): the plan is argv lists and files, so everything up
-to the real launch works on a machine without it.
+to the real launch works on a machine without it. Everything SGLang-shaped comes from the version
+the trial launches (``sglang_version_for``): its flag set (``tuner.catalog.sglang_flags``), the
+rules of its ``--config`` parser and its endpoints.
 
 What runs is exactly what the study exports: the tuned flags go into ``<trial>/sglang.yaml``
 (``config_yaml_dict``/``render_config_yaml``, reused by the exporter) and the command line only
-adds what is specific to this launch::
+adds what is specific to this launch, plus any tuned flag the version's YAML parser refuses
+(0.5.17 keys YAML by ``dest``, so ``--cuda-graph-max-bs-decode`` must be a command-line flag there)::
 
-    sglang serve --config <trial>/sglang.yaml --model-path <checkpoint> --host 127.0.0.1 --port P
+    sglang serve --config <trial>/sglang.yaml --model-path <checkpoint> --host 127.0.0.1 --port P [flags]
+
+With ``backend_options: {load_format: dummy}`` the model path is a directory holding only the
+model's rendered ``config.json`` and SGLang starts with ``--load-format dummy --skip-tokenizer-init``
+(random weights of the real shapes); the replay then sends token ids to ``/generate``.
 """
 
 from __future__ import annotations
@@ -24,14 +31,64 @@ from tuner.backends import moe_configs
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.backends.router import plan_topology, router_argv
-from tuner.backends.sglang_flags import FlagSet, load_flagset, parse_extra_args
+from tuner.catalog.sglang_flags import (
+    DEFAULT_SGLANG_VERSION, FlagSet, load_flagset, parse_extra_args, resolve_version,
+)
 from tuner.errors import ConfigError, TrialError
 
 log = logging.getLogger(__name__)
 
 #: flags tuner sets per launch; never in the tuned flags or the YAML
-LAUNCH_FLAGS = ("model-path", "host", "port", "config")
+LAUNCH_FLAGS = ("model-path", "host", "port", "config", "load-format", "skip-tokenizer-init")
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a 750B checkpoint loads for many minutes
+LOAD_FORMATS = ("auto", "dummy")  # what backend_options.load_format may say
+
+
+# ------------------------------------------------------------------------------------------
+# version
+
+
+def installed_sglang_version() -> str | None:
+    """``sglang.__version__`` of the Python that launches servers here, read from its metadata
+    (importing sglang would pull its torch); None where SGLang is not installed."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def sglang_version_for(options: Mapping[str, Any] | None = None, *, file: str | None = None) -> str:
+    """The SGLang version a trial launches: ``backend_options.sglang_version`` if the study pins
+    one, else the installed package's, else DEFAULT_SGLANG_VERSION (a machine without SGLang)."""
+    options = options or {}
+    pinned = options.get("sglang_version")
+    if pinned is not None:
+        return resolve_version(str(pinned), key="backend_options.sglang_version", file=file)
+    installed = installed_sglang_version()
+    if installed is not None:
+        return resolve_version(installed, key="installed sglang")
+    return DEFAULT_SGLANG_VERSION
+
+
+def pinned_server_flags(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``backend_options.server_flags``: flags every trial runs with, the baseline too (e.g. the
+    only attention backend a machine has), written into the --config YAML and exported."""
+    flags = (options or {}).get("server_flags") or {}
+    if not isinstance(flags, Mapping):
+        raise ConfigError("must be a mapping of flag name to value, e.g. {attention-backend: triton}",
+                          key="backend_options.server_flags")
+    return {str(k): v for k, v in flags.items()}
+
+
+def load_format_of(options: Mapping[str, Any] | None) -> str:
+    fmt = str((options or {}).get("load_format", "auto"))
+    if fmt not in LOAD_FORMATS:
+        raise ConfigError(f"unknown load_format {fmt!r}; valid: {', '.join(LOAD_FORMATS)} (dummy: random "
+                          f"weights from the model's config.json, nothing downloaded)",
+                          key="backend_options.load_format")
+    return fmt
 
 
 # ------------------------------------------------------------------------------------------
@@ -55,13 +112,13 @@ def normalize_flags(flags: Mapping[str, Any], flagset: FlagSet | None = None, *,
 
 
 def config_yaml_dict(flags: Mapping[str, Any], *, model_path: str | None = None,
-                     flagset: FlagSet | None = None) -> dict[str, Any]:
+                     flagset: FlagSet | None = None, cli_overflow: list[str] | None = None) -> dict[str, Any]:
     """The ``--config`` mapping SGLang's ConfigArgumentMerger reads back to the same argv.
 
     Dash keys (``mem-fraction-static``; underscores would become unknown flags), store_true flags
     only when true, lists and dicts as YAML lists/mappings (SGLang passes dicts as JSON strings).
-    Flags the config parser refuses (BooleanOptionalAction, zero-argument custom actions) raise
-    ConfigError: they cannot be reproduced from a config file.
+    A flag the version's config parser refuses raises ConfigError, unless ``cli_overflow`` is given:
+    then it is appended there as command-line arguments instead.
     """
     fs = flagset or load_flagset()
     norm = normalize_flags(flags, fs)
@@ -76,9 +133,12 @@ def config_yaml_dict(flags: Mapping[str, Any], *, model_path: str | None = None,
         value = norm[name]
         info = fs.info(name)
         if info.config_yaml == "unsupported":
-            raise ConfigError(
-                f"--{name} ({info.kind}) cannot go into an SGLang --config file (SGLang's parser rejects "
-                f"it); drop it from the search space", key=f"flags.{name}")
+            if cli_overflow is None:
+                raise ConfigError(
+                    f"--{name} ({info.kind}) cannot go into an SGLang --config file ({fs.version}: its parser "
+                    f"rejects it); drop it from the search space", key=f"flags.{name}")
+            cli_overflow.extend(flag_argv(info, value))
+            continue
         if info.config_yaml == "store_true":
             if value is True:
                 out[name] = True
@@ -93,10 +153,36 @@ def config_yaml_dict(flags: Mapping[str, Any], *, model_path: str | None = None,
     return out
 
 
+def flag_argv(info, value: Any) -> list[str]:
+    """Command-line arguments for one flag and value (switches only when true)."""
+    import json
+
+    if info.kind == "store_true" or (info.kind == "custom_action" and info.type == "bool"):
+        return [info.cli] if value is True else []
+    if info.kind == "boolean_optional":
+        return [info.cli if value else f"--no-{info.name}"]
+    if isinstance(value, (list, tuple)):
+        return [info.cli, *map(str, value)] if value else []
+    if isinstance(value, dict):
+        return [info.cli, json.dumps(value)]
+    if isinstance(value, bool):
+        return [info.cli, str(value).lower()]
+    return [info.cli, str(value)]
+
+
+def command_line_flags(flags: Mapping[str, Any], flagset: FlagSet | None = None) -> list[str]:
+    """The tuned flags this version's --config parser refuses, as command-line arguments."""
+    overflow: list[str] = []
+    config_yaml_dict(flags, flagset=flagset, cli_overflow=overflow)
+    return overflow
+
+
 def render_config_yaml(flags: Mapping[str, Any], *, model_path: str | None = None,
-                       flagset: FlagSet | None = None, header: str | None = None) -> str:
+                       flagset: FlagSet | None = None, header: str | None = None,
+                       cli_overflow: list[str] | None = None) -> str:
     """YAML text of ``config_yaml_dict`` (stable key order), with an optional comment header."""
-    body = yaml.safe_dump(config_yaml_dict(flags, model_path=model_path, flagset=flagset),
+    body = yaml.safe_dump(config_yaml_dict(flags, model_path=model_path, flagset=flagset,
+                                           cli_overflow=cli_overflow),
                           sort_keys=False, default_flow_style=False)
     if body.strip() == "{}":
         body = ""
@@ -158,13 +244,14 @@ def server_command(options: Mapping[str, Any] | None = None) -> list[str]:
     return [sys.executable, "-m", "sglang.launch_server"]
 
 
-def checkpoint_for(model, quantization: str | None, options: Mapping[str, Any] | None = None):
+def checkpoint_for(model, quantization: str | None, options: Mapping[str, Any] | None = None, *,
+                   allow_override: bool = True):
     """(model path, catalog Checkpoint or None) for the configured ``--quantization``.
 
     ``backend_options.model_path`` overrides the catalog: a path/id, or a mapping from
-    quantization (``bf16`` for none) to path.
+    quantization (``bf16`` for none) to path (ignored for dummy weights: the config is rendered).
     """
-    options = options or {}
+    options = dict(options or {}) if allow_override else {}
     match = None
     for ck in model.checkpoints.values():
         if ck.sglang_quantization == quantization:
@@ -222,8 +309,16 @@ class SGLangBackend(ProcessBackend):
 
         study = request.study
         options = dict(getattr(study, "backend_options", None) or {})
-        fs = load_flagset()
-        flags = normalize_flags(request.flags, fs)
+        version = sglang_version_for(options)
+        installed = installed_sglang_version()
+        if installed is not None and resolve_version(installed, key="installed sglang") != version:
+            raise ConfigError(f"the study targets SGLang {version} (backend_options.sglang_version) but "
+                              f"SGLang {installed} is installed where the trial runs",
+                              key="backend_options.sglang_version")
+        fs = load_flagset(version)
+        tuned = normalize_flags(request.flags, fs)
+        pinned = normalize_flags(pinned_server_flags(options), fs, where="backend_options.server_flags")
+        flags = {**pinned, **tuned}
         knobs = dict(request.knobs or {})
         topo = plan_topology(flags, knobs)
         if topo.dp_size > 1 and topo.attn_dp_size > 1:
@@ -236,17 +331,29 @@ class SGLangBackend(ProcessBackend):
             raise TrialError("infeasible", f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
 
         model = get_model(study.model)
-        model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options)
+        load_format = load_format_of(options)
+        model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options,
+                                                allow_override=load_format != "dummy")
         host = str(options.get("host", "127.0.0.1"))
         extra = parse_extra_args(options.get("extra_server_args") or [], flagset=fs)
         timeout = float(options.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S))
         trial_dir = Path(trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
+        facts: dict[str, Any] = {"topology": topo.__dict__, "sglang_version": version, "load_format": load_format}
+        files: dict[str, str] = {}
+        launch_args: list[str] = []
+        if load_format == "dummy":
+            from tuner.catalog.hf import write_model_dir
+
+            fmt = checkpoint.weight_format if checkpoint is not None else "bf16"
+            model_dir = write_model_dir(model, fmt, trial_dir / "model")
+            model_path = str(model_dir.resolve())
+            files["model_config"] = str(model_dir / "config.json")
+            launch_args = ["--load-format", "dummy", "--skip-tokenizer-init"]
+        facts["model_path"] = model_path
 
         # MoE tile configs
         moe_env = moe_configs.env_for(None)
-        files: dict[str, str] = {}
-        facts: dict[str, Any] = {"topology": topo.__dict__, "model_path": model_path}
         if knobs.get("moe-tile-configs", "default") == "tuned":
             source = options.get("moe_config_dir")
             if not source:
@@ -272,10 +379,13 @@ class SGLangBackend(ProcessBackend):
         if topo.replicas_as_processes > 1:
             server_flags.pop("dp-size", None)
         config_path = trial_dir / "sglang.yaml"
+        cli_flags: list[str] = []
         config_path.write_text(render_config_yaml(
-            server_flags, flagset=fs,
+            server_flags, flagset=fs, cli_overflow=cli_flags,
             header=f"trial {request.trial_number}: SGLang {fs.version} --config (tuned flags only)"))
         files["config"] = str(config_path)
+        if cli_flags:
+            facts["command_line_flags"] = cli_flags  # refused by this version's YAML parser
 
         command = server_command(options)
         user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
@@ -293,7 +403,7 @@ class SGLangBackend(ProcessBackend):
             servers.append(LaunchSpec(
                 name=f"sglang{i}" if topo.replicas_as_processes > 1 else "sglang",
                 argv=sglang_argv(config_path, model_path, host, port, command=command,
-                                 extra_args=extra, override_flags=overrides),
+                                 extra_args=[*launch_args, *cli_flags, *extra], override_flags=overrides),
                 port=port, host=host, env=env, log_path=str(trial_dir / f"sglang{i}.log"),
                 ready_paths=("/health",), startup_timeout_s=timeout, ready_request_timeout_s=60.0,
             ))
@@ -310,8 +420,11 @@ class SGLangBackend(ProcessBackend):
             )
         if topo.note:
             facts["note"] = topo.note
-        return LaunchPlan(servers=servers, router=router, api="completions", served_model=model_path,
-                          vocab_size=model.vocab_size, files=files, facts=facts)
+        token_ids = load_format == "dummy" or bool(flags.get("skip-tokenizer-init")) or \
+            "--skip-tokenizer-init" in extra
+        return LaunchPlan(servers=servers, router=router, api="generate" if token_ids else "completions",
+                          served_model=model_path, vocab_size=model.vocab_size, files=files, facts=facts,
+                          use_server_output_ids=token_ids)
 
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
         """KV capacity from every server's ``/server_info`` (domain.md §C5)."""
@@ -385,3 +498,62 @@ def _trim_server_info(info: Any) -> Any:
             "kv_cache_dtype", "page_size", "cuda_graph_max_bs_decode", "quantization", "attention_backend",
             "internal_states", "launch_command")
     return {k: info[k] for k in keep if k in info}
+
+
+# ------------------------------------------------------------------------------------------
+# checks before a study starts
+
+
+def check_study_flags(spec, *, version: str | None = None) -> str:
+    """Every SGLang flag a study can emit exists in the target version, with valid values.
+
+    Looks at the search space's server knobs and their values, the baseline, the pinned
+    ``server_flags`` and ``extra_server_args``; raises ConfigError (exit 2) naming the file, the
+    key and what the version offers instead. Returns the version checked against.
+    """
+    from tuner.spec.knobs import SGLANG_KNOBS
+
+    options = dict(spec.backend_options or {})
+    file = spec.source_path
+    version = version or sglang_version_for(options, file=file)
+    fs = load_flagset(version)
+    load_format_of(options)
+
+    def require(name: str, key: str) -> None:
+        if name not in fs:
+            raise ConfigError(f"--{name} is not a flag of SGLang {fs.version}{fs.suggest(name)}", file=file, key=key)
+
+    def check(name: str, value: Any, key: str) -> None:
+        try:
+            fs.check_value(name, value, where=key.rsplit(".", 1)[0])
+        except ConfigError as exc:
+            raise ConfigError(f"{exc.detail} (SGLang {fs.version})", file=file, key=key) from None
+
+    space = spec.space()
+    for name, p in space.params.items():
+        knob = SGLANG_KNOBS.get(name)
+        if knob is not None and knob.scope == "tuner":
+            continue
+        key = f"search_space.params.{name}"
+        require(name, key)
+        for i, v in enumerate(p.grid() if p.values is not None else []):
+            if v is not None:
+                check(name, v, f"{key}.values[{i}]")
+    for name, value in (spec.baseline or {}).items():
+        knob = SGLANG_KNOBS.get(name)
+        if knob is not None and knob.scope == "tuner":
+            continue
+        require(name, f"baseline.{name}")
+        if value is not None:
+            check(name, value, f"baseline.{name}")
+    for name, value in pinned_server_flags(options).items():
+        require(name, f"backend_options.server_flags.{name}")
+        if fs.canonical(name) in LAUNCH_FLAGS:
+            raise ConfigError(f"--{name} is set by tuner per launch", file=file, key=f"backend_options.server_flags.{name}")
+        check(name, value, f"backend_options.server_flags.{name}")
+    try:
+        parse_extra_args(options.get("extra_server_args") or [], flagset=fs)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.detail} (SGLang {fs.version})", file=file,
+                          key=exc.key or "backend_options.extra_server_args") from None
+    return fs.version

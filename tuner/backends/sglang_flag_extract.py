@@ -1,6 +1,7 @@
 """Extract SGLang's server flags from a wheel, statically (the wheel is never imported).
 
-SGLang 0.5.23 declares its flags as msgspec fields in ``sglang/srt/arg_groups/fields/*.py``::
+SGLang 0.5.23 declares its flags as msgspec fields in ``sglang/srt/arg_groups/fields/*.py``;
+0.5.17 declares the same kind of fields in the ``ServerArgs`` class of ``srt/server_args.py``::
 
     tp_size: A[int, Arg(help=..., aliases=["--tensor-parallel-size"])] = 1
     nnodes: A[int, "The number of nodes."] = 1          # bare help string = Arg(help=...)
@@ -10,9 +11,16 @@ and ``ServerArgs.add_cli_args`` (``srt/server_args.py``) registers a few more wi
 field into an argparse action: ``bool`` -> store_true, ``Literal`` -> choices, ``List[X]`` ->
 ``nargs="+"``, an explicit ``action=`` as given; fields without ``Arg`` or help string, or with
 ``no_cli=True``, get no flag. This module repeats that mapping on the AST and records, per flag,
-whether it may appear in a ``--config`` YAML (``srt/utils/server_args_config_parser.py`` accepts
-store_true and single-value/list ``store`` actions only; BooleanOptionalAction and other
-zero-argument custom actions raise "Unsupported config option").
+whether it may appear in a ``--config`` YAML. That differs by version:
+
+* 0.5.23 (``srt/utils/server_args_config_parser.py``) accepts store_true and every single-value
+  or list action under any long spelling; BooleanOptionalAction and other zero-argument custom
+  actions raise "Unsupported config option".
+* 0.5.17 (``srt/server_args_config_parser.py``) keys YAML by ``dest`` and accepts only plain
+  store_true and store actions: any custom action (the deprecated aliases among them) makes its
+  ``dest`` unsupported, which also blocks the real flag sharing that ``dest``
+  (``--cuda-graph-max-bs-decode`` shares ``cuda_graph_max_bs_decode`` with the deprecated
+  ``--cuda-graph-max-bs``). Such flags must go on the command line.
 
 Run: ``python -m tuner.backends.sglang_flag_extract WHEEL [-o tuner/backends/sglang_flags.json]``.
 """
@@ -30,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 FIELDS_PREFIX = "sglang/srt/arg_groups/fields/"
+CONFIG_PARSER_MODULES = ("sglang/srt/utils/server_args_config_parser.py",
+                         "sglang/srt/server_args_config_parser.py")
 CHOICES_MODULE = "sglang/srt/arg_groups/choices.py"
 SERVER_ARGS_MODULE = "sglang/srt/server_args.py"
 
@@ -67,6 +77,8 @@ class _Consts:
             for t in targets:
                 if isinstance(t, ast.Name):
                     resolved = self.resolve(value)
+                    if isinstance(resolved, (set, frozenset)):
+                        resolved = sorted(resolved, key=str)
                     if isinstance(resolved, list):
                         self.values[t.id] = resolved
 
@@ -81,8 +93,10 @@ class _Consts:
             if isinstance(left, list) and isinstance(right, list):
                 return left + right
             return _UNKNOWN
-        if isinstance(node, (ast.List, ast.Tuple)):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
             items = [self.resolve(e) for e in node.elts]
+            if isinstance(node, ast.Set) and all(isinstance(i, str) for i in items):
+                items = sorted(items)
             if any(i is _UNKNOWN for i in items):
                 return _UNKNOWN
             return items
@@ -194,6 +208,10 @@ def _flag_from_field(name: str, ann: ast.Subscript, default: ast.AST | None, con
             break
     if meta is None or meta.get("no_cli") is True:
         return None
+    for extra in elts[1:]:  # 0.5.17: A[T, "help", NS("parallel")]
+        if isinstance(extra, ast.Call) and _dotted(extra.func) == "NS" and extra.args:
+            ns = consts.resolve(extra.args[0])
+            namespace = ns if isinstance(ns, str) else namespace
     t = _parse_type(elts[0])
     cli = (meta.get("cli_name") or "--" + name.replace("_", "-")).lstrip("-")
     aliases = [a.lstrip("-") for a in (meta.get("aliases") or []) if isinstance(a, str)]
@@ -320,37 +338,80 @@ def _add_argument_flags(tree: ast.Module, consts: _Consts, source: str) -> dict[
     return out
 
 
+def _server_args_fields(tree: ast.Module, consts: _Consts, source: str) -> dict[str, dict]:
+    """0.5.17 layout: the annotated fields of ``class ServerArgs`` in ``srt/server_args.py``."""
+    out: dict[str, dict] = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs"):
+        for node in cls.body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                flag = _flag_from_field(node.target.id, node.annotation, node.value, consts, source, None)
+                if flag:
+                    out.update(flag)
+    return out
+
+
+def _apply_config_rules(flags: dict[str, dict], parser_source: str | None) -> str:
+    """Set each flag's ``config_yaml`` by the version's config parser; return the rule's name."""
+    if parser_source is not None and "_config_keys" in parser_source:
+        return "any-spelling"  # 0.5.23: _convert_config_to_args keys by every long option
+    # 0.5.17: keyed by dest; a dest that any custom action uses is unsupported for every flag on it
+    blocked = {e["field"] for e in flags.values()
+               if e["kind"] not in ("store_true", "value", "list") and e.get("action") is not None}
+    blocked |= {e["field"] for e in flags.values() if e["kind"] in ("custom_action", "boolean_optional")}
+    for name, e in flags.items():
+        if name == "config":
+            continue
+        if e["field"] in blocked:
+            e["config_yaml"] = "unsupported"
+            e["config_yaml_reason"] = (f"SGLang's config parser keys YAML by dest {e['field']!r}, which a "
+                                       f"custom or deprecated action also uses")
+        elif e["kind"] == "store_true":
+            e["config_yaml"] = "store_true"
+        else:
+            e["config_yaml"] = "list" if e["kind"] == "list" else "value"
+    return "dest-store-only"
+
+
 def extract_from_wheel(wheel_path: str | Path) -> dict:
     """Every ``sglang serve`` flag declared in the wheel, with aliases, kinds, types, choices."""
     wheel_path = Path(wheel_path)
     digest = hashlib.sha256(wheel_path.read_bytes()).hexdigest()
     m = re.match(r"sglang-([^-]+)-", wheel_path.name)
     with zipfile.ZipFile(wheel_path) as zf:
-        names = zf.namelist()
+        names = set(zf.namelist())
+        if SERVER_ARGS_MODULE not in names:
+            raise ValueError(f"{wheel_path}: no {SERVER_ARGS_MODULE} (not an SGLang wheel?)")
         field_files = sorted(n for n in names if n.startswith(FIELDS_PREFIX) and n.endswith(".py")
                              and not n.endswith("__init__.py"))
-        if not field_files:
-            raise ValueError(f"{wheel_path}: no {FIELDS_PREFIX}*.py (not an SGLang >= 0.5.23 wheel?)")
         consts = _Consts()
         if CHOICES_MODULE in names:
             consts.add_module(ast.parse(zf.read(CHOICES_MODULE)))
         trees = {n: ast.parse(zf.read(n)) for n in field_files}
         for tree in trees.values():
             consts.add_module(tree)
+        sa_tree = ast.parse(zf.read(SERVER_ARGS_MODULE))
+        consts.add_module(sa_tree)
         flags: dict[str, dict] = {}
         for n, tree in trees.items():
             flags.update(_fields_flags(tree, consts, n.removeprefix("sglang/")))
-        if SERVER_ARGS_MODULE in names:
-            sa_tree = ast.parse(zf.read(SERVER_ARGS_MODULE))
-            consts.add_module(sa_tree)
-            for name, entry in _add_argument_flags(sa_tree, consts, SERVER_ARGS_MODULE.removeprefix("sglang/")).items():
-                flags.setdefault(name, entry)
+        sa_source = SERVER_ARGS_MODULE.removeprefix("sglang/")
+        if not field_files:  # 0.5.17 and earlier: fields on ServerArgs itself
+            flags.update(_server_args_fields(sa_tree, consts, sa_source))
+        for name, entry in _add_argument_flags(sa_tree, consts, sa_source).items():
+            flags.setdefault(name, entry)
+        parser_module = next((p for p in CONFIG_PARSER_MODULES if p in names), None)
+        parser_source = zf.read(parser_module).decode() if parser_module else None
+    if not flags:
+        raise ValueError(f"{wheel_path}: found no server flags")
+    rule = _apply_config_rules(flags, parser_source)
     flags = {k: flags[k] for k in sorted(flags)}
     return {
         "sglang_version": m.group(1) if m else None,
         "wheel": wheel_path.name,
         "wheel_sha256": digest,
-        "extracted_from": [f.removeprefix("sglang/") for f in field_files] + [SERVER_ARGS_MODULE.removeprefix("sglang/")],
+        "extracted_from": [f.removeprefix("sglang/") for f in field_files] + [sa_source],
+        "config_parser": parser_module.removeprefix("sglang/") if parser_module else None,
+        "config_yaml_rule": rule,
         "flag_count": len(flags),
         "flags": flags,
     }

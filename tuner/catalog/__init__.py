@@ -64,6 +64,7 @@ class ModelSpec(BaseModel):
     max_context_tokens: int
     unverified: bool = False
     checkpoints: dict[str, Checkpoint]
+    hf_config_json: str | None = None  # the config.json it was read from (None: a catalog entry)
 
     @property
     def is_moe(self) -> bool:
@@ -150,12 +151,46 @@ def _suggest(name: str, valid) -> str:
     return f"{hint}; valid: {', '.join(sorted(valid))}"
 
 
-def get_model(name: str) -> ModelSpec:
+def get_model(ref) -> ModelSpec:
+    """The model a study names: a catalog name, a directory holding a config.json, a
+    ``ModelRef`` (name + overrides), or a ``ModelSpec`` (returned as it is)."""
+    from tuner.catalog.hf import ModelRef, model_for_ref, model_from_hf_config, read_config_dir
+
+    if isinstance(ref, ModelSpec):
+        return ref
+    if isinstance(ref, ModelRef):
+        return _model_for_ref_json(ref.model_dump_json())
+    if isinstance(ref, dict):
+        return _model_for_ref_json(ModelRef.model_validate(ref).model_dump_json())
+    name = str(ref)
     table = models()
     key = name.lower()
-    if key not in table:
-        raise ConfigError(f"unknown model {name!r}{_suggest(key, table)}", key="model")
-    return table[key]
+    if key in table:
+        return table[key]
+    if "/" in name or name.startswith(".") or Path(name).expanduser().is_dir():
+        path = Path(name).expanduser()
+        if path.is_dir():
+            return model_from_hf_config(read_config_dir(path), name=str(path.resolve()), hf_id=str(path.resolve()))
+        if not (path / "config.json").exists() and "/" in name and not name.startswith((".", "/", "~")):
+            pass  # an "org/name" hub id: not a catalog name either; fall through to the error
+    raise ConfigError(f"unknown model {name!r}{_suggest(key, table)}, and not a directory holding a "
+                      f"config.json", key="model")
+
+
+@lru_cache(maxsize=256)
+def _model_for_ref_json(ref_json: str) -> ModelSpec:
+    from tuner.catalog.hf import ModelRef, model_for_ref
+
+    return model_for_ref(ModelRef.model_validate_json(ref_json))
+
+
+def model_label(ref) -> str:
+    """How a study's model reads in messages and headers."""
+    from tuner.catalog.hf import ModelRef
+
+    if isinstance(ref, ModelRef):
+        return ref.label
+    return str(ref)
 
 
 def get_gpu(name: str) -> GPUSpec:

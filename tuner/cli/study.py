@@ -33,23 +33,26 @@ def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
     else:
         reason = "chosen explicitly"
     get_evaluator(kind)  # fails now (exit 2) if the backend cannot be used here
-    _check_extra_server_args(spec)
+    _check_extra_server_args(spec, kind)
     return kind, reason
 
 
-def _check_extra_server_args(spec) -> None:
-    """User-supplied `sglang serve` arguments are checked against the real flag set before any
-    trial starts (exit 2), whichever backend runs the study."""
-    extra = (spec.backend_options or {}).get("extra_server_args")
-    if extra is None or spec.space().engine != "sglang":
-        return
-    from tuner.backends.sglang_flags import parse_extra_args
+def _check_extra_server_args(spec, kind: str | None = None) -> None:
+    """The SGLang flags a study can emit (knobs, baseline, pinned server_flags, extra arguments)
+    are checked against the target version's real flag set before any trial starts (exit 2),
+    whichever backend runs the study; dummy weights need a backend that can load them."""
     from tuner.errors import ConfigError
 
-    try:
-        parse_extra_args(extra)
-    except ConfigError as exc:
-        raise ConfigError(exc.detail, file=spec.source_path, key=exc.key or "backend_options.extra_server_args") from None
+    options = spec.backend_options or {}
+    if options.get("load_format", "auto") != "auto" and kind in ("transformers", "serve-sim"):
+        raise ConfigError(f"load_format {options['load_format']!r} needs the sglang backend (or the simulator); "
+                          f"the {kind} backend cannot load dummy weights", file=spec.source_path,
+                          key="backend_options.load_format")
+    if spec.space().engine != "sglang":
+        return
+    from tuner.backends.sglang import check_study_flags
+
+    check_study_flags(spec)
 
 
 def _run(runner, spec, budget, as_json, prelude: list[str]):
@@ -255,12 +258,17 @@ def list_(storage, as_json):
 @click.argument("name")
 @click.option("-o", "--output", default=None, help="Write the YAML here (default: stdout).")
 @click.option("--trial", "trial_number", type=int, default=None, help="Export this trial instead of the best.")
+@click.option("--sglang-version", default=None, metavar="V",
+              help="SGLang version you deploy (default 0.5.23; shipped flag sets: 0.5.17, 0.5.23). Flags it "
+                   "lacks are refused with what it has instead; flags its --config parser refuses go on the "
+                   "launch command in the header.")
 @storage_option
-def export(name, output, trial_number, storage):
+def export(name, output, trial_number, sglang_version, storage):
     """The best configuration of NAME as a YAML file SGLang reads with --config."""
     from tuner.study.export import export_study
 
-    text, notes = export_study(storage, name, output=output, trial_number=trial_number)
+    text, notes = export_study(storage, name, output=output, trial_number=trial_number,
+                               sglang_version=sglang_version)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -126,6 +126,7 @@ class LiveDeployment(Deployment):
             vocab_size=self.plan.vocab_size,
             send_ignore_eos=self.plan.send_ignore_eos,
             prompt_format=self.plan.prompt_format,
+            use_server_output_ids=self.plan.use_server_output_ids,
             request_timeout_s=float(getattr(m, "request_timeout_s", 600)),
             max_error_rate=float(m.max_error_rate),
             time_scale=float(getattr(m, "time_scale", 1.0)),

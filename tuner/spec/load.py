@@ -217,16 +217,43 @@ def load_study(name_or_path: str) -> StudySpec:
         space = study.search_space
         check_search_space(space, file, prefix="search_space.", env_names=ENV_NAMES)
     workload = _resolve_workload(study.workload, file, root)
+    model_ref = study.model
     if space.engine == "sglang":
-        from tuner import catalog
-
-        known = catalog.models().get(study.model.lower())
-        if known is not None and workload.max_context_tokens > known.max_context_tokens:
+        model_ref = _resolve_model(study.model, file, root)
+        known = _model_or_error(model_ref, file)
+        if workload.max_context_tokens > known.max_context_tokens:
             # sessions end before they outgrow the model's context window
             workload = workload.model_copy(update={"max_context_tokens": known.max_context_tokens})
-    study = study.model_copy(update={"search_space": space, "workload": workload, "source_path": file})
+    study = study.model_copy(update={"search_space": space, "workload": workload, "source_path": file,
+                                     "model": model_ref})
     check_study(study, file)
     return study
+
+
+def _resolve_model(model, file: str, root: Path):
+    """Catalog names stay names; a model directory or a name with overrides becomes a ``ModelRef``
+    carrying its resolved config.json, so trials on other machines need no files."""
+    from tuner import catalog
+    from tuner.catalog.hf import ModelRef, resolve_ref
+
+    if isinstance(model, str):
+        if model.lower() in catalog.models():
+            return model
+        looks_like_path = "/" in model or model.startswith((".", "~")) or (root / model).is_dir() \
+            or Path(model).expanduser().is_dir()
+        if not looks_like_path:
+            return model  # an unknown name: check_study says so, with the valid ones
+        model = ModelRef(name=model)
+    return resolve_ref(model, file=file, near=root)
+
+
+def _model_or_error(model, file: str):
+    from tuner import catalog
+
+    try:
+        return catalog.get_model(model)
+    except ConfigError as exc:
+        raise ConfigError(str(exc.detail).removeprefix("model: "), file=file, key=exc.key or "model") from None
 
 
 def check_study(study: StudySpec, file: str) -> None:
@@ -235,10 +262,7 @@ def check_study(study: StudySpec, file: str) -> None:
     space = study.space()
     gpus = study.hardware.total_gpus
     if space.engine == "sglang":
-        try:
-            model = catalog.get_model(study.model)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).removeprefix("model: "), file=file, key="model") from None
+        model = _model_or_error(study.model, file)
         try:
             catalog.get_gpu(study.hardware.gpu)
         except ConfigError as exc:

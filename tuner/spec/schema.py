@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tuner.catalog.hf import ModelRef
 from tuner.spec import expr
 from tuner.workload.session import WorkloadProfile
 
@@ -146,7 +147,9 @@ class MeasurementSpec(_Strict):
 class StudySpec(_Strict):
     name: str
     description: str = ""
-    model: str = Field(description="catalog model name, or for the transformers engine a local model dir")
+    model: str | ModelRef = Field(description="catalog model name, a directory holding a config.json, or "
+                                              "{name: <either>, overrides: {config.json key: value}}; for the "
+                                              "transformers engine a local model dir")
     hardware: HardwareSpec
     workload: str | WorkloadProfile = Field(description="profile name (workloads/NAME.yaml, built-in) or inline")
     search_space: str | SearchSpaceSpec = Field(description="search_spaces/NAME.yaml, a path, or inline")

@@ -1,7 +1,10 @@
-"""Export a trial's configuration as YAML that SGLang 0.5.23 reads with ``--config``.
+"""Export a trial's configuration as YAML that SGLang reads with ``--config``.
 
 The body comes from the SGLang backend's own config writer, so what a trial ran and what is
-exported are the same mapping. The header comments say where it came from and how to launch it.
+exported are the same mapping, checked against the flag set of the SGLang version the user
+deploys (``--sglang-version``, default 0.5.23): a flag that version lacks is refused with what it
+offers instead, and a flag its ``--config`` parser refuses goes into the launch command. The
+header comments say where it came from and how to launch it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
 
 
 def export_study(storage: str, name: str, *, output: str | None = None,
-                 trial_number: int | None = None) -> tuple[str, list[str]]:
+                 trial_number: int | None = None, sglang_version: str | None = None) -> tuple[str, list[str]]:
     """(YAML text, notes for the user). Writes ``output`` (and tuned MoE files beside it) if given."""
     from tuner.study.runner import load_existing
 
@@ -65,15 +68,34 @@ def export_study(storage: str, name: str, *, output: str | None = None,
         return text, notes
 
     from tuner.backends.router import plan_topology
-    from tuner.backends.sglang import checkpoint_for, render_config_yaml
-    from tuner.catalog import get_gpu, get_model
+    from tuner.backends.sglang import checkpoint_for, pinned_server_flags, render_config_yaml
+    from tuner.catalog import get_gpu, get_model, model_label
+    from tuner.catalog.sglang_flags import load_flagset, resolve_version
 
+    fs = load_flagset(resolve_version(sglang_version, key="--sglang-version"))
     model = get_model(spec.model)
-    flags = dict(trial["flags"])
+    flags = {**pinned_server_flags(spec.backend_options), **dict(trial["flags"])}
     knobs = dict(trial["knobs"])
+    missing = [k for k in flags if k not in fs]
+    if missing:
+        raise ConfigError("; ".join(f"--{k} is not a flag of SGLang {fs.version}{fs.suggest(k)}" for k in missing)
+                          + f" (trial {trial['number']} ran it; export for another version with --sglang-version)",
+                          key="--sglang-version")
     model_path, _ = checkpoint_for(model, flags.get("quantization"), spec.backend_options)
+    ran_on = trial.get("sglang_version")
+    header.insert(1, f"target: SGLang {fs.version}" + (f" (the trial ran SGLang {ran_on})" if ran_on and ran_on != fs.version else ""))
+    header[2] = header[2].replace(f"model {spec.model}", f"model {model_label(spec.model)}")
+    if (spec.backend_options or {}).get("load_format") == "dummy":
+        header.append(f"measured with random weights from the model's config.json; --model-path is the "
+                      f"checkpoint ({model_path}), set it to your copy")
+    cli_flags: list[str] = []
+    body_probe = render_config_yaml(flags, model_path=model_path, flagset=fs, cli_overflow=cli_flags)
+    del body_probe
     config_name = Path(output).name if output else "best.yaml"
-    launch = ["sglang", "serve", "--config", config_name]
+    launch = ["sglang", "serve", "--config", config_name, *cli_flags]
+    if cli_flags:
+        header.append(f"SGLang {fs.version}'s --config parser refuses {' '.join(a for a in cli_flags if a.startswith('--'))}: "
+                      f"it is on the launch command below")
     if knobs.get("moe-tile-configs") == "tuned":
         gpu = get_gpu(spec.hardware.gpu)
         source = Path(spec.backend_options.get("moe_config_dir", DEFAULT_TUNED_MOE_DIR.format(gpu=gpu.name)))
@@ -96,13 +118,13 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     header.append("launch: " + shlex.join(launch))
     from tuner.backends.sglang import config_to_argv, config_yaml_dict
 
-    full = config_to_argv(config_yaml_dict(flags, model_path=model_path))
-    header.append("equivalent: " + shlex.join(["sglang", "serve", *full]))
+    full = config_to_argv(config_yaml_dict(flags, model_path=model_path, flagset=fs, cli_overflow=[]), flagset=fs)
+    header.append("equivalent: " + shlex.join(["sglang", "serve", *full, *cli_flags]))
     topo = plan_topology(flags, knobs)
     if topo.router_policy:
         header.append(f"router: python -m sglang_router.launch_router --worker-urls <server URL(s)> "
                       f"--policy {topo.router_policy}{' --dp-aware' if topo.dp_aware else ''}")
-    text = render_config_yaml(flags, model_path=model_path, header="\n".join(header))
+    text = render_config_yaml(flags, model_path=model_path, flagset=fs, header="\n".join(header), cli_overflow=[])
     _write(output, text)
     return text, notes
 

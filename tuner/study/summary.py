@@ -34,6 +34,7 @@ def trial_dict(t, ms: list) -> dict:
         "measured_kv_capacity_tokens": t.measured_kv_capacity_tokens,
         "wall_time_s": t.wall_time_s, "started_at": t.started_at, "finished_at": t.finished_at,
         "launched": not (t.telemetry or {}).get("not_launched", False),
+        "sglang_version": ((t.telemetry or {}).get("plan") or {}).get("sglang_version"),
         "pids": t.pids, "gpu_ids": t.gpu_ids,
         "at_capacity": at, "measurements": [measurement_dict(m) for m in ms],
     }

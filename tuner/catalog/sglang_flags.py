@@ -1,11 +1,12 @@
-"""The real SGLang 0.5.23 server flag set (``sglang_flags.json``, extracted from the wheel).
+"""The real SGLang server flag sets, one per shipped version, extracted from the wheels.
 
-Used to refuse any flag tuner would emit or a user passes that ``sglang serve`` does not know,
-with a did-you-mean, and to keep flags out of the ``--config`` YAML that SGLang's config parser
-rejects (BooleanOptionalAction and other zero-argument custom actions).
+``sglang-flags-<version>.json`` beside this module holds every flag of ``sglang serve`` of that
+version: aliases, kind, type, static choices, default, and whether the version's ``--config``
+parser accepts it in YAML. Used to refuse any flag tuner would emit or a user passes that the
+target version does not know (with a did-you-mean and known replacements), and to put flags the
+YAML parser rejects on the command line instead.
 
-Regenerate the data with ``python -m tuner.backends.sglang_flag_extract WHEEL -o
-tuner/backends/sglang_flags.json``.
+Regenerate with ``tuner sglang extract-flags WHEEL`` (``tuner.backends.sglang_flag_extract``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,49 @@ from typing import Any, Iterable
 
 from tuner.errors import ConfigError
 
-DATA_PATH = Path(__file__).with_name("sglang_flags.json")
+_DATA_DIR = Path(__file__).parent
+#: versions whose flag sets ship with tuner, oldest first
+SUPPORTED_SGLANG_VERSIONS = ("0.5.17", "0.5.23")
+#: what ``tuner study export`` targets and what is assumed where no SGLang is installed
+DEFAULT_SGLANG_VERSION = "0.5.23"
+
+# Flags one version lacks, and what does the same job there (shown when a knob is refused).
+REPLACEMENTS: dict[str, dict[str, str]] = {
+    "0.5.17": {
+        "attn-dp-size": "--enable-dp-attention together with --dp-size N (attention DP ranks = dp-size)",
+        "hicache-host-memory-fraction": "--hicache-ratio or --hicache-size",
+        "cuda-graph-max-seq-len-prefill": "--cuda-graph-max-bs-prefill",
+    },
+    "0.5.23": {
+        "cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+        "cuda-graph-bs": "--cuda-graph-bs-decode",
+        "disable-piecewise-cuda-graph": "--disable-prefill-cuda-graph",
+        "enable-dp-attention": "--attn-dp-size N",
+    },
+}
+
+
+def flagset_path(version: str) -> Path:
+    return _DATA_DIR / f"sglang-flags-{version}.json"
+
+
+def resolve_version(version: str | None, *, key: str = "sglang_version", file: str | None = None) -> str:
+    """A shipped flag-set version for ``version`` (None: the default).
+
+    A patch release of a shipped version (``0.5.17.post1``) uses that version's flags; anything
+    else is refused, naming what ships.
+    """
+    if version is None:
+        return DEFAULT_SGLANG_VERSION
+    v = str(version).strip().lstrip("v")
+    if v in SUPPORTED_SGLANG_VERSIONS:
+        return v
+    for known in SUPPORTED_SGLANG_VERSIONS:
+        if v.startswith(known + ".post") or v.startswith(known + "+") or v.startswith(known + "rc"):
+            return known
+    raise ConfigError(f"no flag set for SGLang {version!r}; tuner ships flag sets for "
+                      f"{', '.join(SUPPORTED_SGLANG_VERSIONS)} (extract another with "
+                      f"`tuner sglang extract-flags WHEEL`)", file=file, key=key)
 
 
 @dataclass(frozen=True)
@@ -31,6 +74,7 @@ class FlagInfo:
     choices: tuple | None
     config_yaml: str  # value | store_true | list | unsupported
     deprecated: bool = False
+    default: Any = None  # the declared default (when static; None otherwise)
 
     @property
     def cli(self) -> str:
@@ -43,6 +87,7 @@ class FlagSet:
     def __init__(self, data: dict):
         self.version: str = data.get("sglang_version") or "?"
         self.wheel_sha256: str | None = data.get("wheel_sha256")
+        self.config_yaml_rule: str = data.get("config_yaml_rule") or "any-spelling"
         self.flags: dict[str, FlagInfo] = {}
         self.aliases: dict[str, str] = {}
         for name, e in data["flags"].items():
@@ -50,6 +95,7 @@ class FlagSet:
                 name=name, field=e["field"], kind=e["kind"], type=e["type"],
                 choices=tuple(e["choices"]) if e.get("choices") else None,
                 config_yaml=e["config_yaml"], deprecated=bool(e.get("deprecated")),
+                default=e.get("default") if e.get("default_static", True) else None,
             )
             for alias in e.get("aliases") or ():
                 self.aliases[alias] = name
@@ -72,8 +118,15 @@ class FlagSet:
 
     def suggest(self, name: str) -> str:
         key = name.lstrip("-")
+        replacement = REPLACEMENTS.get(self.version, {}).get(key)
+        if replacement:
+            return f" (did you mean {replacement}? That is how SGLang {self.version} does it)"
         close = difflib.get_close_matches(key, [*self.flags, *self.aliases], n=3, cutoff=0.6)
         return f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
+
+    def in_config_yaml(self, name: str) -> bool:
+        """Whether this version's ``--config`` parser accepts the flag in YAML."""
+        return self.info(name).config_yaml != "unsupported"
 
     def require(self, names: Iterable[str], *, where: str = "flags", file: str | None = None) -> None:
         """ConfigError naming every name that is not an SGLang flag, with suggestions."""
@@ -107,8 +160,12 @@ class FlagSet:
 
 
 @lru_cache(maxsize=None)
-def load_flagset(path: str | None = None) -> FlagSet:
-    with open(path or DATA_PATH) as f:
+def load_flagset(version: str | None = None, *, path: str | None = None) -> FlagSet:
+    """The flag set of a shipped SGLang version (default: DEFAULT_SGLANG_VERSION), or of a file."""
+    if path is not None:
+        with open(path) as f:
+            return FlagSet(json.load(f))
+    with open(flagset_path(resolve_version(version))) as f:
         return FlagSet(json.load(f))
 
 
