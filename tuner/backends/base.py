@@ -82,6 +82,14 @@ class ProcessBackend(ABC):
         is used as the deployment's measured KV capacity. Default: nothing."""
         return {}
 
+    def metrics_urls(self, plan: LaunchPlan) -> list[str]:
+        """Prometheus endpoints read before and after each load point (default: none)."""
+        return []
+
+    def startup_failure_detail(self, log_text: str) -> str:
+        """A phrase saying where in start-up a server died, from its log (default: nothing)."""
+        return ""
+
 
 def http_get_json(url: str, timeout_s: float = 30.0) -> Any:
     """GET ``url`` and decode JSON; raises OSError / ValueError on failure."""

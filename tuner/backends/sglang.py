@@ -386,6 +386,7 @@ class SGLangBackend(ProcessBackend):
         files["config"] = str(config_path)
         if cli_flags:
             facts["command_line_flags"] = cli_flags  # refused by this version's YAML parser
+        facts["metrics_enabled"] = bool(flags.get("enable-metrics")) or "--enable-metrics" in extra
 
         command = server_command(options)
         user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
@@ -426,9 +427,37 @@ class SGLangBackend(ProcessBackend):
                           served_model=model_path, vocab_size=model.vocab_size, files=files, facts=facts,
                           use_server_output_ids=token_ids)
 
+    def metrics_urls(self, plan: LaunchPlan) -> list[str]:
+        if not plan.facts.get("metrics_enabled"):
+            return []
+        return [s.base_url + "/metrics" for s in plan.servers]
+
+    def startup_failure_detail(self, log_text: str) -> str:
+        from tuner.backends.sglang_log import describe_death, startup_report
+
+        return describe_death(startup_report(log_text, exited=True))
+
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
-        """KV capacity from every server's ``/server_info`` (domain.md §C5)."""
+        """KV capacity from every server's ``/server_info`` (domain.md §C5), and what each
+        server's log says about its start-up (weights, KV pool, CUDA-graph capture times)."""
+        from tuner.backends.sglang_log import startup_report
+
         infos = [try_get_json(s.base_url + "/server_info", 60.0) for s in plan.servers]
+        startup = []
+        for spec, info in zip(plan.servers, infos):
+            if info is not None and spec.log_path:  # the whole snapshot beside the log, for the record
+                import json
+
+                try:
+                    Path(spec.log_path).with_suffix(".server_info.json").write_text(
+                        json.dumps(info, indent=1, sort_keys=True, default=str))
+                except OSError:
+                    pass
+            try:
+                text = Path(spec.log_path).read_text(errors="replace") if spec.log_path else ""
+            except OSError:
+                text = ""
+            startup.append(startup_report(text).to_dict())
         total = 0
         known = True
         per_server = []
@@ -443,6 +472,7 @@ class SGLangBackend(ProcessBackend):
             "kv_capacity_tokens_total": total if known and infos else None,
             "kv_capacity_tokens_per_server": per_server,
             "server_info": [_trim_server_info(i) for i in infos],
+            "startup": startup,
         }
 
 
@@ -495,8 +525,10 @@ def _trim_server_info(info: Any) -> Any:
         return None
     keep = ("version", "max_total_num_tokens", "max_req_input_len", "startup_time", "tp_size", "dp_size",
             "attn_dp_size", "ep_size", "mem_fraction_static", "chunked_prefill_size", "max_running_requests",
-            "kv_cache_dtype", "page_size", "cuda_graph_max_bs_decode", "quantization", "attention_backend",
-            "internal_states", "launch_command")
+            "kv_cache_dtype", "page_size", "cuda_graph_max_bs_decode", "cuda_graph_config", "quantization",
+            "attention_backend", "sampling_backend", "enable_dp_attention", "enable_hierarchical_cache",
+            "hicache_ratio", "hicache_size", "schedule_policy", "max_prefill_tokens", "disable_radix_cache",
+            "load_format", "context_length", "internal_states", "launch_command")
     return {k: info[k] for k in keep if k in info}
 
 

@@ -70,12 +70,31 @@ class LiveEvaluator(Evaluator):
                     log.warning("trial %d: %s; retrying with new ports", request.trial_number, exc.reason)
                     last = exc
                     continue
-                raise
+                detailed = _with_startup_detail(self.backend, plan, exc)
+                if detailed is exc:
+                    raise
+                raise detailed from None
             except BaseException:
                 stack.close()
                 raise
             return LiveDeployment(self.backend, request, plan, stack, gpu_before_start_mib=before_mib)
         raise last  # pragma: no cover - loop always returns or raises
+
+
+def _with_startup_detail(backend: ProcessBackend, plan: LaunchPlan, exc: TrialError) -> TrialError:
+    """The failure with where in start-up the server died, from its own log (e.g. "while capturing
+    decode CUDA graphs after the KV pool was allocated")."""
+    log_path = exc.log_path or (plan.servers[0].log_path if plan.servers else None)
+    if not log_path or exc.failure_class in ("port_in_use",):
+        return exc
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return exc
+    detail = backend.startup_failure_detail(text[-2_000_000:])
+    if not detail or detail in exc.reason:
+        return exc
+    return TrialError(exc.failure_class, f"{exc.reason} ({detail})", log_path=exc.log_path)
 
 
 def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
@@ -140,6 +159,7 @@ class LiveDeployment(Deployment):
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
         profile = self.request.study.workload_profile()
+        metrics_before = self._scrape_metrics()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
         worker.start()
         watch = _HealthWatch(self._answers_health)
@@ -179,12 +199,21 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
+        server_metrics = _metrics_delta(metrics_before, self._scrape_metrics())
+        if server_metrics:
+            extra["server_metrics"] = server_metrics
         if metrics.kv_capacity_tokens_total is None and self.measured_kv_capacity_tokens_total is not None:
             metrics = dataclasses.replace(metrics, kv_capacity_tokens_total=self.measured_kv_capacity_tokens_total,
                                           extra=extra)
         else:
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
+
+    def _scrape_metrics(self) -> list[dict] | None:
+        from tuner.backends.prometheus import scrape
+
+        urls = self.backend.metrics_urls(self.plan)
+        return [scrape(u, prefix="sglang:") or {} for u in urls] if urls else None
 
     def _stop_servers(self) -> None:
         self.pids = tuple(dict.fromkeys((*self.pids, *self.stack.pids)))
@@ -246,6 +275,19 @@ class LiveDeployment(Deployment):
     def close_report(self) -> dict[str, Any]:
         """What close() found: survivors and whether the GPU memory came back (empty before close)."""
         return dict(self._close_report)
+
+
+def _metrics_delta(before: list[dict] | None, after: list[dict] | None) -> dict | None:
+    """Server metrics over one load point, summed over servers (counters as deltas)."""
+    from tuner.backends.prometheus import window_delta
+
+    if not after:
+        return None
+    total: dict[str, float] = {}
+    for b, a in zip(before or [{}] * len(after), after):
+        for name, value in (window_delta(b, a) or {}).items():
+            total[name] = round(total.get(name, 0.0) + value, 6)
+    return total or None
 
 
 class _ReplayThread(threading.Thread):

@@ -224,7 +224,7 @@ def plan_memory(
     Invalid combinations raise ConfigError; a configuration that does not fit returns
     ``fits=False`` with the reason.
     """
-    model = get_model(model) if isinstance(model, str) else model
+    model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus < 1 or nodes < 1:
         raise ConfigError(f"need at least one GPU and one node, got gpus={gpus} nodes={nodes}", key="gpus")

@@ -134,7 +134,7 @@ def simulate_load_point(
     calibration: dict | str | None = None,
 ) -> LoadPointMetrics:
     """Predict what a replay of ``users`` closed-loop users would measure on this configuration."""
-    model = get_model(model) if isinstance(model, str) else model
+    model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     knobs = dict(knobs or {})
     if users < 1:

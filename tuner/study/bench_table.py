@@ -57,7 +57,7 @@ def measure_config(study: StudySpec, values: dict) -> dict:
     """One configuration as the runner would settle it: planner pre-screen, deploy, capacity search."""
     from tuner.evaluation.sim import SimEvaluator
 
-    flags, knobs = space_mod.split(values, study.space().engine)
+    flags, knobs = space_mod.split(values, study.space().engine, space_mod.pinned_flags(study))
     fits, reason, kv = prescreen(study, flags)
     if not fits:
         return {"status": "infeasible", "prescreened": True, "capacity_users": 0, "steps": [], "reason": reason,

@@ -71,7 +71,7 @@ def trials_cost(study: StudySpec, entries: list[dict], *, pruned: bool = True, b
     for i, e in enumerate(entries):
         if e.get("prescreened"):
             continue
-        flags, _ = space_mod.split(e["values"], study.space().engine)
+        flags, _ = space_mod.split(e["values"], study.space().engine, space_mod.pinned_flags(study))
         steps = e.get("steps") or []
         n = len(steps)
         if pruned and (i > 0 or not baseline_first) and e.get("status") == "complete":

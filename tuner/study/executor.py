@@ -209,12 +209,23 @@ class RayExecutor:
         self._actor_gpus: dict[int, int] = {}
         self._idle_cpu_actors: list = []
         self._pending: dict[Any, tuple[int, str]] = {}
+        self._refused: list[OpResult] = []
+        self._cluster_gpus: float | None = None
 
     def cluster_gpus(self) -> float:
-        return float(self._ray.cluster_resources().get("GPU", 0))
+        """GPUs the whole cluster declares (read once: nodes joining later are not seen)."""
+        if self._cluster_gpus is None:
+            self._cluster_gpus = float(self._ray.cluster_resources().get("GPU", 0))
+        return self._cluster_gpus
 
     def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
         actor = self._actors.get(key)
+        if actor is None and num_gpus > 0 and num_gpus > self.cluster_gpus():
+            # Ray would keep such an actor pending forever: settle the trial now instead
+            self._refused.append(OpResult(key, op, False, None, TrialError(
+                "infeasible", f"needs {num_gpus} GPU(s) but the Ray cluster has {self.cluster_gpus():g} in all "
+                              f"(run on a GPU node, or join a cluster with --ray-address)")))
+            return
         if actor is None:
             if num_gpus == 0 and self._idle_cpu_actors:
                 actor = self._idle_cpu_actors.pop()
@@ -227,6 +238,9 @@ class RayExecutor:
         self._pending[ref] = (key, op)
 
     def wait(self, timeout_s: float = 0.5) -> list[OpResult]:
+        if self._refused:
+            out, self._refused = self._refused, []
+            return out
         if not self._pending:
             time.sleep(min(timeout_s, 0.05))
             return []

@@ -296,7 +296,7 @@ class StudyRunner:
         else:
             values = space_mod.suggest(otrial, self.study.space(), self.env)
         engine_name = self.study.space().engine
-        flags, knobs = space_mod.split(values, engine_name)
+        flags, knobs = space_mod.split(values, engine_name, space_mod.pinned_flags(self.study))
         otrial.set_user_attr("config", {k: v for k, v in values.items()})
         number = otrial.number
 
@@ -393,11 +393,13 @@ class StudyRunner:
             return
         if res.op == "deploy":
             rt.info = res.value or {}
+            predicted = rt.info.get("predicted_kv_capacity_tokens_total")
             repo.update_trial(self.engine, self.study.name, rt.number,
                               pids=rt.info.get("pids", []), gpu_ids=rt.info.get("gpu_ids", []),
                               telemetry=_jsonable(_placement(rt.info)),
                               log_path=rt.info.get("log_path"),
-                              predicted_kv_capacity_tokens=rt.info.get("predicted_kv_capacity_tokens_total"),
+                              # live backends predict nothing: keep the planner's figure from the start
+                              **({"predicted_kv_capacity_tokens": predicted} if predicted is not None else {}),
                               measured_kv_capacity_tokens=rt.info.get("measured_kv_capacity_tokens_total"))
             self._next_step(rt, executor)
             return

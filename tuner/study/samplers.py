@@ -77,7 +77,7 @@ def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
     model, gpu, hw = get_model(study.model), get_gpu(study.hardware.gpu), study.hardware
     best: dict[tuple, tuple[float, dict]] = {}
     for values in space_mod.enumerate_grid(small, env):
-        flags, _ = space_mod.split(values, space.engine)
+        flags, _ = space_mod.split(values, space.engine, space_mod.pinned_flags(study))
         try:
             plan = plan_memory(model, gpu, hw.gpus_per_node, flags, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb)
         except (TrialError, UserError):

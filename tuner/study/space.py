@@ -58,9 +58,18 @@ def suggest(trial, space: SearchSpaceSpec, env: dict) -> dict[str, Any]:
     return values
 
 
-def split(values: dict[str, Any], engine: str = "sglang") -> tuple[dict, dict]:
-    """Knob values -> (server flags, tuner knobs); None entries are dropped (= default)."""
-    flags, knobs = {}, {}
+def pinned_flags(study: StudySpec) -> dict[str, Any]:
+    """``backend_options.server_flags``: server flags every trial runs with, the baseline too."""
+    pinned = (study.backend_options or {}).get("server_flags") or {}
+    return {str(k): v for k, v in pinned.items()} if isinstance(pinned, dict) else {}
+
+
+def split(values: dict[str, Any], engine: str = "sglang", pinned: dict[str, Any] | None = None) -> tuple[dict, dict]:
+    """Knob values -> (server flags, tuner knobs); None entries are dropped (= default).
+
+    ``pinned`` flags (the study's ``backend_options.server_flags``) are in every trial's flags,
+    so the planner, the simulator and the export see what the server ran with."""
+    flags, knobs = dict(pinned or {}), {}
     for name, v in values.items():
         if v is None:
             continue

@@ -1,0 +1,191 @@
+"""The sglang backend end to end on a CPU: a study whose trials start a stand-in ``sglang serve``
+(fake_sglang.py, timed by the simulator, reading its arguments as SGLang 0.5.17 does) through the
+real CLI, real local Ray and a real SQLite file; dummy weights from a rendered config.json, token
+ids to /generate, /server_info and /metrics read, flags 0.5.17's YAML refuses on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_cli
+
+FAKE = Path(__file__).with_name("fake_sglang.py")
+
+
+def _study(tmp: Path, name: str = "fake-sglang", trials: int = 3, env: dict | None = None, **over) -> Path:
+    (tmp / "search_spaces").mkdir(exist_ok=True)
+    (tmp / "studies").mkdir(exist_ok=True)
+    (tmp / "search_spaces" / "s.yaml").write_text(yaml.safe_dump({
+        "name": "s", "engine": "sglang",
+        "params": {"kv-cache-dtype": {"values": [None, "fp8_e4m3"]},
+                   "cuda-graph-max-bs-decode": {"values": [64, None]}}}))
+    data = {
+        "name": name,
+        "model": {"name": "qwen3-30b-a3b", "overrides": {"num_hidden_layers": 4}},
+        "hardware": {"gpu": "h200", "gpus_per_node": 1, "nodes": 1, "host_memory_gb": 128},
+        "workload": str(REPO / "workloads" / "coding-agent-40k.yaml"),
+        "search_space": "s",
+        "slo": {"p90_ttft_s": 1.5, "p90_tpot_s": 0.025},
+        "target_users": 8,
+        "capacity": {"start_users": 4, "max_users": 16, "resolution_users": 4, "growth_factor": 2},
+        "measurement": {"warmup_s": 1, "duration_s": 3, "request_timeout_s": 30, "time_scale": 0.1},
+        "trials": trials,
+        "backend": "sglang",
+        "backend_options": {
+            "sglang_version": "0.5.17", "load_format": "dummy",
+            "server_flags": {"attention-backend": "triton", "sampling-backend": "pytorch",
+                             "disable-prefill-cuda-graph": True, "enable-metrics": True},
+            "server_command": [sys.executable, str(FAKE), "--sglang-version", "0.5.17"],
+            "env": {"FAKE_SGLANG_TIME_SCALE": "10", **(env or {})},
+            "startup_timeout_s": 60,
+        },
+    }
+    data.update(over)
+    path = tmp / "studies" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fake-sglang")
+    study = _study(tmp)
+    storage = f"sqlite:///{tmp}/t.db"
+    # in-process: Ray on this CPU machine has no GPU to give a trial (see the next test)
+    r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp, storage, json.loads(r.stdout)
+
+
+def test_trials_needing_more_gpus_than_ray_has_are_infeasible_not_pending_forever(tmp_path):
+    study = _study(tmp_path, name="no-gpu", trials=2)
+    r = run_cli(["study", "start", str(study), "--storage", f"sqlite:///{tmp_path}/t.db", "--json"],
+                cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    outcome = json.loads(r.stdout)
+    assert outcome["trials_infeasible"] == 2
+    con = sqlite3.connect(tmp_path / "t.db")
+    reasons = [row[0] for row in con.execute("SELECT failure_reason FROM tuner_trials")]
+    assert reasons and all("needs 1 GPU(s) but the Ray cluster has 0" in why for why in reasons)
+
+
+def test_trials_ran_through_the_sglang_path(finished):
+    tmp, _, outcome = finished
+    assert outcome["backend_kind"] == "sglang"
+    con = sqlite3.connect(tmp / "t.db")
+    rows = con.execute("SELECT trial_number, status, flags, telemetry, measured_kv_capacity_tokens, "
+                       "predicted_kv_capacity_tokens FROM tuner_trials ORDER BY trial_number").fetchall()
+    launched = [r for r in rows if not json.loads(r[3]).get("not_launched")]
+    assert launched and launched[0][1] == "complete"
+    for number, _, flags, tel, measured, predicted in launched:
+        flags, tel = json.loads(flags), json.loads(tel)
+        # pinned flags are part of every trial's flags, the baseline's too
+        assert flags["attention-backend"] == "triton" and flags["enable-metrics"] is True
+        plan = tel["plan"]
+        assert plan["sglang_version"] == "0.5.17" and plan["load_format"] == "dummy"
+        trial_dir = tmp / "results" / "runs" / "fake-sglang" / f"trial-{number:04d}"
+        cfg = json.loads((trial_dir / "model" / "config.json").read_text())
+        assert cfg["num_hidden_layers"] == 4 and cfg["architectures"] == ["Qwen3MoeForCausalLM"]
+        config_yaml = yaml.safe_load((trial_dir / "sglang.yaml").read_text())
+        # 0.5.17's parser refuses cuda-graph-max-bs-decode in YAML: it went on the command line
+        assert "cuda-graph-max-bs-decode" not in config_yaml
+        argv = (trial_dir / "sglang0.log").read_text().splitlines()[0]
+        assert "--load-format dummy --skip-tokenizer-init" in argv
+        if flags.get("cuda-graph-max-bs-decode"):
+            assert plan["command_line_flags"] == ["--cuda-graph-max-bs-decode", str(flags["cuda-graph-max-bs-decode"])]
+            assert "--cuda-graph-max-bs-decode" in argv
+        # KV capacity read from /server_info, and the start-up as the server's log tells it
+        assert measured and measured > 0 and predicted and predicted > 0
+        (startup,) = tel["server"]["startup"]
+        assert startup["ready"] and startup["max_total_num_tokens"] == measured
+        assert startup["capture_s"] == {"decode": 0.2}
+        assert (trial_dir / "sglang0.server_info.json").is_file()
+
+
+def test_replay_sent_token_ids_to_generate_and_read_metrics(finished):
+    tmp, _, _ = finished
+    con = sqlite3.connect(tmp / "t.db")
+    rows = con.execute("SELECT users, requests, errors, extra FROM tuner_measurements").fetchall()
+    assert rows
+    for users, requests, errors, extra in rows:
+        extra = json.loads(extra)
+        assert extra["api"] == "generate"
+        assert requests > 0 and errors == 0  # an id >= vocab_size would have killed the server
+        metrics = extra["server_metrics"]
+        assert metrics["sglang:num_requests_total"] >= requests  # counted over this load point only
+        assert metrics["sglang:prompt_tokens_total"] > 0
+
+
+def test_export_targets_the_version_the_user_deploys(finished):
+    tmp, storage, outcome = finished
+    for version, yaml_has_graph_flag in (("0.5.17", False), ("0.5.23", True)):
+        out = tmp / f"best-{version}.yaml"
+        r = run_cli(["study", "export", "fake-sglang", "--storage", storage, "-o", str(out), "--trial", "0",
+                     "--sglang-version", version], cwd=tmp)
+        assert r.returncode == 0, r.stderr
+        text = out.read_text()
+        assert f"target: SGLang {version}" in text
+        body = yaml.safe_load(text)
+        assert body["attention-backend"] == "triton"  # pinned flags are exported
+        assert "load-format" not in body  # dummy weights are how it was measured, not what to deploy
+    r = run_cli(["study", "export", "fake-sglang", "--storage", storage, "--sglang-version", "0.4.0"], cwd=tmp)
+    assert r.returncode == 2 and "0.5.17, 0.5.23" in r.stderr
+
+
+def test_a_graph_capture_oom_is_classified_and_the_study_goes_on(tmp_path):
+    study = _study(tmp_path, name="fake-oom", trials=2, env={"FAKE_SGLANG_FAULT": "graph_oom"})
+    storage = f"sqlite:///{tmp_path}/t.db"
+    r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "t.db")
+    rows = con.execute("SELECT status, failure_class, failure_reason FROM tuner_trials "
+                       "WHERE failure_class IS NOT NULL").fetchall()
+    assert len(rows) == 2
+    for status, cls, reason in rows:
+        assert status == "failed" and cls == "oom"
+        assert "while capturing decode CUDA graphs after the KV pool" in reason
+
+
+@pytest.mark.parametrize("change, key, message", [
+    ({"search_space": {"engine": "sglang", "params": {"attn-dp-size": {"values": [1, 2]}}}},
+     "search_space.params.attn-dp-size", "enable-dp-attention"),
+    ({"baseline": {"schedule-policy": "hrrn"}}, "baseline.schedule-policy", "SGLang 0.5.17"),
+    ({"model": {"name": "qwen3-30b-a3b", "overrides": {"num_hiden_layers": 4}}},
+     "model.overrides.num_hiden_layers", "did you mean 'num_hidden_layers'"),
+])
+def test_bad_input_for_the_target_version_exits_2_and_writes_nothing(tmp_path, change, key, message):
+    study = _study(tmp_path, **change)
+    db = tmp_path / "t.db"
+    r = run_cli(["study", "start", str(study), "--storage", f"sqlite:///{db}"], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert key in r.stderr and message in r.stderr and str(study) in r.stderr
+    assert not db.exists()
+
+
+def test_model_directories_need_a_supported_config(tmp_path):
+    no_cfg = tmp_path / "empty-model"
+    no_cfg.mkdir()
+    odd = tmp_path / "odd-model"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "hidden_size": 8}))
+    for model, message in ((str(no_cfg), "has no config.json"), (str(odd), "unsupported architecture 'MambaForCausalLM'")):
+        study = _study(tmp_path, model=model)
+        db = tmp_path / "t.db"
+        r = run_cli(["study", "start", str(study), "--storage", f"sqlite:///{db}"], cwd=tmp_path)
+        assert r.returncode == 2 and message in r.stderr and "model" in r.stderr, r.stderr
+        assert not db.exists()
+
+
+def test_dummy_weights_need_a_backend_that_can_load_them(tmp_path):
+    study = _study(tmp_path)
+    db = tmp_path / "t.db"
+    r = run_cli(["study", "start", str(study), "--storage", f"sqlite:///{db}", "--backend", "serve-sim"], cwd=tmp_path)
+    assert r.returncode == 2 and "backend_options.load_format" in r.stderr, r.stderr
+    assert not db.exists()
