@@ -32,7 +32,7 @@ from pathlib import Path
 
 def _time_or_inf(timer, M, cfg, **kw) -> float:
     """A config that fails to compile or launch times as infinity (never the best)."""
-    from tuner.kernels.bench import ConfigFailed  # needs torch: imported where timing happens
+    from tuner.kernels.timing import ConfigFailed  # needs torch: imported where timing happens
 
     try:
         return timer.measure(M, cfg, **kw)
@@ -46,7 +46,8 @@ def _log(msg: str):
 def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int = 0, grid: bool = True) -> dict:
     import torch
 
-    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.own_kernel import MoEProblem
+    from tuner.kernels.timing import ConfigFailed, GraphTimer as Timer
     from tuner.kernels.compile import CompilePool
     from tuner.kernels.configfile import config_relpath, write_configs
     from tuner.kernels.search import search_batch_size
@@ -171,8 +172,9 @@ def found_configs_from(summary_path: Path, shape) -> dict[int, "TileConfig"]:
 
     doc = json.loads(Path(summary_path).read_text())
     want = shape.to_dict()
+    same = ("num_experts", "intermediate", "hidden", "dtype", "block_shape")  # what the kernel compiles for
     for sh in doc.get("shapes", [doc]):
-        if sh.get("shape") == want:
+        if all((sh.get("shape") or {}).get(k) == want[k] for k in same):
             return {int(r["batch_size"]): TileConfig.from_dict(r["found_config"])
                     for r in sh["batch_sizes"] if r.get("found_config")}
     raise ConfigError(f"{summary_path} has no shape {want}", key="--found-from")
@@ -184,7 +186,8 @@ def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: i
 
     ``deadline`` is a time.monotonic() value; timing stops there and what is done is kept.
     """
-    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.own_kernel import MoEProblem
+    from tuner.kernels.timing import ConfigFailed, GraphTimer as Timer
     from tuner.kernels.compile import CompilePool
     from tuner.kernels.space import default_config, search_space_for, smem_bytes
     from tuner.kernels.worker import device_facts
