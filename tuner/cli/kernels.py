@@ -41,12 +41,25 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
     from tuner.kernels.space import feasible_space, search_space_for
     from tuner.kernels.tune import default_budget
 
+    from tuner.kernels.gemm_shapes import linear_layers
+    from tuner.kernels.sglang_layout import LAYOUTS, MOE_CONFIG_DIR_ENV, gemm_config_filename
+
     s = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
     doc = {**s.to_dict(), "grid_size": len(search_space_for(s.dtype, s.block_shape)),
            "feasible_on_hopper": len(feasible_space(s.dtype, s.block_shape, 232_448)),
            "default_budget": default_budget(s),
            "config_file_h200": moe_config_filename(s.num_experts, s.intermediate, "NVIDIA H200", s.config_dtype,
-                                                   s.block_shape)}
+                                                   s.block_shape),
+           "down_file_h200": moe_config_filename(s.num_experts, s.intermediate, "NVIDIA H200", s.config_dtype,
+                                                 s.block_shape, down=True),
+           "moe_files_read_from": f"${MOE_CONFIG_DIR_ENV}/configs/triton_<X_Y_Z>/"}
+    if s.dtype == "fp8_w8a8" and s.block_shape:
+        doc["gemm_files_h200"] = {layer.name: gemm_config_filename(layer.shape.N, layer.shape.K, "NVIDIA H200",
+                                                                   layer.shape.block_shape)
+                                  for layer in linear_layers(model, tp_size,
+                                                             disable_shared_experts_fusion=disable_shared_experts_fusion,
+                                                             block_shape=s.block_shape)}
+        doc["gemm_files_read_from"] = {v: "sglang/" + lay.gemm_config_subdir + "/" for v, lay in LAYOUTS.items()}
     if as_json:
         emit_json(doc)
         return
@@ -260,3 +273,67 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
     else:
         click.echo(proof.summary())
     raise SystemExit(0 if proof.loaded else 1)
+
+
+@kernels.command("refit-serving")
+@click.option("--default", "default_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Load points served with SGLang's shipped/default tiles (JSON list or JSONL of load points).")
+@click.option("--tuned", "tuned_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Load points of the same workload and user counts with tuned tiles.")
+@click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
+@click.option("--model", default=None, help="Catalog model (its MoE layer count, with --kernel-report).")
+@click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A tune report (OUT/reports/<shape>.json or OUT/summary.json): the MoE share of a step.")
+@click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
+@json_option
+def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, dry_run, as_json):
+    """Refit the simulator's MoE tile speedups from a measured serving difference (default vs tuned)."""
+    from tuner.catalog import get_gpu, get_model
+    from tuner.errors import ConfigError
+    from tuner.sim import serving_refit as sr
+
+    get_gpu(gpu)
+    moe_us = layers = None
+    if kernel_report is not None:
+        if model is None:
+            raise ConfigError("--kernel-report needs --model (for its MoE layer count)", key="model")
+        layers = get_model(model).num_moe_layers
+        moe_us = sr.default_moe_us_from_report(kernel_report)
+    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), moe_layers=layers,
+                             moe_us=moe_us)
+    path = None
+    if not dry_run:
+        path = sr.write_gpu_calibration(gpu, pairs, f"{default_points} vs {tuned_points}")
+    if as_json:
+        emit_json({"pairs": [p.__dict__ for p in pairs], "written": str(path) if path else None})
+        return
+    click.echo(f"{'users':>6} {'decode_tok':>10} {'tpot_def_ms':>11} {'tpot_tun_ms':>11} {'step':>6} {'moe_f':>6} {'moe_x':>6}")
+    for p in pairs:
+        click.echo(f"{p.users:>6} {p.decode_tokens:>10.1f} {p.tpot_default_s * 1e3:>11.2f} {p.tpot_tuned_s * 1e3:>11.2f} "
+                   f"{p.step_ratio:>6.3f} {p.moe_share:>6.2f} {p.moe_speedup:>6.3f}")
+    click.echo(f"wrote {path}" if path else "dry run: nothing written")
+
+
+@kernels.command("worth")
+@click.option("--model", required=True)
+@click.option("--gpu", required=True, help="Catalog GPU name.")
+@click.option("--quantization", default="bf16", show_default=True, help="The model's checkpoint key (bf16, fp8, ...).")
+@click.option("--tp-size", type=int, required=True)
+@click.option("--ep-size", type=int, default=1, show_default=True)
+@click.option("--tuned-dir", required=True, type=click.Path(path_type=Path))
+@click.option("--min-gain", type=float, default=1.03, show_default=True)
+@json_option
+def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, as_json):
+    """Is `moe-tile-configs: tuned` worth a trial here? Exit 0 if yes, 1 if not."""
+    from tuner.catalog import get_gpu, get_model
+    from tuner.kernels.worth import tile_configs_worth_trial
+
+    m = get_model(model)
+    ckpt = m.checkpoint(quantization)
+    v = tile_configs_worth_trial(m.name, get_gpu(gpu).device_name, ckpt.weight_format, tp_size=tp_size,
+                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain)
+    if as_json:
+        emit_json(v.__dict__)
+    else:
+        click.echo(("worth a trial: " if v.worth else "not worth a trial: ") + v.reason)
+    raise SystemExit(0 if v.worth else 1)

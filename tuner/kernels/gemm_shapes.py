@@ -38,11 +38,6 @@ class GemmShape:
         bn, bk = self.block_shape
         if bn <= 0 or bk <= 0:
             raise ConfigError(f"block_shape {list(self.block_shape)} must be positive", key="block_shape")
-        if self.N % bn or self.K % bk:
-            # SGLang's fp8 block weight loader refuses partitions that are not whole blocks
-            raise ConfigError(f"GEMM N={self.N}, K={self.K} is not a multiple of block_shape "
-                              f"{list(self.block_shape)}; SGLang's block-fp8 linear cannot hold it",
-                              key="gemm_shape")
 
     @property
     def tag(self) -> str:
@@ -82,7 +77,16 @@ def linear_layers(model: str, tp_size: int, *, attn_tp_size: int | None = None,
     h = spec.hidden_size
     out: list[LinearLayer] = []
 
-    def add(name, n, k, count):
+    bn, bk = block_shape
+
+    def add(name, n, k, count, split_n=1, split_k=1):
+        # SGLang's block-fp8 linear refuses a TP partition that is not whole weight blocks
+        if split_n > 1 and n % bn:
+            raise ConfigError(f"{name}: output partition {n} is not a multiple of block_n {bn} at this TP",
+                              key="tp_size")
+        if split_k > 1 and k % bk:
+            raise ConfigError(f"{name}: input partition {k} is not a multiple of block_k {bk} at this TP",
+                              key="tp_size")
         out.append(LinearLayer(name, GemmShape(n, k, tuple(block_shape)), count))
 
     L = spec.num_layers
@@ -91,29 +95,29 @@ def linear_layers(model: str, tp_size: int, *, attn_tp_size: int | None = None,
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
         if spec.q_lora_rank:
             add("q_a_proj", spec.q_lora_rank, h, L)
-            add("q_b_proj", heads * qk, spec.q_lora_rank, L)
+            add("q_b_proj", heads * qk, spec.q_lora_rank, L, split_n=atp)
         else:
-            add("q_proj", heads * qk, h, L)
+            add("q_proj", heads * qk, h, L, split_n=atp)
         add("kv_a_proj_with_mqa", spec.kv_lora_rank + spec.qk_rope_head_dim, h, L)
-        add("kv_b_proj", heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank, L)
-        add("o_proj", h, heads * spec.v_head_dim, L)
+        add("kv_b_proj", heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank, L, split_n=atp)
+        add("o_proj", h, heads * spec.v_head_dim, L, split_k=atp)
     else:
         hd = spec.head_dim or h // spec.num_attention_heads
         heads = _split(spec.num_attention_heads, atp, "attention heads", "tp_size")
         kv = max(1, spec.num_kv_heads // atp)
-        add("qkv_proj", (heads + 2 * kv) * hd, h, L)
-        add("o_proj", h, heads * hd, L)
+        add("qkv_proj", (heads + 2 * kv) * hd, h, L, split_n=atp)
+        add("o_proj", h, heads * hd, L, split_k=atp)
     dense = spec.first_k_dense if spec.is_moe else L
     if dense and spec.intermediate_size:
         inter = _split(spec.intermediate_size, tp_size, "intermediate_size", "tp_size")
-        add("gate_up_proj", 2 * inter, h, dense)
-        add("down_proj", h, inter, dense)
+        add("gate_up_proj", 2 * inter, h, dense, split_n=tp_size)
+        add("down_proj", h, inter, dense, split_k=tp_size)
     fused = spec.architecture in SHARED_FUSION_ARCHITECTURES and not disable_shared_experts_fusion
     if spec.is_moe and spec.n_shared_experts and not fused:
         inter = _split(spec.moe_intermediate_size * spec.n_shared_experts, tp_size, "shared-expert size",
                        "tp_size")
-        add("shared_experts.gate_up_proj", 2 * inter, h, spec.num_moe_layers)
-        add("shared_experts.down_proj", h, inter, spec.num_moe_layers)
+        add("shared_experts.gate_up_proj", 2 * inter, h, spec.num_moe_layers, split_n=tp_size)
+        add("shared_experts.down_proj", h, inter, spec.num_moe_layers, split_k=tp_size)
     return out
 
 
