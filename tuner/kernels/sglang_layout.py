@@ -36,6 +36,9 @@ class SGLangLayout:
     gemm_kernel_module: str  # path of the module defining get_w8a8_block_fp8_configs, inside sglang/
     reads_down_files: bool = True
     gemm_config_env: str | None = None  # no version so far lets an environment variable move them
+    # 0.5.23 pops USE_TMA from the up config too; 0.5.17 passes an up config's keys straight to the
+    # kernel, so an up file with USE_TMA breaks it. Our up files never carry USE_TMA (valid for both).
+    up_config_takes_use_tma: bool = False
 
     @property
     def gemm_config_subdir(self) -> str:
@@ -53,7 +56,8 @@ class SGLangLayout:
 
 LAYOUTS: dict[str, SGLangLayout] = {
     "0.5.17": SGLangLayout("0.5.17", gemm_kernel_module="kernels/ops/quantization/fp8_kernel.py"),
-    "0.5.23": SGLangLayout("0.5.23", gemm_kernel_module="kernels/ops/gemm/fp8_kernel.py"),
+    "0.5.23": SGLangLayout("0.5.23", gemm_kernel_module="kernels/ops/gemm/fp8_kernel.py",
+                           up_config_takes_use_tma=True),
 }
 
 # Candidate homes of the GEMM kernel module, newest layout first (for versions not listed above).
