@@ -57,7 +57,7 @@ def load_points(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"neither JSON nor JSON lines ({exc})", file=str(path)) from None
     if isinstance(doc, dict):
-        doc = doc.get("load_points", doc.get("measurements"))
+        doc = [doc] if "users" in doc else doc.get("load_points", doc.get("measurements"))
     if not isinstance(doc, list) or not doc:
         raise ConfigError("no load points (a list of {users, p50_tpot_s, throughput_tokens_per_s})", file=str(path))
     for i, p in enumerate(doc):
