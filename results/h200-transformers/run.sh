@@ -55,9 +55,9 @@ log "study files saved"
 LEFT=$(( CALL_S - $(el) - 20 ))
 log "kernel grid: ${LEFT} s left"
 if [ "$LEFT" -gt 60 ]; then
-    timeout -k 5 "$(( LEFT + 10 ))" python3 -m tuner.kernels.benchmark --model glm-5.1 --tp-size 8 \
+    timeout -k 5 "$(( LEFT + 10 ))" python3 -m tuner kernels benchmark --model glm-5.1 --tp-size 8 \
         --dtype fp8_w8a8 --block-shape 128,128 --batch-sizes 1024,4096 --grid-only \
-        --found-from results/kernels/h200/summary.json --deadline-s "$LEFT" --out "$OUT/kernels" \
+        --found-from results/kernels/h200/summary.json --deadline-s "$LEFT" -o "$OUT/kernels" \
         >"$OUT/kernels/bench.log" 2>&1
     log "kernel grid exit $?"
 fi

@@ -27,19 +27,24 @@ def test_cpu_modules_do_not_import_torch():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("model,tp,ep,expect", [
-    ("glm-5.1", 8, 1, (257, 256, 6144)),
-    ("glm-5.1", 8, 8, (33, 2048, 6144)),
-    ("deepseek-v3", 8, 8, (33, 2048, 7168)),
-    ("deepseek-v3", 8, 1, (257, 256, 7168)),
-    ("deepseek-v3", 8, 4, (65, 1024, 7168)),
-    ("qwen3-235b-a22b", 8, 1, (128, 192, 4096)),
-    ("qwen3-235b-a22b", 8, 8, (16, 1536, 4096)),
+@pytest.mark.parametrize("model,tp,ep,expect,topk", [
+    ("glm-5.1", 8, 1, (257, 256, 6144), 9),
+    ("glm-5.1", 8, 8, (33, 2048, 6144), 9),
+    ("deepseek-v3", 8, 8, (33, 2048, 7168), 9),
+    ("deepseek-v3", 8, 1, (257, 256, 7168), 9),
+    ("deepseek-v3", 1, 1, (257, 2048, 7168), 9),
+    ("deepseek-v3", 8, 4, (65, 1024, 7168), 9),
+    ("qwen3-235b-a22b", 8, 1, (128, 192, 4096), 8),
+    ("qwen3-235b-a22b", 8, 8, (16, 1536, 4096), 8),
+    ("qwen3-30b-a3b", 1, 1, (128, 768, 2048), 8),
 ])
-def test_expert_shapes(model, tp, ep, expect):
+def test_expert_shapes(model, tp, ep, expect, topk):
+    # SGLang's deepseek_v2.py: a fused shared expert adds one expert slot and one top-k column
     s = moe_shape(model, tp, ep)
     assert (s.num_experts, s.intermediate, s.hidden) == expect
-    assert s.topk == 8
+    assert s.topk == topk
+    assert s.routed_topk == 8
+    assert s.ep_size == ep
 
 
 def test_shared_fusion_can_be_disabled():

@@ -62,14 +62,16 @@ class _Problem:
 
 @pytest.fixture
 def fakes(monkeypatch):
-    bench = types.ModuleType("tuner.kernels.bench")
-    bench.MoEProblem, bench.Timer = _Problem, _Timer
-    bench.ConfigFailed = type("ConfigFailed", (Exception,), {})
+    own = types.ModuleType("tuner.kernels.own_kernel")
+    own.MoEProblem = _Problem
+    timing = types.ModuleType("tuner.kernels.timing")
+    timing.GraphTimer = _Timer
+    timing.ConfigFailed = type("ConfigFailed", (Exception,), {})
     compile_mod = types.ModuleType("tuner.kernels.compile")
     compile_mod.CompilePool = _Pool
     worker = types.ModuleType("tuner.kernels.worker")
     worker.device_facts = lambda: {"device_name": "fake", "triton_version": "0", "torch_version": "0"}
-    for name, mod in (("bench", bench), ("compile", compile_mod), ("worker", worker)):
+    for name, mod in (("own_kernel", own), ("timing", timing), ("compile", compile_mod), ("worker", worker)):
         monkeypatch.setitem(sys.modules, f"tuner.kernels.{name}", mod)
     _Timer.calls = []
     return _Timer

@@ -11,6 +11,14 @@ variable **must contain** ``configs/``; ``os.listdir`` raises otherwise). Settin
 replaces SGLang's own directory, so a ``tuned`` trial's directory gets SGLang's shipped files
 first (when the package is installed here) and the tuned files over them: shapes nobody tuned
 keep the shipped tiles instead of falling back to ``get_default_config``.
+
+The fp8 block GEMM's files (``N=…,K=…,device_name=…,dtype=fp8_w8a8,block_shape=[128, 128].json``) have
+no environment variable in any SGLang version: ``get_w8a8_block_fp8_configs`` reads the ``configs/``
+directory beside its own module (``os.path.realpath(__file__)``). A tuned trial therefore gets a
+per-trial *overlay* of the sglang package on ``PYTHONPATH``: real directories down to that module, a
+copy of the module file (so ``realpath`` stays in the overlay), a ``configs/`` holding links to the
+shipped files plus the tuned files, and symbolic links to everything else of the installed package.
+The installed package is never written to, and a default trial is untouched.
 """
 
 from __future__ import annotations
@@ -185,10 +193,138 @@ def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
     return root, written
 
 
-def env_for(moe_dir: Path | None) -> dict[str, str | None]:
-    """Environment for the server: the trial dir for ``tuned``; unset (SGLang's own) otherwise."""
+def env_for(moe_dir: Path | None, gemm_site: Path | None = None,
+            inherited_pythonpath: str | None = None) -> dict[str, str | None]:
+    """Environment for the server: the trial dir for ``tuned``; unset (SGLang's own) otherwise.
+
+    ``gemm_site`` (from ``prepare_trial_gemm_overlay``) is put first on ``PYTHONPATH``, ahead of
+    ``inherited_pythonpath`` (default: this process's ``PYTHONPATH``); apply this mapping after any
+    user environment so the overlay is not dropped.
+    """
+    env: dict[str, str | None] = {}
     if moe_dir is None:
-        return {CONFIG_DIR_ENV: None}
-    if not (Path(moe_dir) / "configs").is_dir():
-        raise ValueError(f"{moe_dir} has no configs/ subdirectory; SGLang's fallback listdir would fail")
-    return {CONFIG_DIR_ENV: str(Path(moe_dir).resolve())}
+        env[CONFIG_DIR_ENV] = None
+    else:
+        if not (Path(moe_dir) / "configs").is_dir():
+            raise ValueError(f"{moe_dir} has no configs/ subdirectory; SGLang's fallback listdir would fail")
+        env[CONFIG_DIR_ENV] = str(Path(moe_dir).resolve())
+    if gemm_site is not None:
+        if not (Path(gemm_site) / "sglang").is_dir():
+            raise ValueError(f"{gemm_site} holds no sglang overlay")
+        rest = os.environ.get("PYTHONPATH", "") if inherited_pythonpath is None else inherited_pythonpath
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(gemm_site).resolve())] + ([rest] if rest else []))
+    return env
+
+
+def _tuned_gemm_files(source: Path) -> list[Path]:
+    from tuner.kernels.sglang_layout import parse_gemm_config_filename
+
+    return [p for p in sorted(source.rglob("*.json")) if parse_gemm_config_filename(p.name)]
+
+
+def prepare_trial_gemm_overlay(trial_dir: str | Path, tuned_source: str | Path, *,
+                               sglang_package: str | Path | None = None) -> tuple[Path | None, list[str]]:
+    """Build ``<trial_dir>/sglang-site/sglang`` (see the module doc); return (site dir, files written).
+
+    Returns (None, []) when ``tuned_source`` holds no GEMM files. ``sglang_package`` is the installed
+    ``.../sglang`` directory (default: the one importable here).
+    """
+    from tuner.kernels.configfile import read_configs
+    from tuner.kernels.sglang_env import installed_sglang, sglang_at
+
+    source = Path(tuned_source)
+    tuned = _tuned_gemm_files(source) if source.is_dir() else []
+    if not tuned:
+        return None, []
+    sgl = sglang_at(sglang_package) if sglang_package else installed_sglang()
+    if sgl is None:
+        raise ConfigError("tuned fp8 GEMM configs need the sglang package installed here, to overlay its "
+                          "GEMM config directory", key="backend_options.moe_config_dir")
+    for path in tuned:
+        read_configs(path)  # refuse a corrupt file before building anything
+    site = Path(trial_dir) / "sglang-site"
+    if site.exists():
+        shutil.rmtree(site)
+    real_pkg = sgl.package_dir.resolve()
+    module_rel = Path(sgl.layout.gemm_kernel_module)
+    chain = [Path(*module_rel.parts[:i]) for i in range(len(module_rel.parts))]  # '', kernels, kernels/ops, ...
+    keep_real = {module_rel, module_rel.parent / "configs", *chain[1:]}
+    for rel in chain:
+        here = site / "sglang" / rel
+        here.mkdir(parents=True, exist_ok=True)
+        for entry in sorted((real_pkg / rel).iterdir()):
+            rel_entry = rel / entry.name
+            if rel_entry in keep_real or entry.name == "__pycache__":
+                continue
+            os.symlink(entry, here / entry.name, target_is_directory=entry.is_dir())
+    shutil.copy2(real_pkg / module_rel, site / "sglang" / module_rel)
+    configs = site / "sglang" / module_rel.parent / "configs"
+    configs.mkdir()
+    shipped = real_pkg / module_rel.parent / "configs"
+    if shipped.is_dir():
+        for entry in sorted(shipped.iterdir()):
+            os.symlink(entry, configs / entry.name)
+    written = []
+    for path in tuned:
+        dest = configs / path.name
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        shutil.copyfile(path, dest)
+        written.append(str(dest.relative_to(site)))
+    return site, written
+
+
+@dataclass
+class TrialTileFiles:
+    """What ``prepare_trial_tile_configs`` built for one tuned trial."""
+
+    moe_dir: Path  # the SGLANG_MOE_CONFIG_DIR value
+    gemm_site: Path | None  # the PYTHONPATH overlay, if GEMM files were tuned
+    moe_files: list[str]  # relative to moe_dir
+    gemm_files: list[str]  # relative to gemm_site
+    expected: list[str]  # file names the server log must show loaded (see tuner.kernels.logproof)
+
+    @property
+    def our_dirs(self) -> list[Path]:
+        return [self.moe_dir] + ([self.gemm_site] if self.gemm_site else [])
+
+    def env(self, inherited_pythonpath: str | None = None) -> dict[str, str | None]:
+        return env_for(self.moe_dir, self.gemm_site, inherited_pythonpath)
+
+
+def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, *,
+                               triton_version: str | None = None, include_shipped: bool = True,
+                               required: Iterable[MoEConfigKey] = (), required_gemm: Iterable[str] = (),
+                               sglang_package: str | Path | None = None) -> TrialTileFiles:
+    """MoE config dir and (if GEMM files were tuned) the GEMM overlay of one tuned trial.
+
+    ``required`` / ``required_gemm`` (``trial_config_keys`` / ``trial_gemm_file_names``) are the files
+    this trial's model reads; those of them that were tuned are what the server log must show loaded.
+    """
+    required = list(required)
+    required_gemm = list(required_gemm)
+    moe_dir, moe_files = prepare_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
+                                               include_shipped=include_shipped, required=required)
+    site, gemm_files = prepare_trial_gemm_overlay(trial_dir, tuned_source, sglang_package=sglang_package)
+    vdir = version_dir(triton_version or installed_triton_version() or "3.6.0")
+    moe_names = [Path(f).name for f in moe_files if Path(f).parent.name == vdir]
+    gemm_names = [Path(f).name for f in gemm_files]
+    if required:
+        wanted = {k.file_name for k in required}
+        moe_names = [n for n in moe_names if n in wanted]
+    if required_gemm:
+        gemm_names = [n for n in gemm_names if n in set(required_gemm)]
+    return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names)
+
+
+def trial_gemm_file_names(model, gpu, weight_format: str, *, tp_size: int, attn_tp_size: int | None = None,
+                          shared_experts_fusion: bool = True) -> list[str]:
+    """The block-fp8 GEMM config files a trial's linear layers look up; [] unless fp8-block weights."""
+    if weight_format != "fp8_block":
+        return []
+    from tuner.kernels.gemm_shapes import gemm_shapes
+    from tuner.kernels.sglang_layout import gemm_config_filename
+
+    shapes = gemm_shapes(model.name, tp_size, attn_tp_size=attn_tp_size,
+                         disable_shared_experts_fusion=not shared_experts_fusion)
+    return [gemm_config_filename(s.N, s.K, gpu.device_name, s.block_shape) for s in shapes]

@@ -41,12 +41,25 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
     from tuner.kernels.space import feasible_space, search_space_for
     from tuner.kernels.tune import default_budget
 
+    from tuner.kernels.gemm_shapes import linear_layers
+    from tuner.kernels.sglang_layout import LAYOUTS, MOE_CONFIG_DIR_ENV, gemm_config_filename
+
     s = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
     doc = {**s.to_dict(), "grid_size": len(search_space_for(s.dtype, s.block_shape)),
            "feasible_on_hopper": len(feasible_space(s.dtype, s.block_shape, 232_448)),
            "default_budget": default_budget(s),
            "config_file_h200": moe_config_filename(s.num_experts, s.intermediate, "NVIDIA H200", s.config_dtype,
-                                                   s.block_shape)}
+                                                   s.block_shape),
+           "down_file_h200": moe_config_filename(s.num_experts, s.intermediate, "NVIDIA H200", s.config_dtype,
+                                                 s.block_shape, down=True),
+           "moe_files_read_from": f"${MOE_CONFIG_DIR_ENV}/configs/triton_<X_Y_Z>/"}
+    if s.dtype == "fp8_w8a8" and s.block_shape:
+        doc["gemm_files_h200"] = {layer.name: gemm_config_filename(layer.shape.N, layer.shape.K, "NVIDIA H200",
+                                                                   layer.shape.block_shape)
+                                  for layer in linear_layers(model, tp_size,
+                                                             disable_shared_experts_fusion=disable_shared_experts_fusion,
+                                                             block_shape=s.block_shape)}
+        doc["gemm_files_read_from"] = {v: "sglang/" + lay.gemm_config_subdir + "/" for v, lay in LAYOUTS.items()}
     if as_json:
         emit_json(doc)
         return
@@ -56,57 +69,271 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
 
 @kernels.command("tune")
 @_shape_options
+@click.option("--kernel", "kernel_kind", type=click.Choice(["all", "moe", "gemm"]), default="all", show_default=True,
+              help="What to tune: the fused MoE, the block-fp8 GEMMs of the model's linear layers, or both "
+                   "(GEMMs only with --dtype fp8_w8a8 --block-shape 128,128).")
+@click.option("--impl", type=click.Choice(["auto", "sglang", "own"]), default="auto", show_default=True,
+              help="Time SGLang's own kernels (auto: when sglang is importable) or our look-alike MoE kernel.")
+@click.option("--attn-tp-size", type=int, default=None, help="Attention TP size for the GEMM shapes (default: --tp-size).")
+@click.option("--gemm-shape", "gemm_shapes", multiple=True, help="Only these GEMMs, as N,K (repeatable).")
 @click.option("--batch-sizes", default=None, help="Comma-separated token counts (default: SGLang's 18, 1..4096).")
-@click.option("--budget", type=int, default=None, help="Timed configs per batch size (default: 10% of the grid, <= 192).")
-@click.option("--gpu-ids", default="0", show_default=True, help="GPUs to spread batch sizes over, e.g. 0,1,2,3.")
+@click.option("--budget", type=int, default=None,
+              help="Timed configs per batch size (default: 10% of SGLang's grid for the kernel).")
+@click.option("--down-budget", type=int, default=None,
+              help="Timed down-projection configs per batch size (SGLang, MoE; default 10% of that space; 0: no _down file).")
+@click.option("--routing", type=click.Choice(["sglang-tuner", "serving"]), default="sglang-tuner", show_default=True,
+              help="Expert routing of the timed calls: SGLang's tuner's (random top-k over all expert slots) or "
+                   "the server's (fused shared expert always chosen).")
+@click.option("--grid", is_flag=True, help="Also time SGLang's exhaustive grid at every batch size (benchmark).")
+@click.option("--deadline-s", type=float, default=None,
+              help="Stop starting new batch sizes after this many seconds; rerun the same command to continue.")
+@click.option("--gpu-ids", default="0", show_default=True, help="GPUs to spread batch sizes over (own kernel only).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory; the file goes to DIR/configs/triton_X_Y_Z/ (use it as SGLANG_MOE_CONFIG_DIR).")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory: MoE files go to DIR/configs/triton_X_Y_Z/ (SGLANG_MOE_CONFIG_DIR=DIR), GEMM files "
+                   "to DIR/gemm_configs/, reports to DIR/reports/ and DIR/summary.json.")
 @json_option
-def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, batch_sizes, budget,
-             gpu_ids, seed, out_dir, as_json):
-    """Search tile configs per batch size on this machine's GPUs and write SGLang's JSON config file."""
+def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, kernel_kind, impl,
+             attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, grid, deadline_s, gpu_ids, seed,
+             out_dir, as_json):
+    """Tune tile configs per batch size on this machine's GPU and write the files SGLang reads.
+
+    With SGLang importable, the timed call is SGLang's own: the whole fused_experts call as its MoE
+    runner makes it (align, both GEMMs, activation, top-k sum), with a separate down-projection
+    config for the _down file, and w8a8_block_fp8_matmul for fp8 block GEMMs. Each batch size
+    reports SGLang's default, its shipped file (when the installed package has one for this shape),
+    the search's pick and the tuned pair; the fastest goes into the file.
+    """
     from tuner.errors import ConfigError
-    from tuner.kernels.tune import DEFAULT_BATCH_SIZES, default_budget, parse_int_list, run_tune
+    from tuner.kernels.shapes import parse_block_shape
+    from tuner.kernels.targets import (SGLANG_BATCH_SIZES, check_batch_sizes, check_output_dir,
+                                       parse_gemm_shape, tune_targets)
+    from tuner.kernels.tune import default_budget, parse_int_list, run_sglang_tune, run_tune, sglang_importable
 
-    s = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
-    sizes = parse_int_list(batch_sizes, "batch_sizes") if batch_sizes else list(DEFAULT_BATCH_SIZES)
-    if any(m <= 0 for m in sizes):
-        raise ConfigError("batch sizes must be positive", key="batch_sizes")
+    targets = tune_targets(model, tp_size, ep_size, dtype, parse_block_shape(block_shape), kernel=kernel_kind,
+                           disable_shared_experts_fusion=disable_shared_experts_fusion, attn_tp_size=attn_tp_size,
+                           only_gemm_shapes=[parse_gemm_shape(g) for g in gemm_shapes] or None)
+    sizes = check_batch_sizes(parse_int_list(batch_sizes, "batch_sizes") if batch_sizes else list(SGLANG_BATCH_SIZES))
     if budget is not None and budget < 1:
-        raise ConfigError("budget must be >= 1", key="budget")
-    budget = budget or default_budget(s)
-    gpus = parse_int_list(gpu_ids, "gpu_ids")
-    from tuner.kernels.tune import _check_gpu
+        raise ConfigError(f"budget must be >= 1, got {budget}", key="budget")
+    if down_budget is not None and down_budget < 0:
+        raise ConfigError(f"down budget must be >= 0, got {down_budget}", key="down_budget")
+    if deadline_s is not None and deadline_s <= 0:
+        raise ConfigError(f"deadline must be positive seconds, got {deadline_s}", key="deadline_s")
+    out_dir = check_output_dir(out_dir)
+    use_sglang = impl == "sglang" or (impl == "auto" and sglang_importable())
+    if not use_sglang:
+        if targets.moe is None:
+            raise ConfigError("the block-fp8 GEMM can only be tuned with SGLang's own kernel (sglang is not "
+                              "importable here)", key="impl")
+        if targets.gemms:
+            click.echo(f"sglang is not importable: skipping the {len(targets.gemms)} block-fp8 GEMM shape(s)", err=True)
+        if grid:
+            raise ConfigError("--grid with our own kernel is `tuner kernels benchmark`", key="grid")
+        if impl == "auto":
+            click.echo("sglang is not importable here: timing our own look-alike fused-MoE kernel "
+                       "(its tiles are a stand-in for SGLang's)", err=True)
+        from tuner.kernels.tune import _check_gpu
 
-    _check_gpu()  # fail before any progress bar is drawn
-
+        _check_gpu()
+        s = targets.moe
+        doc = run_tune(s, sizes, budget or default_budget(s), parse_int_list(gpu_ids, "gpu_ids"), out_dir, seed=seed)
+        if as_json:
+            emit_json(doc)
+            return
+        click.echo(f"{doc['device_name']}, triton {doc['triton_version']}: wrote {doc['config_file']}")
+        click.echo(f"{'M':>6} {'tuned_us':>10} {'default_us':>11} {'speedup':>8} {'evals':>6}  config")
+        for r in doc["results"]:
+            d, t = r["default_us"], r["best_us"]
+            speed = f"{d / t:.2f}x" if d and t else "-"
+            click.echo(f"{r['batch_size']:>6} {t:>10.1f} {d if d is None else round(d, 1)!s:>11} {speed:>8} "
+                       f"{r['evaluations']:>6}  {r['config']}")
+        click.echo(f"wall {doc['wall_s']:.0f} s (compile {doc['compile_wall_s']:.0f} s)")
+        return
+    for line in targets.describe():
+        click.echo(f"tuning {line}", err=True)
+    doc = run_sglang_tune(targets, sizes, out_dir, budget=budget, down_budget=down_budget, routing=routing,
+                          grid=grid, deadline_s=deadline_s, seed=seed)
     if as_json:
-        doc = run_tune(s, sizes, budget, gpus, out_dir, seed=seed)
         emit_json(doc)
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from tuner.kernels.tune import summary_table
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        evals = bar.add_task("configs timed", total=budget * len(sizes))
-        done = bar.add_task("batch sizes", total=len(sizes))
+    for rep in doc["reports"]:
+        for line in summary_table(rep):
+            click.echo(line)
+    click.echo(f"{'complete' if doc['complete'] else 'INCOMPLETE (rerun to continue)'}; wall {doc['wall_s']} s; "
+               f"{doc['summary_file']}")
 
-        def progress(event):
-            if event.get("event") == "eval":
-                bar.advance(evals, event.get("n", 1))
-            elif event.get("event") == "done":
-                bar.advance(done)
 
-        doc = run_tune(s, sizes, budget, gpus, out_dir, seed=seed, progress=progress)
-    click.echo(f"{doc['device_name']}, triton {doc['triton_version']}: wrote {doc['config_file']}")
-    click.echo(f"{'M':>6} {'tuned_us':>10} {'default_us':>11} {'speedup':>8} {'evals':>6}  config")
-    for r in doc["results"]:
-        d, t = r["default_us"], r["best_us"]
-        speed = f"{d / t:.2f}x" if d and t else "-"
-        cfg = r["config"]
-        click.echo(f"{r['batch_size']:>6} {t:>10.1f} {d if d is None else round(d, 1)!s:>11} {speed:>8} "
-                   f"{r['evaluations']:>6}  {cfg}")
-    click.echo(f"wall {doc['wall_s']:.0f} s (compile {doc['compile_wall_s']:.0f} s)")
+@kernels.command("table")
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def table_cmd(reports):
+    """Print the per-batch-size table of tune reports (OUT/reports/*.json or OUT/summary.json)."""
+    import json
+
+    from tuner.errors import ConfigError
+    from tuner.kernels.tune import summary_table
+
+    for path in reports:
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"not JSON ({exc})", file=str(path)) from None
+        for rep in doc.get("reports", [doc]):
+            if "rows" not in rep or "kind" not in rep:
+                raise ConfigError("not a tune report (no kind/rows)", file=str(path))
+            for line in summary_table(rep):
+                click.echo(line)
+
+
+@kernels.command("benchmark")
+@_shape_options
+@click.option("--batch-sizes", default="1,16,64,256,1024,4096", show_default=True)
+@click.option("--budget", type=int, default=None, help="Search evaluations per batch size (default 10% of the grid).")
+@click.option("--no-grid", is_flag=True, help="Search only.")
+@click.option("--grid-only", is_flag=True, help="Complete the grid at these batch sizes against --found-from's picks.")
+@click.option("--found-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="summary.json holding the search's picks (with --grid-only).")
+@click.option("--deadline-s", type=float, default=None, help="Stop grid timing after this many seconds.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path))
+def benchmark_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, batch_sizes, budget,
+                  no_grid, grid_only, found_from, deadline_s, seed, out_dir):
+    """Search vs exhaustive grid vs SGLang's default on our own look-alike kernel (GPU).
+
+    For SGLang's own kernels the same comparison is `tuner kernels tune --grid`.
+    """
+    import json
+    import time
+
+    from tuner.errors import ConfigError
+    from tuner.kernels import benchmark as bm
+    from tuner.kernels.targets import check_batch_sizes, check_output_dir
+    from tuner.kernels.tune import _check_gpu, default_budget, parse_int_list
+
+    shape = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
+    sizes = check_batch_sizes(parse_int_list(batch_sizes, "batch_sizes"))
+    if grid_only and found_from is None:
+        raise ConfigError("--grid-only needs --found-from", key="found_from")
+    out_dir = check_output_dir(out_dir)
+    _check_gpu()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if grid_only:
+        deadline = time.monotonic() + deadline_s if deadline_s else None
+        res = bm.run_grid_only(shape, sizes, bm.found_configs_from(found_from, shape), out_dir, seed=seed,
+                               deadline=deadline)
+        for line in bm.grid_only_table(res):
+            click.echo(line)
+        return
+    res = bm.run_shape(shape, sizes, budget or default_budget(shape), out_dir, seed=seed, grid=not no_grid)
+    res["model"], res["tp_size"], res["ep_size"] = model, tp_size, ep_size
+    name = f"summary_{model}_tp{tp_size}_ep{ep_size}_{dtype}.json"
+    (out_dir / name).write_text(json.dumps(res, indent=2) + "\n")
+    for line in bm.shape_table(res):
+        click.echo(line)
+
+
+@kernels.command("summarize")
+@click.option("--update-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A benchmark --grid-only result: fold its complete batch sizes into -o in place.")
+@click.option("--grid", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--search-log", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--shape-json", default=None, help="JSON: {model, tp_size, ep_size, shape: {...}, grid_size}.")
+@click.option("--extra", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Benchmark summaries of further shapes (repeatable).")
+@click.option("--device-name", default="NVIDIA H200", show_default=True)
+@click.option("--triton-version", default="3.6.0", show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+def summarize_cmd(update_from, grid, search_log, shape_json, extra, device_name, triton_version, output):
+    """Build the committed summary.json from an own-kernel benchmark run's raw files (CPU)."""
+    from tuner.kernels import summarize as sm
+
+    click.echo(sm.run(update_from=update_from, grid=grid, search_log=search_log, shape_json=shape_json,
+                      extra=list(extra), device_name=device_name, triton_version=triton_version, output=output))
+
+
+@kernels.command("prove-log")
+@click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--tuned-dir", "tuned_dirs", multiple=True, required=True, type=click.Path(path_type=Path),
+              help="Directory the server read our files from (SGLANG_MOE_CONFIG_DIR, the GEMM overlay); repeatable.")
+@click.option("--expect", "expected", multiple=True, required=True,
+              help="A tile file name the server must have loaded from there (repeatable).")
+@json_option
+def prove_log_cmd(log, tuned_dirs, expected, as_json):
+    """Check a server log: SGLang loaded every expected file from our directory, with no default-config
+    or fallback warning left for them. Exit 0 if proven, 1 if not."""
+    from tuner.kernels.logproof import prove_loaded
+
+    proof = prove_loaded(log, list(expected), list(tuned_dirs))
+    if as_json:
+        emit_json({"loaded": proof.loaded, "expected": proof.expected, "loaded_ours": proof.loaded_ours,
+                   "missing": proof.missing, "warnings": [w.__dict__ for w in proof.warnings],
+                   "other_warnings": [w.__dict__ for w in proof.other_warnings], "summary": proof.summary()})
+    else:
+        click.echo(proof.summary())
+    raise SystemExit(0 if proof.loaded else 1)
+
+
+@kernels.command("refit-serving")
+@click.option("--default", "default_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Load points served with SGLang's shipped/default tiles (JSON list or JSONL of load points).")
+@click.option("--tuned", "tuned_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Load points of the same workload and user counts with tuned tiles.")
+@click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
+@click.option("--model", default=None, help="Catalog model (its MoE layer count, with --kernel-report).")
+@click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A tune report (OUT/reports/<shape>.json or OUT/summary.json): the MoE share of a step.")
+@click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
+@json_option
+def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, dry_run, as_json):
+    """Refit the simulator's MoE tile speedups from a measured serving difference (default vs tuned)."""
+    from tuner.catalog import get_gpu, get_model
+    from tuner.errors import ConfigError
+    from tuner.sim import serving_refit as sr
+
+    get_gpu(gpu)
+    moe_us = layers = None
+    if kernel_report is not None:
+        if model is None:
+            raise ConfigError("--kernel-report needs --model (for its MoE layer count)", key="model")
+        layers = get_model(model).num_moe_layers
+        moe_us = sr.default_moe_us_from_report(kernel_report)
+    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), moe_layers=layers,
+                             moe_us=moe_us)
+    path = None
+    if not dry_run:
+        path = sr.write_gpu_calibration(gpu, pairs, f"{default_points} vs {tuned_points}")
+    if as_json:
+        emit_json({"pairs": [p.__dict__ for p in pairs], "written": str(path) if path else None})
+        return
+    click.echo(f"{'users':>6} {'decode_tok':>10} {'tpot_def_ms':>11} {'tpot_tun_ms':>11} {'step':>6} {'moe_f':>6} {'moe_x':>6}")
+    for p in pairs:
+        click.echo(f"{p.users:>6} {p.decode_tokens:>10.1f} {p.tpot_default_s * 1e3:>11.2f} {p.tpot_tuned_s * 1e3:>11.2f} "
+                   f"{p.step_ratio:>6.3f} {p.moe_share:>6.2f} {p.moe_speedup:>6.3f}")
+    click.echo(f"wrote {path}" if path else "dry run: nothing written")
+
+
+@kernels.command("worth")
+@click.option("--model", required=True)
+@click.option("--gpu", required=True, help="Catalog GPU name.")
+@click.option("--quantization", default="bf16", show_default=True, help="The model's checkpoint key (bf16, fp8, ...).")
+@click.option("--tp-size", type=int, required=True)
+@click.option("--ep-size", type=int, default=1, show_default=True)
+@click.option("--tuned-dir", required=True, type=click.Path(path_type=Path))
+@click.option("--min-gain", type=float, default=1.03, show_default=True)
+@json_option
+def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, as_json):
+    """Is `moe-tile-configs: tuned` worth a trial here? Exit 0 if yes, 1 if not."""
+    from tuner.catalog import get_gpu, get_model
+    from tuner.kernels.worth import tile_configs_worth_trial
+
+    m = get_model(model)
+    ckpt = m.checkpoint(quantization)
+    v = tile_configs_worth_trial(m.name, get_gpu(gpu).device_name, ckpt.weight_format, tp_size=tp_size,
+                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain)
+    if as_json:
+        emit_json(v.__dict__)
+    else:
+        click.echo(("worth a trial: " if v.worth else "not worth a trial: ") + v.reason)
+    raise SystemExit(0 if v.worth else 1)

@@ -1,7 +1,9 @@
-"""Search vs exhaustive grid vs SGLang's default, on this machine's GPU.
+"""Search vs exhaustive grid vs SGLang's default for our own look-alike kernel, on this machine's GPU.
 
-    python -m tuner.kernels.benchmark --model glm-5.1 --tp-size 8 --dtype fp8_w8a8 --block-shape 128,128 \
-        --batch-sizes 1,16,64,256,1024,4096 --out DIR
+    tuner kernels benchmark --model glm-5.1 --tp-size 8 --dtype fp8_w8a8 --block-shape 128,128 \
+        --batch-sizes 1,16,64,256,1024,4096 -o DIR
+
+(For SGLang's own kernels: ``tuner kernels tune --grid``, in ``sglang_tune.py``.)
 
 Per shape, in a fresh Triton cache: (1) compile every variant of the feasible space in parallel, then
 the Optuna search over all batch sizes (wall time includes the compilation); (2) the exhaustive grid over SGLang's space at each batch size (every config compiled,
@@ -19,7 +21,6 @@ Batch sizes run in the order given; DIR/grid_only_<shape>.json is rewritten afte
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -32,7 +33,7 @@ from pathlib import Path
 
 def _time_or_inf(timer, M, cfg, **kw) -> float:
     """A config that fails to compile or launch times as infinity (never the best)."""
-    from tuner.kernels.bench import ConfigFailed  # needs torch: imported where timing happens
+    from tuner.kernels.timing import ConfigFailed  # needs torch: imported where timing happens
 
     try:
         return timer.measure(M, cfg, **kw)
@@ -46,7 +47,8 @@ def _log(msg: str):
 def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int = 0, grid: bool = True) -> dict:
     import torch
 
-    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.own_kernel import MoEProblem
+    from tuner.kernels.timing import ConfigFailed, GraphTimer as Timer
     from tuner.kernels.compile import CompilePool
     from tuner.kernels.configfile import config_relpath, write_configs
     from tuner.kernels.search import search_batch_size
@@ -171,8 +173,9 @@ def found_configs_from(summary_path: Path, shape) -> dict[int, "TileConfig"]:
 
     doc = json.loads(Path(summary_path).read_text())
     want = shape.to_dict()
+    same = ("num_experts", "intermediate", "hidden", "dtype", "block_shape")  # what the kernel compiles for
     for sh in doc.get("shapes", [doc]):
-        if sh.get("shape") == want:
+        if all((sh.get("shape") or {}).get(k) == want[k] for k in same):
             return {int(r["batch_size"]): TileConfig.from_dict(r["found_config"])
                     for r in sh["batch_sizes"] if r.get("found_config")}
     raise ConfigError(f"{summary_path} has no shape {want}", key="--found-from")
@@ -184,7 +187,8 @@ def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: i
 
     ``deadline`` is a time.monotonic() value; timing stops there and what is done is kept.
     """
-    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.own_kernel import MoEProblem
+    from tuner.kernels.timing import ConfigFailed, GraphTimer as Timer
     from tuner.kernels.compile import CompilePool
     from tuner.kernels.space import default_config, search_space_for, smem_bytes
     from tuner.kernels.worker import device_facts
@@ -296,54 +300,18 @@ def _num(v):
     return v
 
 
-def main(argv=None) -> int:
-    from tuner.kernels.shapes import moe_shape, parse_block_shape
-    from tuner.kernels.tune import default_budget, parse_int_list
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--tp-size", type=int, required=True)
-    ap.add_argument("--ep-size", type=int, default=1)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8_w8a8"])
-    ap.add_argument("--block-shape", default=None)
-    ap.add_argument("--batch-sizes", default="1,16,64,256,1024,4096")
-    ap.add_argument("--budget", type=int, default=None)
-    ap.add_argument("--no-grid", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--grid-only", action="store_true",
-                    help="complete the grid at these batch sizes against --found-from's picks (no search)")
-    ap.add_argument("--found-from", type=Path, default=None, help="summary.json holding the search's picks")
-    ap.add_argument("--deadline-s", type=float, default=None, help="stop grid timing after this many seconds")
-    ap.add_argument("--out", required=True, type=Path)
-    a = ap.parse_args(argv)
-    shape = moe_shape(a.model, a.tp_size, a.ep_size, a.dtype, parse_block_shape(a.block_shape))
-    a.out.mkdir(parents=True, exist_ok=True)
-    if a.grid_only:
-        if a.found_from is None:
-            ap.error("--grid-only needs --found-from")
-        deadline = time.monotonic() + a.deadline_s if a.deadline_s else None
-        _log(f"grid-only {shape.to_dict()} batch sizes {a.batch_sizes}")
-        res = run_grid_only(shape, parse_int_list(a.batch_sizes, "batch_sizes"), found_configs_from(a.found_from, shape),
-                            a.out, seed=a.seed, deadline=deadline)
-        print(f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'complete':>8}")
-        for r in res["batch_sizes"]:
-            print(f"{r['batch_size']:>6} {_num(r.get('grid_best_us'))!s:>10} {_num(r['found_us'])!s:>10} "
-                  f"{_num(r['default_us'])!s:>10} {r.get('fraction_of_grid_best', 0):>6.3f} {r['complete']!s:>8}")
-        return 0
-    budget = a.budget or default_budget(shape)
-    _log(f"shape {shape.to_dict()} budget {budget}")
-    res = run_shape(shape, parse_int_list(a.batch_sizes, "batch_sizes"), budget, a.out, seed=a.seed,
-                    grid=not a.no_grid)
-    res["model"], res["tp_size"], res["ep_size"] = a.model, a.tp_size, a.ep_size
-    name = f"summary_{a.model}_tp{a.tp_size}_ep{a.ep_size}_{a.dtype}.json"
-    (a.out / name).write_text(json.dumps(res, indent=2) + "\n")
-    print(f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'evals':>6}")
+def grid_only_table(res: dict) -> list[str]:
+    lines = [f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'complete':>8}"]
     for r in res["batch_sizes"]:
-        print(f"{r['batch_size']:>6} {r.get('grid_best_us')!s:>10} {r['found_us']!s:>10} {r['default_us']!s:>10} "
-              f"{r.get('fraction_of_grid_best', 0):>6.3f} {r['evaluations']:>6}")
-    print(f"search {res['search_wall_s']} s, grid {res['grid_wall_s']} s")
-    return 0
+        lines.append(f"{r['batch_size']:>6} {_num(r.get('grid_best_us'))!s:>10} {_num(r['found_us'])!s:>10} "
+                     f"{_num(r['default_us'])!s:>10} {r.get('fraction_of_grid_best', 0):>6.3f} {r['complete']!s:>8}")
+    return lines
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def shape_table(res: dict) -> list[str]:
+    lines = [f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'evals':>6}"]
+    for r in res["batch_sizes"]:
+        lines.append(f"{r['batch_size']:>6} {r.get('grid_best_us')!s:>10} {r['found_us']!s:>10} "
+                     f"{r['default_us']!s:>10} {r.get('fraction_of_grid_best') or 0:>6.3f} {r['evaluations']:>6}")
+    lines.append(f"search {res['search_wall_s']} s, grid {res['grid_wall_s']} s")
+    return lines

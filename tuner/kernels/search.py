@@ -19,7 +19,7 @@ import optuna
 
 from tuner.kernels.space import PARAM_VALUES, TileConfig, neighbours
 
-Evaluate = Callable[[list[TileConfig]], list[float]]  # us per config; math.inf = failed
+Evaluate = Callable[[list], list[float]]  # us per config; math.inf = failed
 
 
 @dataclass
@@ -35,14 +35,21 @@ class SearchResult:
         return [c for _, c in ok[:n]]
 
 
-def _params(cfg: TileConfig) -> dict[str, int]:
-    return cfg.as_dict()
+def _params(cfg, param_values: dict) -> dict:
+    return {k: getattr(cfg, k) for k in param_values}
 
 
-def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget: int, *,
-                      warm_start: Iterable[TileConfig] = (), seed: int = 0, batch: int = 8,
-                      refine_fraction: float = 0.3, on_eval: Callable[[int], None] | None = None) -> SearchResult:
-    """Find a fast config with at most ``budget`` timed evaluations."""
+def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
+                      warm_start: Iterable = (), seed: int = 0, batch: int = 8,
+                      refine_fraction: float = 0.3, on_eval: Callable[[int], None] | None = None,
+                      param_values: dict[str, tuple] = PARAM_VALUES,
+                      make: Callable[[dict], object] | None = None) -> SearchResult:
+    """Find a fast config with at most ``budget`` timed evaluations.
+
+    ``param_values`` names the searched parameters and their choices; ``make`` builds a config from
+    them (default: a TileConfig of the six fused-MoE parameters). Configs are hashable values.
+    """
+    make = make or (lambda p: TileConfig(**p))
     feasible = set(feasible)
     if not feasible:
         raise ValueError("the feasible tile space is empty")
@@ -52,7 +59,7 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=False, constant_liar=True,
                                          n_startup_trials=max(8, budget // 8), n_ei_candidates=48)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in PARAM_VALUES.items()}
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in param_values.items()}
 
     measured: dict[TileConfig, float] = {}
     history: list[tuple[TileConfig, float]] = []
@@ -79,7 +86,7 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget
         while len(fresh) < limit and asks < 40 * limit:
             asks += 1
             trial = study.ask(distributions)
-            cfg = TileConfig(**trial.params)
+            cfg = make(trial.params)
             if cfg not in feasible:
                 study.tell(trial, worst())
                 continue
@@ -92,7 +99,7 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget
 
     for cfg in dict.fromkeys(warm_start):
         if cfg in feasible:
-            study.enqueue_trial(_params(cfg), skip_if_exists=True)
+            study.enqueue_trial(_params(cfg, param_values), skip_if_exists=True)
 
     tpe_budget = budget - int(budget * refine_fraction)
     while len(measured) < tpe_budget:
@@ -109,18 +116,18 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget
         ranked = [c for _, c in sorted(finite)]
         todo = []
         for inc in ranked:  # the incumbent first, then the runners-up
-            todo += [c for c in neighbours(inc, feasible) if c not in measured and c not in todo]
+            todo += [c for c in neighbours(inc, feasible, param_values, make) if c not in measured and c not in todo]
             if len(todo) >= budget - len(measured):
                 break
         todo = todo[: min(batch, budget - len(measured))]
         if not todo:
             break
         for cfg in todo:
-            study.enqueue_trial(_params(cfg))
+            study.enqueue_trial(_params(cfg, param_values))
         trials = []
         for _ in todo:
             trial = study.ask(distributions)
-            cfg = TileConfig(**trial.params)
+            cfg = make(trial.params)
             if cfg in measured or cfg not in feasible:
                 study.tell(trial, measured.get(cfg, worst()) if math.isfinite(measured.get(cfg, math.inf))
                            else worst())
@@ -132,6 +139,6 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable[TileConfig], budget
     finite = [(t, c) for c, t in measured.items() if math.isfinite(t)]
     if not finite:
         raise RuntimeError("no tile config could be timed")
-    best_us, best = min(finite)
+    best_us, best = min(finite, key=lambda tc: (tc[0], str(tc[1])))
     return SearchResult(best=best, best_us=best_us, evaluations=len(measured),
                         wall_s=time.perf_counter() - t0, history=history)

@@ -37,6 +37,8 @@ class MoEShape:
     topk: int
     dtype: str  # "bf16" | "fp8_w8a8"
     block_shape: tuple[int, int] | None = None  # fp8 block-wise weight quantisation [block_n, block_k]
+    fused_shared_experts: int = 0  # shared experts fused in as extra expert slots (each token picks them)
+    ep_size: int = 1  # expert parallelism: > 1 makes SGLang's kernels filter non-local experts
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -49,11 +51,32 @@ class MoEShape:
                 raise ConfigError(
                     f"block_shape {list(self.block_shape)} must be positive and block_k must divide "
                     f"K={self.hidden} and N={self.intermediate}", key="block_shape")
+        if self.fused_shared_experts < 0 or self.fused_shared_experts >= self.topk:
+            raise ConfigError(f"fused_shared_experts={self.fused_shared_experts} must be >= 0 and below "
+                              f"topk={self.topk}", key="fused_shared_experts")
+        if self.ep_size < 1:
+            raise ConfigError(f"ep_size must be >= 1, got {self.ep_size}", key="ep_size")
         for name in ("num_experts", "intermediate", "hidden", "topk"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}", key=name)
         if self.topk > self.num_experts:
             raise ConfigError(f"topk={self.topk} exceeds E={self.num_experts}", key="topk")
+
+    @property
+    def routed_topk(self) -> int:
+        """Experts a token's router picks (the fused shared experts come on top)."""
+        return self.topk - self.fused_shared_experts
+
+    @property
+    def routed_experts(self) -> int:
+        """Local expert slots the router chooses among (the fused shared slots are the last ones)."""
+        return self.num_experts - self.fused_shared_experts
+
+    @property
+    def tag(self) -> str:
+        """A short file-name-safe label: E_N_K_dtype."""
+        bs = f"_b{self.block_shape[0]}x{self.block_shape[1]}" if self.block_shape else ""
+        return f"E{self.num_experts}_N{self.intermediate}_K{self.hidden}_{self.dtype}{bs}"
 
     @property
     def config_dtype(self) -> str | None:
@@ -69,7 +92,8 @@ class MoEShape:
     def from_dict(cls, d: dict) -> MoEShape:
         bs = d.get("block_shape")
         return cls(num_experts=d["num_experts"], intermediate=d["intermediate"], hidden=d["hidden"],
-                   topk=d["topk"], dtype=d["dtype"], block_shape=tuple(bs) if bs else None)
+                   topk=d["topk"], dtype=d["dtype"], block_shape=tuple(bs) if bs else None,
+                   fused_shared_experts=int(d.get("fused_shared_experts", 0)), ep_size=int(d.get("ep_size", 1)))
 
 
 def parse_block_shape(text: str | None) -> tuple[int, int] | None:
@@ -104,8 +128,13 @@ def moe_shape(model: str, tp_size: int, ep_size: int = 1, dtype: str = "bf16",
     if spec.n_routed_experts % ep_size:
         raise ConfigError(f"{spec.n_routed_experts} routed experts are not divisible by ep_size={ep_size}",
                           key="ep_size")
-    fused = (spec.architecture in SHARED_FUSION_ARCHITECTURES and not disable_shared_experts_fusion)
-    experts = spec.n_routed_experts // ep_size + (spec.n_shared_experts if fused else 0)
+    fused = (spec.architecture in SHARED_FUSION_ARCHITECTURES and not disable_shared_experts_fusion
+             and spec.n_shared_experts > 0)
+    shared = spec.n_shared_experts if fused else 0
+    # SGLang (models/deepseek_v2.py): num_experts = n_routed + fused shared, top_k = experts_per_token +
+    # fused shared; the last top-k column always names a shared slot.
+    experts = spec.n_routed_experts // ep_size + shared
     return MoEShape(num_experts=experts, intermediate=spec.moe_intermediate_size // moe_tp,
-                    hidden=spec.hidden_size, topk=spec.experts_per_token, dtype=dtype,
-                    block_shape=tuple(block_shape) if block_shape else None)
+                    hidden=spec.hidden_size, topk=spec.experts_per_token + shared, dtype=dtype,
+                    block_shape=tuple(block_shape) if block_shape else None, fused_shared_experts=shared,
+                    ep_size=ep_size)

@@ -140,15 +140,95 @@ def default_config(M: int, E: int, N: int, K: int, topk: int, dtype: str | None,
     return TileConfig(64, 64, 32, 8)
 
 
-def neighbours(config: TileConfig, space: set[TileConfig]) -> list[TileConfig]:
-    """Configs in ``space`` that differ from ``config`` in exactly one parameter."""
+def neighbours(config, space: set, param_values: dict = PARAM_VALUES, make=None) -> list:
+    """Configs in ``space`` that differ from ``config`` in exactly one of ``param_values``.
+
+    ``make`` builds a config from a parameter dict (default: TileConfig of the six fused-MoE parameters).
+    """
+    make = make or (lambda p: TileConfig(**p))
+    base = {k: getattr(config, k) for k in param_values}
     out = []
-    base = config.as_dict()
-    for name, values in PARAM_VALUES.items():
+    for name, values in param_values.items():
         for v in values:
             if v == base[name]:
                 continue
-            cand = TileConfig(**{**base, name: v})
+            cand = make({**base, name: v})
             if cand in space:
                 out.append(cand)
     return out
+
+
+# ---- the down-projection GEMM's own config (SGLang reads it from the ``_down`` file) ---------------
+
+@dataclass(frozen=True, order=True)
+class DownTileConfig:
+    """A ``_down`` file entry: the tile of the second GEMM, optionally through TMA.
+
+    BLOCK_SIZE_M is not free: both GEMMs share one ``moe_align_block_size`` sort, so SGLang forces the
+    down config's BLOCK_SIZE_M to the up config's. USE_TMA is read (and popped) by SGLang 0.5.17+.
+    """
+
+    BLOCK_SIZE_M: int
+    BLOCK_SIZE_N: int
+    BLOCK_SIZE_K: int
+    GROUP_SIZE_M: int
+    num_warps: int = TRITON_DEFAULT_NUM_WARPS
+    num_stages: int = TRITON_DEFAULT_NUM_STAGES
+    USE_TMA: bool = False
+
+    def as_dict(self) -> dict:
+        return {**{k: getattr(self, k) for k in PARAM_VALUES}, "USE_TMA": self.USE_TMA}
+
+    @classmethod
+    def from_tile(cls, tile: TileConfig, use_tma: bool = False) -> DownTileConfig:
+        return cls(**tile.as_dict(), USE_TMA=use_tma)
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "config") -> DownTileConfig:
+        return cls.from_tile(TileConfig.from_dict(d, where=where), bool(d.get("USE_TMA", False)))
+
+    @property
+    def tile(self) -> TileConfig:
+        return TileConfig(**{k: getattr(self, k) for k in PARAM_VALUES})
+
+    def short(self) -> str:
+        return self.tile.short() + ("-tma" if self.USE_TMA else "")
+
+
+#: the down search varies everything but BLOCK_SIZE_M, plus TMA on or off
+DOWN_PARAM_VALUES: dict[str, tuple] = {**{k: v for k, v in PARAM_VALUES.items() if k != "BLOCK_SIZE_M"},
+                                       "USE_TMA": (False, True)}
+
+
+def down_space(block_m: int, dtype: str, block_shape: tuple[int, int] | None, limit_bytes: int,
+               tma: bool = True) -> list[DownTileConfig]:
+    """Down configs at a fixed BLOCK_SIZE_M: SGLang's space (block rule, shared-memory limit) x TMA."""
+    tiles = [c for c in feasible_space(dtype, block_shape, limit_bytes) if c.BLOCK_SIZE_M == block_m]
+    return [DownTileConfig.from_tile(c, t) for c in tiles for t in ((False, True) if tma else (False,))]
+
+
+# ---- the fp8 block GEMM (w8a8_block_fp8_matmul) -----------------------------------------------------
+
+#: SGLang's block-wise GEMM tuning space (benchmark/kernels/quantization/tuning_block_wise_kernel.py):
+#: stages 2-5, BM 16-256, BK 64/128, BN 32-256, warps 4/8, GROUP_SIZE_M 1-64 = 1,280 configs.
+GEMM_PARAM_VALUES: dict[str, tuple[int, ...]] = {**PARAM_VALUES, "BLOCK_SIZE_K": (64, 128)}
+
+
+def gemm_search_space(block_shape: tuple[int, int] = (128, 128)) -> list[TileConfig]:
+    """SGLang's GEMM space; the kernel steps its scales per block_k, so BLOCK_SIZE_K must divide block_k."""
+    block_k = block_shape[1]
+    return [
+        TileConfig(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=g, num_warps=w, num_stages=s)
+        for s, bm, bk, bn, w, g in itertools.product(NUM_STAGES, BLOCK_SIZE_M, GEMM_PARAM_VALUES["BLOCK_SIZE_K"],
+                                                     BLOCK_SIZE_N, NUM_WARPS, GROUP_SIZE_M)
+        if bk <= block_k and block_k % bk == 0
+    ]
+
+
+def gemm_feasible_space(block_shape: tuple[int, int], limit_bytes: int) -> list[TileConfig]:
+    return [c for c in gemm_search_space(block_shape) if fits_smem(c, "fp8_w8a8", limit_bytes)]
+
+
+def gemm_default_config(block_shape: tuple[int, int] = (128, 128)) -> TileConfig:
+    """``w8a8_block_fp8_matmul_triton``'s config when no file is found."""
+    return TileConfig(64, block_shape[0], block_shape[1], 32, num_warps=4, num_stages=3)

@@ -1,6 +1,6 @@
 """Build the committed summary.json from a benchmark run's raw files (CPU only).
 
-    python -m tuner.kernels.summarize --grid grid.jsonl --search-log bench.log --shape-json shape.json \
+    tuner kernels summarize --grid grid.jsonl --search-log bench.log --shape-json shape.json \
         [--extra summary_shape2.json ...] -o results/kernels/h200/summary.json
 
 From the grid's timings (one pass, every config, same timer) at each batch size with a complete grid:
@@ -8,14 +8,13 @@ grid_best_us = fastest config; found_us and default_us = the same pass's time of
 of SGLang's default, so all three come from one measurement pass. Batch sizes without a complete grid
 keep the search's own time and null grid figures.
 
-    python -m tuner.kernels.summarize --update-from RUN/grid_only_257_256_6144.json -o results/kernels/h200/summary.json
+    tuner kernels summarize --update-from RUN/grid_only_257_256_6144.json -o results/kernels/h200/summary.json
 
 folds the complete batch sizes of a ``benchmark --grid-only`` run into an existing summary.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import defaultdict
@@ -92,40 +91,34 @@ def update_from_grid_only(doc: dict, grid_only: dict) -> list[int]:
     return done
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--update-from", type=Path, default=None,
-                    help="a benchmark --grid-only result: fold its complete batch sizes into -o in place")
-    ap.add_argument("--grid", type=Path)
-    ap.add_argument("--search-log", type=Path)
-    ap.add_argument("--shape-json", help="JSON: {model, tp_size, ep_size, shape: {...}, grid_size}")
-    ap.add_argument("--extra", type=Path, nargs="*", default=[], help="benchmark summaries of further shapes")
-    ap.add_argument("--device-name", default="NVIDIA H200")
-    ap.add_argument("--triton-version", default="3.6.0")
-    ap.add_argument("-o", "--output", type=Path, required=True)
-    a = ap.parse_args(argv)
-    if a.update_from is not None:
-        doc = json.loads(a.output.read_text())
-        done = update_from_grid_only(doc, json.loads(a.update_from.read_text()))
-        a.output.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"updated batch sizes {done} in {a.output}")
-        return 0
-    if not (a.grid and a.search_log and a.shape_json):
-        ap.error("--grid, --search-log and --shape-json are needed (or --update-from)")
-    meta = json.loads(a.shape_json)
-    first = summarize_shape(a.grid, a.search_log, meta["shape"], meta["grid_size"])
+def run(*, update_from=None, grid=None, search_log=None, shape_json=None, extra=(), device_name="NVIDIA H200",
+        triton_version="3.6.0", output) -> str:
+    """Write or update the summary at ``output``; returns a one-line message."""
+    from tuner.errors import ConfigError
+
+    output = Path(output)
+    if update_from is not None:
+        if not output.exists():
+            raise ConfigError("the summary to update does not exist", file=str(output))
+        doc = json.loads(output.read_text())
+        try:
+            done = update_from_grid_only(doc, json.loads(Path(update_from).read_text()))
+        except ValueError as exc:
+            raise ConfigError(str(exc), file=str(update_from)) from None
+        output.write_text(json.dumps(doc, indent=2) + "\n")
+        return f"updated batch sizes {done} in {output}"
+    if not (grid and search_log and shape_json):
+        raise ConfigError("--grid, --search-log and --shape-json are needed (or --update-from)", key="summarize")
+    meta = json.loads(shape_json)
+    first = summarize_shape(Path(grid), Path(search_log), meta["shape"], meta["grid_size"])
     first.update(model=meta["model"], tp_size=meta["tp_size"], ep_size=meta["ep_size"])
-    shapes = [first] + [json.loads(p.read_text()) for p in a.extra]
+    shapes = [first] + [json.loads(Path(p).read_text()) for p in extra]
     for sh in shapes[1:]:  # same keys in every row; a shape run without the grid has null grid figures
         for row in sh["batch_sizes"]:
             for key in ("grid_best_us", "fraction_of_grid_best", "default_us"):
                 row.setdefault(key, None)
             row.setdefault("grid_size", sh["grid_size"])
-    doc = {"device_name": a.device_name, "triton_version": a.triton_version, "shapes": shapes}
-    a.output.parent.mkdir(parents=True, exist_ok=True)
-    a.output.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    doc = {"device_name": device_name, "triton_version": triton_version, "shapes": shapes}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(doc, indent=2) + "\n")
+    return f"wrote {output}"

@@ -146,3 +146,64 @@ def _pump(proc, progress):
                 progress(json.loads(line))
             except json.JSONDecodeError:
                 pass
+
+
+def sglang_importable() -> bool:
+    from tuner.kernels.sglang_env import installed_sglang
+
+    return installed_sglang() is not None
+
+
+def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
+                    down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
+                    deadline_s: float | None = None, seed: int = 0) -> dict:
+    """Tune every target with SGLang's own kernels; write the files, the reports and OUT/summary.json."""
+    import time as _time
+
+    _check_gpu()
+    if not sglang_importable():
+        raise BackendUnavailableError("sglang is not importable here; install it (or use --impl own)")
+    from tuner.kernels.sglang_tune import tune_gemm, tune_moe
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = _time.monotonic()
+    reports = []
+
+    def left():
+        return None if deadline_s is None else max(1.0, deadline_s - (_time.monotonic() - t0))
+
+    if targets.moe is not None:
+        reports.append(tune_moe(targets.moe, batch_sizes, out_dir, budget=budget, down_budget=down_budget,
+                                routing=routing, grid=grid, deadline_s=left(), seed=seed))
+    for g in targets.gemms:
+        reports.append(tune_gemm(g, batch_sizes, out_dir, budget=budget, grid=grid, deadline_s=left(), seed=seed))
+    doc = {"impl": "sglang", "wall_s": round(_time.monotonic() - t0, 1),
+           "complete": all(r["complete"] for r in reports), "reports": reports}
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(_finite(doc), indent=2) + "\n")
+    doc["summary_file"] = str(path)
+    return doc
+
+
+def summary_table(report: dict) -> list[str]:
+    """One line per batch size: grid best, search, tuned, SGLang's shipped and default (us)."""
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    moe = report["kind"] == "moe"
+    head = (f"{'M':>6} {'default':>9} {'shipped':>9} {'grid':>9} {'search':>9} {'tuned':>9} {'chosen':>9} "
+            f"{'vs base':>8} {'frac':>6} {'evals':>7}")
+    lines = [f"{report['kind']} {report['tag']} ({report.get('device_name', '?')}, SGLang "
+             f"{report.get('sglang_version', '?')}): {'complete' if report.get('complete') else 'INCOMPLETE'}", head]
+    for r in report["rows"]:
+        search = r.get("joint_us") if moe else r.get("found_us")
+        frac = r.get("joint_fraction_of_grid_best") if moe else r.get("found_fraction_of_grid_best")
+        evals = (r.get("evaluations_joint", 0) + r.get("evaluations_down", 0)) if moe else r.get("evaluations", 0)
+        sp = r.get("speedup_vs_baseline")
+        lines.append(f"{r['batch_size']:>6} {f(r.get('default_us')):>9} {f(r.get('shipped_us')):>9} "
+                     f"{f(r.get('grid_best_us')):>9} {f(search):>9} {f(r.get('tuned_us') if moe else None):>9} "
+                     f"{r.get('chosen', '-'):>9} {('-' if sp is None else f'{sp:.2f}x'):>8} "
+                     f"{('-' if frac is None else f'{frac:.3f}'):>6} {evals:>7}")
+    lines.append(f"files: {', '.join(report.get('files') or []) or 'none'}; this call {report.get('this_call_wall_s')} s "
+                 f"(compile {report.get('this_call_compile_wall_s')} s)")
+    return lines

@@ -18,18 +18,14 @@ from tuner.kernels.space import TileConfig, default_config, feasible_space
 
 
 def device_facts() -> dict:
-    import torch
-    import triton
+    from tuner.kernels.timing import device_facts as facts
 
-    props = torch.cuda.get_device_properties(0)
-    return {"device_name": torch.cuda.get_device_name(0), "triton_version": triton.__version__,
-            "torch_version": torch.__version__, "sm_version": props.major * 10 + props.minor,
-            "smem_limit_bytes": int(getattr(props, "shared_memory_per_block_optin", 0)) or None}
+    return facts()
 
 
 def make_evaluator(timer, pool, M: int, log: list | None = None):
     """configs -> us (inf where a config fails), compiling new variants in parallel first."""
-    from tuner.kernels.bench import ConfigFailed
+    from tuner.kernels.timing import ConfigFailed
 
     def evaluate(configs: list[TileConfig]) -> list[float]:
         pool.ensure(configs)
@@ -54,7 +50,8 @@ def tune_batch_sizes(shape: MoEShape, batch_sizes: list[int], budget: int, *, se
                      compile_workers: int | None = None,
                      progress: Callable[[dict], None] | None = None) -> dict:
     """Search each batch size (ascending, warm-started from the previous one); time SGLang's default too."""
-    from tuner.kernels.bench import ConfigFailed, MoEProblem, Timer
+    from tuner.kernels.own_kernel import MoEProblem
+    from tuner.kernels.timing import ConfigFailed, GraphTimer as Timer
     from tuner.kernels.compile import CompilePool
     from tuner.kernels.search import search_batch_size
     from tuner.kernels.space import smem_limit_bytes

@@ -1,12 +1,10 @@
-"""Timing one tile config of the MoE layer on the GPU (imports torch and triton).
+"""Our own fused-MoE look-alike as a timing problem (imports torch and triton).
 
-What is timed: the two grouped GEMMs of one MoE layer (GEMM1 gate/up and GEMM2 down, both with the
-candidate config): the work the tile config changes. Routing, alignment, activation and
-quantisation are config-independent and prepared outside the timed region.
-
-How: ROTATIONS routing draws, each with its own expert choice, are captured back to back in one
-CUDA graph (no launch gaps), so each repeat touches other experts' weights and small batches are not
-served from L2. Replays are timed with CUDA events; the figure is the median replay / ROTATIONS.
+Used where SGLang is not importable: it has SGLang's tile semantics (``triton_moe.py``), so its
+tuned tiles are a stand-in, not a measurement of SGLang itself. What is timed: the two grouped
+GEMMs of one MoE layer (GEMM1 gate/up and GEMM2 down, both with the candidate config). Routing,
+alignment, activation and quantisation are config-independent and prepared outside the timed region.
+ROTATIONS routing draws are timed by ``timing.GraphTimer``.
 """
 
 from __future__ import annotations
@@ -31,10 +29,6 @@ from tuner.kernels.triton_moe import (
 ROTATIONS = 8
 
 
-class ConfigFailed(Exception):
-    """The config does not compile or launch on this GPU (e.g. out of shared memory)."""
-
-
 @dataclass
 class _Rotation:
     topk_ids: torch.Tensor
@@ -54,6 +48,7 @@ class MoEProblem:
         E = num_experts or shape.num_experts  # a smaller E compiles the same kernels (strides do not change)
         N, K = shape.intermediate, shape.hidden
         self.num_experts = E
+        self.rotations = ROTATIONS
         self.w1 = self._weight((E, 2 * N, K), gen)
         self.w2 = self._weight((E, K, N), gen)
         self.w1_scale = self.w2_scale = None
@@ -124,63 +119,3 @@ class MoEProblem:
                         a_scale=b["a2_scale"], b_scale=self.w2_scale, block_shape=self.block_shape,
                         num_valid_tokens=n_valid)
         return k1
-
-
-def _is_resource_error(exc: BaseException) -> bool:
-    name = type(exc).__name__
-    return name in ("OutOfResources", "CompilationError", "PTXASError") or "out of resource" in str(exc).lower()
-
-
-class Timer:
-    """Times configs on one MoEProblem. ``measure`` returns microseconds per MoE layer call."""
-
-    def __init__(self, problem: MoEProblem, target_ms: float = 25.0, max_replays: int = 12):
-        self.problem = problem
-        self.target_ms = target_ms
-        self.max_replays = max_replays
-        self.stream = torch.cuda.Stream()
-        self.pool = torch.cuda.graph_pool_handle()
-
-    def measure(self, M: int, config: TileConfig, cutoff_us: float | None = None,
-                replays: int | None = None) -> float:
-        """Median time (us) of one MoE layer's two GEMMs with ``config`` at M tokens.
-
-        With ``cutoff_us``, a config whose first timed replay is already above it is not timed further.
-        Raises ConfigFailed if the config cannot compile or launch.
-        """
-        p = self.problem
-        try:
-            p.launch(M, config, 0)  # compile / load and build the alignments outside the capture
-            for r in range(1, ROTATIONS):
-                p.launch(M, config, r)
-            torch.cuda.synchronize()
-        except Exception as exc:  # noqa: BLE001 - Triton raises several types for resource failures
-            if _is_resource_error(exc):
-                raise ConfigFailed(f"{type(exc).__name__}: {str(exc)[:200]}") from None
-            raise
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            for r in range(ROTATIONS):
-                p.launch(M, config, r)
-        try:
-            graph.replay()  # warm: instruction cache, TLBs
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times_ms: list[float] = []
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times_ms.append(start.elapsed_time(end))
-            per_call_us = times_ms[0] * 1000 / ROTATIONS
-            if cutoff_us is not None and per_call_us > cutoff_us:
-                return per_call_us
-            n = replays or max(3, min(self.max_replays, math.ceil(self.target_ms / max(times_ms[0], 1e-3))))
-            for _ in range(n - 1):
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times_ms.append(start.elapsed_time(end))
-            return statistics.median(times_ms) * 1000 / ROTATIONS
-        finally:
-            graph.reset()

@@ -1,0 +1,198 @@
+"""The SGLang tuning flow on the CPU: fake timer, pool and problem stand in for the GPU parts."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.cli import cli
+from tuner.kernels.configfile import read_configs
+from tuner.kernels.shapes import moe_shape
+from tuner.kernels.space import DownTileConfig, TileConfig
+
+
+def _cost(M, cfg) -> float:
+    """A smooth fake: best near BM=16 (small M) / 64 (large M), BN 128, 4 warps, 3 stages; TMA helps down."""
+    if isinstance(cfg, tuple):
+        up, down = cfg
+        d = down if down is not None else DownTileConfig.from_tile(up)
+        return _one(M, up) * 0.5 + _one(M, d.tile) * 0.5 * (0.9 if d.USE_TMA else 1.0)
+    return _one(M, cfg)
+
+
+def _one(M, c) -> float:
+    bm_best = 16 if M <= 64 else 64
+    return (100 + 10 * abs(math.log2(c.BLOCK_SIZE_M / bm_best)) + 5 * abs(math.log2(c.BLOCK_SIZE_N / 128))
+            + 2 * abs(c.num_warps - 4) + 1.5 * abs(c.num_stages - 3) + 0.1 * c.GROUP_SIZE_M / 16) * (1 + M / 1024)
+
+
+class _Timer:
+    def __init__(self, problem, **kw):
+        self.first_failure = None
+
+    def measure(self, M, cfg, cutoff_us=None, replays=None):
+        return _cost(M, cfg)
+
+
+class _Pool:
+    def __init__(self, *a, **kw):
+        self.compile_wall_s = 0.0
+        self.tasks = []
+
+    def ensure(self, tasks, on_done=None):
+        self.tasks += list(tasks)
+
+    def failed(self, M, cfg):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _Problem:
+    def __init__(self, shape, **kw):
+        import types as _t
+
+        self.w1 = _t.SimpleNamespace(numel=lambda: 1, element_size=lambda: 1)
+
+    def drop_batch(self, M):
+        pass
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    ref = Path("/work/ref/sglang-0.5.17/sglang")
+    if not ref.is_dir():
+        pytest.skip("SGLang 0.5.17 source not unpacked")
+    from tuner.kernels.sglang_env import sglang_at
+
+    installed = sglang_at(ref)
+    rt = types.SimpleNamespace(layout=installed.layout, installed=installed, version="0.5.17", tma_supported=True)
+    timing = types.ModuleType("tuner.kernels.timing")
+    timing.GraphTimer = _Timer
+    timing.time_or_inf = lambda timer, M, cfg, **kw: timer.measure(M, cfg, **kw)
+    timing.device_facts = lambda: {"device_name": "NVIDIA H200", "triton_version": "3.6.0", "torch_version": "2.11",
+                                   "sm_version": 90, "smem_limit_bytes": 232448}
+    comp = types.ModuleType("tuner.kernels.sglang_compile")
+    comp.SGLangCompilePool = _Pool
+    comp.workers_for = lambda *a, **kw: 8
+    kern = types.ModuleType("tuner.kernels.sglang_kernels")
+    kern.SGLangMoE = _Problem
+    kern.runtime = lambda: rt
+    triton = types.ModuleType("triton")
+    triton.__version__ = "3.6.0"
+    for name, mod in (("tuner.kernels.timing", timing), ("tuner.kernels.sglang_compile", comp),
+                      ("tuner.kernels.sglang_kernels", kern), ("triton", triton)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    return rt
+
+
+def test_moe_flow_writes_up_and_down_files_and_resumes(fake_gpu, tmp_path):
+    from tuner.kernels.sglang_tune import tune_moe
+
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    out = tmp_path / "out"
+    rep = tune_moe(shape, [1, 256], out, budget=40, down_budget=20, log=lambda m: None)
+    assert rep["complete"] and [r["batch_size"] for r in rep["rows"]] == [1, 256]
+    up = read_configs(out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json")
+    down = read_configs(out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200_down.json")
+    for M in (1, 256):
+        assert down[M]["BLOCK_SIZE_M"] == up[M]["BLOCK_SIZE_M"]  # one shared sort
+        assert "USE_TMA" not in up[M] and "USE_TMA" in down[M]  # 0.5.17 breaks on USE_TMA in an up file
+    row = rep["rows"][0]
+    # the shipped H200 bf16 file is the baseline; the tuned pair is never slower than what was picked
+    assert rep["shipped_up"]["found"] == "exact" and row["baseline"] == "shipped"
+    assert row["chosen_us"] <= min(row["default_us"], row["shipped_us"], row["joint_us"])
+    assert row["evaluations_joint"] <= 40 and row["evaluations_down"] <= 20
+    assert down[1]["USE_TMA"] is True  # the fake rewards TMA on the down GEMM
+    # a rerun with one more batch size does only that one
+    rep2 = tune_moe(shape, [1, 256, 1024], out, budget=40, down_budget=20, log=lambda m: None)
+    assert [r["batch_size"] for r in rep2["rows"]] == [1, 256, 1024]
+    assert rep2["rows"][0] == rep["rows"][0]
+    assert json.loads((out / "reports" / f"{shape.tag}.json").read_text())["complete"]
+
+
+def test_moe_grid_reports_fraction(fake_gpu, tmp_path):
+    from tuner.kernels.sglang_tune import tune_moe
+
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
+    rep = tune_moe(shape, [64], tmp_path, budget=128, down_budget=0, grid=True, log=lambda m: None)
+    row = rep["rows"][0]
+    assert row["grid_complete"] and row["grid_visited"] == row["grid_size"] == 1280
+    assert 0.98 <= row["joint_fraction_of_grid_best"] <= 1.0 + 1e-9
+    assert rep["shipped_up"]["found"] == "fallback"  # SGLang's triton_3_2_0 file
+    assert not (tmp_path / "configs/triton_3_6_0" / "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,"
+                "block_shape=[128, 128]_down.json").exists()
+
+
+def test_deadline_stops_between_batch_sizes(fake_gpu, tmp_path):
+    from tuner.kernels.sglang_tune import tune_moe
+
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    rep = tune_moe(shape, [1, 2, 4], tmp_path, budget=10, down_budget=0, deadline_s=1e-9, log=lambda m: None)
+    assert not rep["complete"] and rep["rows"] == [] and rep["files"] == []
+
+
+def _tuner(args):
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
+    return types.SimpleNamespace(exit_code=r.returncode, output=r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--batch-sizes", "0,8"], "positive"),
+    (["--batch-sizes=-4"], "non-negative"),
+    (["--batch-sizes", "a,b"], "integers"),
+    (["--dtype", "bf16", "--kernel", "gemm"], "block-quantized fp8"),
+    (["--dtype", "fp8_w8a8", "--block-shape", "128,96"], "block_shape"),
+    (["--dtype", "bf16", "--block-shape", "128,128"], "block_shape"),
+    (["--tp-size", "5"], "divisible"),
+    (["--dtype", "fp8_w8a8", "--block-shape", "128,128", "--gemm-shape", "1,2"], "not linear layers"),
+    (["--budget", "0"], "budget"),
+])
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, args, fragment):
+    out = tmp_path / "out"
+    base = ["kernels", "tune", "--model", "qwen3-30b-a3b", "--tp-size", "1", "-o", str(out)]
+    if "--tp-size" in args:
+        base = base[:4] + base[6:]
+    res = _tuner(base + args)
+    assert res.exit_code == 2, res.output
+    assert fragment in res.output
+    assert not out.exists()
+
+
+def test_unsupported_dtype_is_refused():
+    res = _tuner(["kernels", "tune", "--model", "qwen3-30b-a3b", "--tp-size", "1", "--dtype", "int4",
+                  "-o", "/tmp/never"])
+    assert res.exit_code == 2 and "int4" in res.output
+
+
+def test_unwritable_output_exits_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = _tuner(["kernels", "tune", "--model", "qwen3-30b-a3b", "--tp-size", "1", "-o", str(blocker / "sub")])
+    assert res.exit_code == 2 and "not a directory" in res.output
+    res = _tuner(["kernels", "tune", "--model", "qwen3-30b-a3b", "--tp-size", "1", "-o", "/proc/tuner-out"])
+    assert res.exit_code == 2 and "not writable" in res.output
+    assert blocker.read_text() == "x"
+
+
+def test_table_command_prints_rows(fake_gpu, tmp_path):
+    from tuner.kernels.sglang_tune import tune_moe
+
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    tune_moe(shape, [1], tmp_path, budget=10, down_budget=5, log=lambda m: None)
+    res = CliRunner().invoke(cli, ["kernels", "table", str(tmp_path / "reports" / f"{shape.tag}.json")])
+    assert res.exit_code == 0, res.output
+    assert "shipped" in res.output and "\n     1 " in res.output

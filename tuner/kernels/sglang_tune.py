@@ -1,0 +1,430 @@
+"""Tune SGLang's own kernels for one shape and write the files SGLang reads (GPU; imports sglang).
+
+Per batch size, ascending (each warm-started from the previous one):
+
+fused MoE
+  1. *joint*: the Optuna search over SGLang's tile space with one config for both GEMMs (what
+     SGLang's tuner and a file without ``_down`` twin give), warm-started with the previous batch
+     size's best, SGLang's shipped entry and its default;
+  2. *down*: with the joint best as up config, the second GEMM's own config (same BLOCK_SIZE_M, the
+     rest free, TMA on or off), as SGLang reads it from the ``_down`` file;
+  3. optionally the exhaustive grid of the joint space (``grid=True``), every config timed;
+  4. an interleaved re-measurement (3 rounds) of SGLang's default, the shipped files, the joint best,
+     the tuned pair and the grid best. The fastest of them is what the file gets for that batch size.
+fp8 block GEMM
+  the same without the down stage, over SGLang's GEMM space.
+
+Each finished batch size is appended to ``OUT/state/<tag>.jsonl``; a rerun skips those (so a long
+list can be spread over several calls with ``deadline_s``), and the config files and the report
+``OUT/reports/<tag>.json`` are rewritten from every finished batch size at the end of each call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+from tuner.kernels.configfile import moe_config_filename, write_configs
+from tuner.kernels.gemm_shapes import GemmShape
+from tuner.kernels.search import search_batch_size
+from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
+from tuner.kernels.sglang_layout import gemm_config_filename
+from tuner.kernels.shapes import MoEShape
+from tuner.kernels.space import (DOWN_PARAM_VALUES, GEMM_PARAM_VALUES, DownTileConfig, TileConfig,
+                                 default_config, down_space, feasible_space, gemm_default_config,
+                                 gemm_feasible_space, gemm_search_space, search_space_for)
+
+Log = Callable[[str], None]
+
+
+def _stamp(msg: str) -> None:
+    import sys
+
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _num(v):
+    if isinstance(v, float):
+        return round(v, 3) if math.isfinite(v) else None
+    return v
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return _num(obj)
+
+
+def moe_budgets(shape: MoEShape) -> tuple[int, int]:
+    """(joint, down) evaluations per batch size: 10% of each space on Hopper."""
+    joint = math.ceil(0.1 * len(search_space_for(shape.dtype, shape.block_shape)))
+    down = math.ceil(0.1 * len(down_space(64, shape.dtype, shape.block_shape, 10 ** 9)))
+    return joint, down
+
+
+def gemm_budget(shape: GemmShape) -> int:
+    return math.ceil(0.1 * len(gemm_search_space(shape.block_shape)))
+
+
+class _State:
+    """Finished batch sizes of one shape (``OUT/state/<tag>.jsonl``)."""
+
+    def __init__(self, out_dir: Path, tag: str, identity: dict):
+        self.path = out_dir / "state" / f"{tag}.jsonl"
+        self.identity = identity
+        self.rows: dict[int, dict] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                if r.get("identity") == identity:
+                    self.rows[int(r["batch_size"])] = r
+
+    def add(self, row: dict) -> None:
+        row = {**_clean(row), "identity": self.identity}
+        self.rows[int(row["batch_size"])] = row
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _remeasure(timer, M: int, cands: dict, rounds: int = 3) -> dict[str, float]:
+    from tuner.kernels.timing import time_or_inf
+
+    samples: dict[str, list[float]] = {k: [] for k in cands}
+    for _ in range(rounds):
+        for k, c in cands.items():
+            samples[k].append(time_or_inf(timer, M, c, replays=10))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _evaluator(timer, pool, M: int, wrap=lambda c: c, log_rows: list | None = None):
+    """configs -> us, compiling new (M, config) pairs in parallel first."""
+    from tuner.kernels.timing import time_or_inf
+
+    def evaluate(configs):
+        full = [wrap(c) for c in configs]
+        pool.ensure([(M, f) for f in full])
+        out = []
+        for c, f in zip(configs, full):
+            us = math.inf if pool.failed(M, f) else time_or_inf(timer, M, f)
+            if log_rows is not None:
+                log_rows.append({"batch_size": M, "config": _describe(f), "us": _num(us)})
+            out.append(us)
+        return out
+
+    return evaluate
+
+
+def _describe(cfg) -> dict:
+    if isinstance(cfg, tuple):
+        up, down = cfg
+        return {"up": up.as_dict(), "down": down.as_dict() if down is not None else None}
+    return cfg.as_dict()
+
+
+def _grid(timer, pool, M: int, space, first, deadline: float | None, log_rows: list) -> dict:
+    """Time every config of ``space`` at M (``first`` configs first); stops at ``deadline``."""
+    from tuner.kernels.timing import time_or_inf
+
+    order = list(dict.fromkeys([*first, *space]))
+    pool.ensure([(M, c) for c in order])
+    times, best, stopped = {}, math.inf, False
+    for i, cfg in enumerate(order):
+        if deadline is not None and time.monotonic() > deadline:
+            stopped = True
+            break
+        if pool.failed(M, cfg):
+            us = math.inf
+        else:
+            us = time_or_inf(timer, M, cfg, cutoff_us=None if i < len(first) else 1.3 * best)
+        times[cfg] = us
+        best = min(best, us)
+        log_rows.append({"batch_size": M, "config": cfg.as_dict(), "us": _num(us), "pass": "grid"})
+    ok = {c: t for c, t in times.items() if math.isfinite(t)}
+    space_set = set(space)
+    res = {"complete": not stopped and all(c in times for c in space_set), "visited": len(times),
+           "grid_size": len(space_set), "timed": len(ok)}
+    if ok:
+        best_cfg = min(ok, key=lambda c: (ok[c], str(c)))
+        res.update(best=best_cfg, best_us=ok[best_cfg])
+    return res
+
+
+def _shipped_pair(up: dict | None, down: dict | None) -> tuple[TileConfig, DownTileConfig | None] | None:
+    if up is None:
+        return None
+    up_cfg = TileConfig.from_dict(up, where="shipped up")
+    if down is None:
+        return up_cfg, None
+    d = DownTileConfig.from_dict({**down, "BLOCK_SIZE_M": up_cfg.BLOCK_SIZE_M}, where="shipped down")
+    return up_cfg, d
+
+
+def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
+             down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
+             deadline_s: float | None = None, seed: int = 0, log: Log = _stamp) -> dict:
+    import torch
+    import triton
+
+    from tuner.kernels.sglang_compile import SGLangCompilePool, workers_for
+    from tuner.kernels.sglang_kernels import SGLangMoE, runtime
+    from tuner.kernels.timing import GraphTimer, device_facts
+
+    t_start = time.monotonic()
+    deadline = t_start + deadline_s if deadline_s else None
+    rt = runtime()
+    facts = device_facts()
+    limit = facts["smem_limit_bytes"]
+    vdir = "triton_" + triton.__version__.split("+")[0].replace(".", "_")
+    j_budget, d_budget = moe_budgets(shape)
+    budget, down_budget = budget or j_budget, down_budget if down_budget is not None else d_budget
+    do_down = rt.layout.reads_down_files and down_budget > 0
+    up_name = moe_config_filename(shape.num_experts, shape.intermediate, facts["device_name"],
+                                  shape.config_dtype, shape.block_shape)
+    down_name = moe_config_filename(shape.num_experts, shape.intermediate, facts["device_name"],
+                                    shape.config_dtype, shape.block_shape, down=True)
+    shipped_up = shipped_moe_configs(rt.installed.moe_config_root, up_name, vdir)
+    shipped_dn = shipped_down_configs(rt.installed.moe_config_root, up_name, down_name, vdir)
+    space = search_space_for(shape.dtype, shape.block_shape)
+    feasible = feasible_space(shape.dtype, shape.block_shape, limit)
+    identity = {"kind": "moe", "shape": shape.to_dict(), "routing": str(routing), "budget": budget,
+                "down_budget": down_budget if do_down else 0, "grid": grid, "device": facts["device_name"],
+                "triton": triton.__version__, "sglang": rt.version, "seed": seed}
+    state = _State(out_dir, shape.tag, identity)
+    log(f"MoE {shape.tag}: SGLang {rt.version}, {facts['device_name']}, triton {triton.__version__}; "
+        f"shipped up {shipped_up.found.value} ({shipped_up.path.name if shipped_up.path else '-'}), "
+        f"down {shipped_dn.found.value}; budget {budget} joint + {down_budget if do_down else 0} down"
+        f"{' + grid ' + str(len(space)) if grid else ''}; {len(state.rows)} batch size(s) already done")
+    problem = SGLangMoE(shape, routing=routing, seed=seed)
+    weight_bytes = problem.w1.numel() * problem.w1.element_size() * 2
+    act_bytes = max(batch_sizes) * shape.topk * max(2 * shape.intermediate, shape.hidden) * 2 * 3
+    workers = workers_for(weight_bytes + act_bytes)
+    timer = GraphTimer(problem)
+    tried: list[dict] = []
+    todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
+    prev_joint: list[TileConfig] = []
+    prev_down: DownTileConfig | None = None
+    if state.rows:
+        last = state.rows[max(state.rows)]
+        prev_joint = [TileConfig.from_dict(last["joint_config"])]
+    stopped = False
+    with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers) as pool:
+        log(f"{workers} compile process(es)")
+        for M in todo:
+            if deadline is not None and time.monotonic() > deadline:
+                stopped = True
+                log(f"deadline reached before batch size {M}; rerun the same command to continue")
+                break
+            tm = time.perf_counter()
+            dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
+                                  shape.config_dtype, shape.block_shape)
+            ship = _shipped_pair(shipped_up.nearest(M),
+                                 shipped_dn.nearest(M) if shipped_dn.found in (Found.EXACT, Found.FALLBACK) else None)
+            warm = prev_joint[:4] + ([ship[0]] if ship else []) + [dflt]
+            joint = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
+                                      warm_start=warm, seed=seed + M, batch=max(8, workers))
+            best_up = joint.best
+            down_res = None
+            if do_down:
+                bm = best_up.BLOCK_SIZE_M
+                dspace = down_space(bm, shape.dtype, shape.block_shape, limit, tma=rt.tma_supported)
+                pv = dict(DOWN_PARAM_VALUES)
+                if not rt.tma_supported:
+                    pv["USE_TMA"] = (False,)
+                dwarm = [DownTileConfig.from_tile(best_up)]
+                for cand in ([prev_down] if prev_down else []) + ([ship[1]] if ship and ship[1] else []):
+                    dwarm.append(DownTileConfig(**{**cand.as_dict(), "BLOCK_SIZE_M": bm}))
+                down_res = search_batch_size(
+                    _evaluator(timer, pool, M, wrap=lambda d, up=best_up: (up, d), log_rows=tried),
+                    dspace, down_budget, warm_start=dwarm, seed=seed + 7919 + M, batch=max(8, workers),
+                    param_values=pv, make=lambda p, bm=bm: DownTileConfig(BLOCK_SIZE_M=bm, **p))
+            grid_res = None
+            if grid:
+                grid_res = _grid(timer, pool, M, space, [best_up, dflt] + ([ship[0]] if ship else []),
+                                 deadline, tried)
+            cands = {"default": dflt, "joint": best_up}
+            if ship:
+                cands["shipped"] = ship if ship[1] is not None else ship[0]
+            if down_res is not None:
+                cands["tuned"] = (best_up, down_res.best)
+            if grid_res and grid_res.get("best") is not None:
+                cands["grid_best"] = grid_res["best"]
+            pool.ensure([(M, c) for c in cands.values()])
+            med = _remeasure(timer, M, cands)
+            pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"),
+                       key=lambda k: med[k], default="default")
+            chosen = cands[pick]
+            chosen_up, chosen_down = (chosen if isinstance(chosen, tuple) else (chosen, None))
+            if chosen_down is None:
+                chosen_down = DownTileConfig.from_tile(chosen_up)
+            base_key = "shipped" if "shipped" in cands else "default"
+            row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
+                   "joint_us": med["joint"], "tuned_us": med.get("tuned"), "grid_best_us": med.get("grid_best"),
+                   "chosen": pick, "chosen_us": med[pick], "baseline": base_key,
+                   "speedup_vs_baseline": (med[base_key] / med[pick]) if med[pick] > 0 else None,
+                   "speedup_vs_default": (med["default"] / med[pick]) if med[pick] > 0 else None,
+                   "evaluations_joint": joint.evaluations,
+                   "evaluations_down": down_res.evaluations if down_res else 0,
+                   "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
+                   "down_config": down_res.best.as_dict() if down_res else None,
+                   "shipped_config": _describe(cands["shipped"]) if "shipped" in cands else None,
+                   "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
+                   "wall_s": round(time.perf_counter() - tm, 1)}
+            if grid_res:
+                row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
+                           grid_size=grid_res["grid_size"], grid_timed=grid_res["timed"],
+                           grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
+                if med.get("grid_best") and math.isfinite(med["joint"]):
+                    row["joint_fraction_of_grid_best"] = med["grid_best"] / med["joint"]
+            state.add(row)
+            prev_joint = joint.top(4)
+            prev_down = down_res.best if down_res else None
+            problem.drop_batch(M)
+            log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, joint "
+                f"{_fmt(med['joint'])}, tuned {_fmt(med.get('tuned'))}"
+                f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s)")
+        compile_wall = pool.compile_wall_s
+    if timer.first_failure:
+        log(f"first config failure seen: {timer.first_failure}")
+    files = _write_moe_files(out_dir, vdir, up_name, down_name, state.rows, do_down)
+    report = {"kind": "moe", "shape": shape.to_dict(), "tag": shape.tag, "sglang_version": rt.version,
+              **facts, "routing": str(routing), "budget": budget, "down_budget": down_budget if do_down else 0,
+              "joint_space": len(space), "feasible": len(feasible), "grid": grid,
+              "shipped_up": {"found": shipped_up.found.value, "path": str(shipped_up.path) if shipped_up.path else None},
+              "shipped_down": {"found": shipped_dn.found.value,
+                               "path": str(shipped_dn.path) if shipped_dn.path else None},
+              "batch_sizes_requested": sorted(set(batch_sizes)),
+              "complete": not stopped and all(M in state.rows for M in batch_sizes),
+              "this_call_wall_s": round(time.monotonic() - t_start, 1), "this_call_compile_wall_s": round(compile_wall, 1),
+              "compile_workers": workers, "files": files,
+              "rows": _rows(state, batch_sizes)}
+    _write_report(out_dir, shape.tag, report, tried)
+    return _clean(report)
+
+
+def _rows(state: _State, batch_sizes) -> list[dict]:
+    wanted = set(batch_sizes)
+    return [{k: v for k, v in state.rows[M].items() if k != "identity"} for M in sorted(state.rows) if M in wanted]
+
+
+def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
+              grid: bool = False, deadline_s: float | None = None, seed: int = 0, log: Log = _stamp) -> dict:
+    import triton
+
+    from tuner.kernels.sglang_compile import SGLangCompilePool, workers_for
+    from tuner.kernels.sglang_kernels import SGLangBlockGemm, runtime
+    from tuner.kernels.timing import GraphTimer, device_facts
+
+    t_start = time.monotonic()
+    deadline = t_start + deadline_s if deadline_s else None
+    rt = runtime()
+    facts = device_facts()
+    budget = budget or gemm_budget(shape)
+    space = gemm_search_space(shape.block_shape)
+    feasible = gemm_feasible_space(shape.block_shape, facts["smem_limit_bytes"])
+    name = gemm_config_filename(shape.N, shape.K, facts["device_name"], shape.block_shape)
+    shipped = shipped_gemm_configs(rt.installed.gemm_config_dir, shape.N, shape.K, facts["device_name"],
+                                   shape.block_shape)
+    identity = {"kind": "gemm", "shape": shape.to_dict(), "budget": budget, "grid": grid,
+                "device": facts["device_name"], "triton": triton.__version__, "sglang": rt.version, "seed": seed}
+    state = _State(out_dir, shape.tag, identity)
+    log(f"GEMM {shape.tag}: shipped {shipped.found.value}; budget {budget}; {len(state.rows)} done")
+    problem = SGLangBlockGemm(shape, seed=seed)
+    workers = workers_for(shape.N * shape.K * 2 + max(batch_sizes) * (shape.K + 2 * shape.N) * 4)
+    timer = GraphTimer(problem)
+    tried: list[dict] = []
+    prev: list[TileConfig] = []
+    stopped = False
+    with SGLangCompilePool("gemm", shape, workers=workers) as pool:
+        for M in [M for M in sorted(set(batch_sizes)) if M not in state.rows]:
+            if deadline is not None and time.monotonic() > deadline:
+                stopped = True
+                log(f"deadline reached before batch size {M}; rerun the same command to continue")
+                break
+            tm = time.perf_counter()
+            dflt = gemm_default_config(shape.block_shape)
+            ship_d = shipped.nearest(M)
+            ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
+            res = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
+                                    warm_start=prev[:4] + ([ship] if ship else []) + [dflt], seed=seed + M,
+                                    batch=max(8, workers), param_values=GEMM_PARAM_VALUES)
+            grid_res = _grid(timer, pool, M, space, [res.best, dflt], deadline, tried) if grid else None
+            cands = {"default": dflt, "found": res.best}
+            if ship:
+                cands["shipped"] = ship
+            if grid_res and grid_res.get("best") is not None:
+                cands["grid_best"] = grid_res["best"]
+            pool.ensure([(M, c) for c in cands.values()])
+            med = _remeasure(timer, M, cands)
+            pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"), key=lambda k: med[k],
+                       default="default")
+            base_key = "shipped" if ship else "default"
+            row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
+                   "found_us": med["found"], "grid_best_us": med.get("grid_best"), "chosen": pick,
+                   "chosen_us": med[pick], "baseline": base_key,
+                   "speedup_vs_baseline": med[base_key] / med[pick] if med[pick] > 0 else None,
+                   "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
+                   "evaluations": res.evaluations, "default_config": dflt.as_dict(),
+                   "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
+                   "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1)}
+            if grid_res:
+                row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
+                           grid_size=grid_res["grid_size"],
+                           grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
+                if med.get("grid_best") and math.isfinite(med["found"]):
+                    row["found_fraction_of_grid_best"] = med["grid_best"] / med["found"]
+            state.add(row)
+            prev = res.top(4)
+            problem.drop_batch(M)
+            log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
+                f"{_fmt(med['found'])} us -> {pick} ({row['wall_s']} s)")
+        compile_wall = pool.compile_wall_s
+    path = out_dir / "gemm_configs" / name
+    files = []
+    if state.rows:
+        write_configs(path, {M: r["config"] for M, r in state.rows.items()})
+        files.append(str(path.relative_to(out_dir)))
+    report = {"kind": "gemm", "shape": shape.to_dict(), "tag": shape.tag, "sglang_version": rt.version, **facts,
+              "budget": budget, "space": len(space), "feasible": len(feasible), "grid": grid,
+              "shipped": {"found": shipped.found.value, "path": str(shipped.path) if shipped.path else None},
+              "batch_sizes_requested": sorted(set(batch_sizes)),
+              "complete": not stopped and all(M in state.rows for M in batch_sizes),
+              "this_call_wall_s": round(time.monotonic() - t_start, 1),
+              "this_call_compile_wall_s": round(compile_wall, 1), "compile_workers": workers, "files": files,
+              "rows": _rows(state, batch_sizes)}
+    _write_report(out_dir, shape.tag, report, tried)
+    return _clean(report)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.1f}"
+
+
+def _write_moe_files(out_dir: Path, vdir: str, up_name: str, down_name: str, rows: dict, do_down: bool) -> list[str]:
+    if not rows:
+        return []
+    base = out_dir / "configs" / vdir
+    files = [write_configs(base / up_name, {M: r["up_config"] for M, r in rows.items()})]
+    if do_down:
+        files.append(write_configs(base / down_name, {M: r["down_file_config"] for M, r in rows.items()}))
+    return [str(p.relative_to(out_dir)) for p in files]
+
+
+def _write_report(out_dir: Path, tag: str, report: dict, tried: list[dict]) -> None:
+    rep = out_dir / "reports" / f"{tag}.json"
+    rep.parent.mkdir(parents=True, exist_ok=True)
+    tmp = rep.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(report), indent=2) + "\n")
+    os.replace(tmp, rep)
+    with open(out_dir / "reports" / f"{tag}.timings.jsonl", "a") as f:
+        for r in tried:
+            f.write(json.dumps(r) + "\n")
