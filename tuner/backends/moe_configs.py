@@ -325,6 +325,6 @@ def trial_gemm_file_names(model, gpu, weight_format: str, *, tp_size: int, attn_
     from tuner.kernels.gemm_shapes import gemm_shapes
     from tuner.kernels.sglang_layout import gemm_config_filename
 
-    shapes = gemm_shapes(model.name, tp_size, attn_tp_size=attn_tp_size,
+    shapes = gemm_shapes(model, tp_size, attn_tp_size=attn_tp_size,
                          disable_shared_experts_fusion=not shared_experts_fusion)
     return [gemm_config_filename(s.N, s.K, gpu.device_name, s.block_shape) for s in shapes]

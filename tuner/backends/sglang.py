@@ -20,6 +20,7 @@ model's rendered ``config.json`` and SGLang starts with ``--load-format dummy --
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -359,17 +360,25 @@ class SGLangBackend(ProcessBackend):
             if not source:
                 raise ConfigError("moe-tile-configs: tuned needs backend_options.moe_config_dir "
                                   "(e.g. results/kernels/h200)", key="backend_options.moe_config_dir")
-            required = []
+            required, required_gemm = [], []
+            fusion = not flags.get("disable-shared-experts-fusion", False)
+            gpu_spec = get_gpu(study.hardware.gpu)
             if checkpoint is not None and model.is_moe:
                 required = moe_configs.trial_config_keys(
-                    model, get_gpu(study.hardware.gpu), checkpoint.weight_format,
-                    tp_size=topo.tp_size, ep_size=int(flags.get("ep-size") or 1),
-                    shared_experts_fusion=not flags.get("disable-shared-experts-fusion", False))
-            moe_dir, written = moe_configs.prepare_trial_moe_dir(
-                trial_dir, source, triton_version=options.get("triton_version"), required=required)
-            moe_env = moe_configs.env_for(moe_dir)
-            files["moe_config_dir"] = str(moe_dir)
-            facts["moe_config_files"] = written
+                    model, gpu_spec, checkpoint.weight_format,
+                    tp_size=topo.tp_size, ep_size=int(flags.get("ep-size") or 1), shared_experts_fusion=fusion)
+            if checkpoint is not None:
+                required_gemm = moe_configs.trial_gemm_file_names(
+                    model, gpu_spec, checkpoint.weight_format, tp_size=topo.tp_size,
+                    attn_tp_size=topo.tp_size // max(1, topo.attn_dp_size), shared_experts_fusion=fusion)
+            tiles = moe_configs.prepare_trial_tile_configs(
+                trial_dir, source, triton_version=options.get("triton_version"), required=required,
+                required_gemm=required_gemm)
+            user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")
+            moe_env = tiles.env(inherited_pythonpath=user_pythonpath or os.environ.get("PYTHONPATH"))
+            files["moe_config_dir"] = str(tiles.moe_dir)
+            facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
+            facts["tile_files_expected"] = tiles.expected
         elif knobs.get("moe-tile-configs", "default") != "default":
             raise ConfigError(f"moe-tile-configs must be default or tuned, not {knobs['moe-tile-configs']!r}",
                               key="knobs.moe-tile-configs")
@@ -397,7 +406,7 @@ class SGLangBackend(ProcessBackend):
             port = free_port(host, avoid=used_ports)
             used_ports.append(port)
             ids = gpu_ids[i * per:(i + 1) * per] if topo.replicas_as_processes > 1 else gpu_ids[:need]
-            env = {**cuda_visible_devices(ids), **moe_env, **user_env}
+            env = {**cuda_visible_devices(ids), **user_env, **moe_env}  # moe_env last: it may extend PYTHONPATH
             # each replica needs its own distributed-init port
             overrides = {"nccl-port": free_port(host, avoid=used_ports)} if topo.replicas_as_processes > 1 else {}
             used_ports.extend(overrides.values())
