@@ -189,3 +189,32 @@ def test_dummy_weights_need_a_backend_that_can_load_them(tmp_path):
     r = run_cli(["study", "start", str(study), "--storage", f"sqlite:///{db}", "--backend", "serve-sim"], cwd=tmp_path)
     assert r.returncode == 2 and "backend_options.load_format" in r.stderr, r.stderr
     assert not db.exists()
+
+
+def test_time_limit_starts_no_trial_that_cannot_finish_and_resume_continues(tmp_path):
+    study = _study(tmp_path, name="fake-time", trials=6)
+    storage = f"sqlite:///{tmp_path}/t.db"
+    r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray", "--no-pruning",
+                 "--time-limit", "20"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    outcome = json.loads(r.stdout)
+    assert "time limit" in outcome["stopped_reason"]
+    assert outcome["wall_time_s"] < 40  # no trial was started that the first one said could not fit
+    con = sqlite3.connect(tmp_path / "t.db")
+    first = con.execute("SELECT count(*) FROM tuner_trials WHERE status != 'running'").fetchone()[0]
+    assert 1 <= first < 6
+    assert con.execute("SELECT count(*) FROM tuner_trials WHERE status = 'running'").fetchone()[0] == 0
+    r = run_cli(["study", "resume", "fake-time", "--storage", storage, "--json", "--no-ray", "--trials", str(first + 1)],
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert con.execute("SELECT count(*) FROM tuner_trials").fetchone()[0] >= first + 1
+
+
+def test_durations_are_checked():
+    from tuner.cli.study import parse_duration
+    from tuner.errors import ConfigError
+
+    assert parse_duration("9m") == 540 and parse_duration("540") == 540 and parse_duration("2h") == 7200
+    for bad in ("soon", "-5", "0", "999d"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)

@@ -24,6 +24,24 @@ def _backend_choice():
     return click.Choice(["auto", "simulator", "sglang", "transformers", "serve-sim"])
 
 
+def parse_duration(text: str | None) -> float | None:
+    """``540``, ``540s``, ``9m``, ``2h`` -> seconds (ConfigError otherwise)."""
+    from tuner.errors import ConfigError
+
+    if text is None:
+        return None
+    t = str(text).strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(t[-1:], None)
+    number = t[:-1] if scale else t
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a duration; give seconds (540) or 9m / 2h", key="--time-limit") from None
+    if not (0 < value <= 30 * 86400):
+        raise ConfigError(f"{text!r} must be more than 0 and at most 30 days", key="--time-limit")
+    return value
+
+
 def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
     from tuner.evaluation.registry import get_evaluator, resolve_auto
 
@@ -107,9 +125,13 @@ def _print_outcome(o, storage):
                    "present), then launch its K best configurations right after the baseline.")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search to the end, even when it can no longer beat the best trial.")
+@click.option("--time-limit", "time_limit", default=None, metavar="DURATION",
+              help="Wall-clock budget of this run (e.g. 540, 9m, 2h): no trial starts that this run's trials "
+                   "say cannot finish in time, and at the limit running trials close after their current load "
+                   "point (recorded as interrupted, measurements kept). Resume continues the study.")
 @json_option
 def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, warm_k, no_pruning,
-          as_json):
+          time_limit, as_json):
     """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
     from tuner.spec.load import load_study
     from tuner.storage import db
@@ -129,7 +151,7 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
         click.echo(prelude[-1], err=True)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
                          ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
-                         prune=not no_pruning, initial_configs=initial)
+                         prune=not no_pruning, initial_configs=initial, time_limit_s=parse_duration(time_limit))
     runner.create()
     click.echo(f"backend: {kind} ({reason})", err=True)
     _run(runner, spec, trials or spec.trials, as_json, [])
@@ -143,8 +165,10 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--max-failures", type=click.IntRange(min=1), default=None)
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
+@click.option("--time-limit", "time_limit", default=None, metavar="DURATION",
+              help="Wall-clock budget of this run (e.g. 540, 9m, 2h); see `study start --help`.")
 @json_option
-def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, as_json):
+def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, as_json):
     """Continue study NAME to its budget: trials left running by a dead process are marked
     interrupted and their server processes reaped by recorded PID.
 
@@ -157,7 +181,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, a
     spec = load_existing(storage, name)
     row = repo.get_study(db.get_engine(storage, create=False), name)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
-                         parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures)
+                         parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures,
+                         time_limit_s=parse_duration(time_limit))
     recovered = runner.recover_interrupted()
     prelude = [f"marked {len(recovered)} interrupted trial(s): {recovered}"] if recovered else []
     if not as_json:

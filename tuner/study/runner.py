@@ -105,8 +105,13 @@ class StudyRunner:
                  parallel: int = 1, ray_address: str | None = None, use_ray: bool = True, seed: int | None = None,
                  max_failures: int | None = None, on_event: Callable[[str, dict], None] | None = None,
                  workdir: str = "results/runs", prescreen: bool = True, prune: bool = True,
-                 initial_configs: list[dict] | None = None):
+                 initial_configs: list[dict] | None = None, time_limit_s: float | None = None):
         self.study = study
+        # wall-clock budget of this run: no trial starts that the run's own trials say cannot
+        # finish inside it, and trials still running when it ends are interrupted
+        self.time_limit_s = time_limit_s
+        self._trial_walls: list[float] = []
+        self._winding_down: str | None = None  # reason running trials are being closed early
         self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.fidelity)
         self.initial_configs = list(initial_configs or [])  # launched right after the baseline
         self.storage_url = storage_url
@@ -211,6 +216,12 @@ class StudyRunner:
         asks = 0
         try:
             while True:
+                if self.time_limit_s is not None and self._winding_down is None:
+                    why = self._time_limit_reason(time.time() - t0)
+                    if why and stopped_reason is None:
+                        stopped_reason = why
+                    if why and time.time() - t0 >= self.time_limit_s:
+                        self._winding_down = why  # running trials close after their current step
                 can_start = (launched < budget and len(self._running) < self.parallel and stopped_reason is None
                              and not self._stop.is_set())
                 if can_start:
@@ -253,6 +264,19 @@ class StudyRunner:
             enqueued=self._counts["enqueued"])
         self.on_event("end", outcome.to_dict())
         return outcome
+
+    def _time_limit_reason(self, elapsed_s: float) -> str | None:
+        """Why the time limit stops this run now (None: it does not)."""
+        if elapsed_s >= self.time_limit_s:
+            return f"time limit of {self.time_limit_s:g} s reached"
+        if self._trial_walls and not self._running:
+            import statistics
+
+            expected = statistics.median(self._trial_walls)
+            if elapsed_s + expected > self.time_limit_s:
+                return (f"time limit: {self.time_limit_s - elapsed_s:.0f} s left, a trial here takes about "
+                        f"{expected:.0f} s")
+        return None
 
     def _make_executor(self):
         from tuner.study.executor import InProcessExecutor, RayExecutor
@@ -425,6 +449,10 @@ class StudyRunner:
             self._next_step(rt, executor)
 
     def _next_step(self, rt: RunningTrial, executor) -> None:
+        if self._winding_down:  # the run's time is up: keep what was measured, free the GPUs
+            rt.pending_outcome = ("interrupted", None, "interrupted", self._winding_down)
+            executor.submit(rt.number, "close")
+            return
         users = rt.search.next_users()
         if users is not None:
             executor.submit(rt.number, "measure", users)
@@ -434,6 +462,8 @@ class StudyRunner:
 
     def _finish(self, rt, ostudy, status, capacity, failure_class, reason, log_path=None) -> None:
         self._running.pop(rt.number, None)
+        if status in ("complete", "pruned", "failed"):
+            self._trial_walls.append(time.time() - rt.started_at)
         extra = {"log_path": log_path} if log_path else {}
         repo.finish_trial(self.engine, self.study.name, rt.number, status=status, capacity_users=capacity,
                           failure_class=failure_class, failure_reason=reason, **extra)
