@@ -218,3 +218,29 @@ def test_durations_are_checked():
     for bad in ("soon", "-5", "0", "999d"):
         with pytest.raises(ConfigError):
             parse_duration(bad)
+
+
+def test_verify_export_starts_the_exported_yaml_and_compares_with_the_trial(finished):
+    tmp, storage, outcome = finished
+    out = tmp / "best-check.yaml"
+    assert run_cli(["study", "export", "fake-sglang", "--storage", storage, "-o", str(out),
+                    "--sglang-version", "0.5.17"], cwd=tmp).returncode == 0
+    result_path = tmp / "check.json"
+    r = run_cli(["study", "verify-export", "fake-sglang", str(out), "--storage", storage, "--json",
+                 "-o", str(result_path)], cwd=tmp)
+    assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: measured, but not within 10% on a busy CPU
+    data = json.loads(r.stdout)
+    assert data == json.loads(result_path.read_text())
+    assert data["users"] == outcome["best_capacity_users"] and data["requests"] > 0
+    assert data["export_p90_ttft_s"] > 0 and data["export_p90_tpot_s"] > 0
+    assert data["ok"] == (r.returncode == 0) == (data["within_agreement"] and data["export_meets_slo"])
+    log = next((tmp / "results" / "runs" / "fake-sglang-export-check").glob("trial-*/sglang0.log")).read_text()
+    assert f"--config {out.resolve()}" in log.splitlines()[0]  # the exported file, not a re-rendered one
+
+
+def test_verify_export_refuses_a_file_that_is_not_an_export(finished, tmp_path):
+    tmp, storage, _ = finished
+    bogus = tmp_path / "x.yaml"
+    bogus.write_text("tp-size: 1\n")
+    r = run_cli(["study", "verify-export", "fake-sglang", str(bogus), "--storage", storage], cwd=tmp)
+    assert r.returncode == 2 and "launch:" in r.stderr

@@ -302,6 +302,46 @@ def export(name, output, trial_number, sglang_version, storage):
         click.echo(n, err=True)
 
 
+@study.command(name="verify-export")
+@click.argument("name")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--users", type=click.IntRange(min=1), default=None,
+              help="Users to replay (default: the trial's capacity).")
+@click.option("--trial", "trial_number", type=int, default=None, help="The trial CONFIG was exported from (default: the best).")
+@click.option("-o", "--output", default=None, help="Also write the result as JSON here.")
+@storage_option
+@json_option
+def verify_export(name, config, users, trial_number, output, storage, as_json):
+    """Start SGLang from an exported CONFIG (as its header's launch line says) on this machine's GPUs,
+    replay NAME's workload at the trial's capacity and compare P90 TTFT and TPOT with what the trial
+    measured there. Exit 0 when both are within 10% and within the SLO, 1 otherwise."""
+    import json
+
+    from tuner.study.verify_export import verify_export as run_check
+
+    result = run_check(storage, name, config, users=users, trial_number=trial_number)
+    data = result.to_dict()
+    if output:
+        from pathlib import Path
+
+        Path(output).write_text(json.dumps(data, indent=1) + "\n")
+    if as_json:
+        emit_json(data)
+    else:
+        def ms(x):
+            return "-" if x is None else f"{x * 1000:.1f} ms"
+
+        click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config}:")
+        click.echo(f"  P90 TTFT  trial {ms(result.trial_p90_ttft_s)}  export {ms(result.export_p90_ttft_s)}  "
+                   f"({(result.ttft_rel_diff or 0) * 100:.1f}% apart)")
+        click.echo(f"  P90 TPOT  trial {ms(result.trial_p90_tpot_s)}  export {ms(result.export_p90_tpot_s)}  "
+                   f"({(result.tpot_rel_diff or 0) * 100:.1f}% apart)")
+        click.echo(f"  within 10%: {'yes' if result.within_agreement else 'NO'}; within the SLO: "
+                   f"{'yes' if result.export_meets_slo else 'NO'}" + (f"; {result.note}" if result.note else ""))
+    if not result.ok:
+        sys.exit(1)
+
+
 # Extra study subcommands living in their own modules (loaded only if present).
 for _mod, _attr in (("tuner.cli.study_report", "report"),):
     try:

@@ -256,9 +256,11 @@ class LiveDeployment(Deployment):
         self._closed = True
         from tuner.backends import gpu
 
+        t0 = time.monotonic()
         report: dict[str, Any] = {"gpu_summary": self.sampler.stop()}
         pids = self.stack.pids
         survivors = self.stack.close()
+        report["processes_stopped_s"] = round(time.monotonic() - t0, 3)
         report["survivors"] = sorted(survivors)
         if self._gpu_ids:
             report["gpu_release"] = gpu.wait_memory_released(self._gpu_ids, pids, timeout_s=60.0,
@@ -269,6 +271,7 @@ class LiveDeployment(Deployment):
                           report["gpu_release"])
         if survivors:
             log.error("trial %d: processes %s survived teardown", self.request.trial_number, sorted(survivors))
+        report["teardown_s"] = round(time.monotonic() - t0, 3)  # until the GPU memory was back (where NVML works)
         self._close_report = report
 
     @property

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call on the H200 machine: install SGLang 0.5.17 (the kit), Ray and tuner's own wheels,
+# then start or resume ONE study for at most LIMIT seconds, and leave its database, logs,
+# /server_info snapshots and status under $OUT. Run from the repository root:
+#
+#   OUT=/tmp/out STUDY=h200-sglang-qwen3 LIMIT=480 TRIALS=9 bash results/h200-sglang/run.sh
+#
+# Needs, in the checkout (ignored by git): .sglkit/ (the kit, without archives/hf.tar.xz) and .whl/
+# (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12); see README.md beside this file.
+set -uo pipefail
+STUDY=${STUDY:?name of a studies/*.yaml}
+LIMIT=${LIMIT:-480}
+OUT=${OUT:-/tmp/out}
+DB="results/h200-sglang/$STUDY.db"
+t0=$(date +%s)
+mkdir -p "$OUT"
+SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+  >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15
+python3 - <<'PY' || exit 1
+import importlib.metadata as m, sys, time
+t = time.time()
+import sglang, ray, optuna, sqlalchemy, transformers, torch, tuner  # noqa: F401
+print(f"python {sys.version.split()[0]} sglang {m.version('sglang')} ray {ray.__version__} optuna {optuna.__version__} "
+      f"torch {torch.__version__} transformers {transformers.__version__} cuda {torch.cuda.is_available()} "
+      f"({time.time() - t:.1f} s to import)")
+PY
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu-before.csv"
+free -g | head -2
+left=$(( LIMIT - ($(date +%s) - t0) ))
+if [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
+  python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" --time-limit "$left" ${TRIALS:+--trials $TRIALS} \
+    2>&1 | tee "$OUT/study.log"
+else
+  python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" --time-limit "$left" \
+    ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
+fi
+python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$OUT/status.json" 2>&1
+cp "$DB" "$OUT/"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu-after.csv"
+# logs, --config YAML, rendered config.json and /server_info of every trial (PID files left out)
+tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs "$STUDY" 2>/dev/null
+ls -la "$OUT"
+echo "call took $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,147 @@
+"""Close the loop on an export: start SGLang from the exported ``--config`` YAML and replay the
+study's workload at the trial's capacity, then compare with what the trial measured there.
+
+The server is started the way the export's header says (``launch: sglang serve --config F
+[flags its --config parser refuses]``), on this machine's GPUs, with the launch-only arguments a
+study adds (host, port, and for dummy-weight studies ``--model-path <rendered config>
+--load-format dummy --skip-tokenizer-init``). One load point is replayed with the study's
+workload, window and seed rule; P90 TTFT and P90 TPOT are set against the trial's measurement at
+the same user count, and both against the study's SLO.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError, StudyNotFoundError
+
+AGREEMENT = 0.10  # |exported - trial| / trial for P90 TTFT and P90 TPOT
+
+
+@dataclass
+class ExportCheck:
+    study: str
+    trial_number: int
+    users: int
+    config_path: str
+    launch_args: list[str]
+    trial_p90_ttft_s: float
+    trial_p90_tpot_s: float
+    export_p90_ttft_s: float | None
+    export_p90_tpot_s: float | None
+    ttft_rel_diff: float | None
+    tpot_rel_diff: float | None
+    export_meets_slo: bool
+    within_agreement: bool
+    requests: int
+    server_ready_s: float | None
+    kv_capacity_tokens: int | None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.within_agreement and self.export_meets_slo
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok, "agreement": AGREEMENT}
+
+
+def launch_args_from_header(text: str) -> list[str]:
+    """The arguments after ``--config FILE`` on the export header's ``launch:`` line."""
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        body = line.lstrip("#").strip()
+        if body.startswith("launch:"):
+            argv = shlex.split(body.removeprefix("launch:"))
+            if "--config" not in argv:
+                raise ConfigError("the export's launch line has no --config", key="launch")
+            i = argv.index("--config")
+            return argv[i + 2:]
+    raise ConfigError("no 'launch:' line in the header: not a file written by `tuner study export`", key="header")
+
+
+def _reference(trial: dict, users: int) -> dict:
+    points = [m for m in trial.get("measurements") or [] if m["users"] == users and m.get("valid", True)]
+    if not points:
+        have = sorted({m["users"] for m in trial.get("measurements") or []})
+        raise ConfigError(f"trial {trial['number']} has no measurement at {users} users; it has {have}", key="--users")
+    return points[-1]
+
+
+def verify_export(storage: str, name: str, config_path: str, *, users: int | None = None,
+                  trial_number: int | None = None, workdir: str = "results/runs") -> ExportCheck:
+    from tuner.backends.sglang import SGLangBackend
+    from tuner.evaluation.base import TrialRequest
+    from tuner.evaluation.live import LiveEvaluator
+    from tuner.study.executor import _local_gpu_ids
+    from tuner.study.export import _pick
+    from tuner.study.runner import load_existing
+    from tuner.study.summary import study_summary
+
+    path = Path(config_path)
+    if not path.is_file():
+        raise ConfigError("the exported YAML does not exist", file=str(path))
+    text = path.read_text()
+    launch_args = launch_args_from_header(text)
+    summary = study_summary(storage, name, readonly=True)
+    spec = load_existing(storage, name)
+    if spec.space().engine != "sglang":
+        raise ConfigError("only SGLang studies export a --config file to verify", key="study")
+    trial = _pick(summary, trial_number)
+    users = users or trial.get("capacity_users")
+    if not users:
+        raise StudyNotFoundError(f"trial {trial['number']} has no capacity to replay at; give --users")
+    ref = _reference(trial, users)
+
+    class ExportedConfig(SGLangBackend):
+        """The trial's launch plan with the exported file (and its launch line) in place of the trial's."""
+
+        def build_plan(self, request, trial_dir):
+            plan = super().build_plan(request, trial_dir)
+            for spec_ in plan.servers:
+                argv = list(spec_.argv)
+                i = argv.index("--config")
+                argv[i + 1] = str(path.resolve())
+                for flag in plan.facts.get("command_line_flags") or []:  # the trial's own overflow ...
+                    if flag in argv:
+                        argv.remove(flag)
+                spec_.argv = [*argv, *launch_args]  # ... replaced by what the export says to pass
+            plan.files["config"] = str(path.resolve())
+            return plan
+
+    request = TrialRequest(study=spec, trial_number=trial["number"], flags=dict(trial["flags"]),
+                           knobs=dict(trial["knobs"]), workdir=f"{Path(workdir).resolve()}/{name}-export-check",
+                           seed=spec.seed + trial["number"])
+    evaluator = LiveEvaluator(ExportedConfig())
+    gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
+    request = TrialRequest(**{**request.__dict__, "gpu_ids": gpu_ids})
+    deployment = evaluator.deploy(request)
+    try:
+        # the trial's first load point used seed + 1009 * step: replay the step that measured `users`
+        deployment.measurements = int(ref.get("step", 0))
+        metrics = deployment.measure(users)
+        tel = deployment.telemetry()
+    finally:
+        deployment.close()
+    slo = spec.slo
+
+    def rel(a, b):
+        return None if a is None or not b else round(abs(a - b) / b, 4)
+
+    d_ttft, d_tpot = rel(metrics.p90_ttft_s, ref["p90_ttft_s"]), rel(metrics.p90_tpot_s, ref["p90_tpot_s"])
+    meets = bool(metrics.valid and metrics.p90_ttft_s is not None and metrics.p90_tpot_s is not None
+                 and metrics.p90_ttft_s <= slo.p90_ttft_s and metrics.p90_tpot_s <= slo.p90_tpot_s)
+    ready = tel.get("ready_after_s") or {}
+    return ExportCheck(
+        study=name, trial_number=trial["number"], users=users, config_path=str(path), launch_args=launch_args,
+        trial_p90_ttft_s=ref["p90_ttft_s"], trial_p90_tpot_s=ref["p90_tpot_s"],
+        export_p90_ttft_s=metrics.p90_ttft_s, export_p90_tpot_s=metrics.p90_tpot_s,
+        ttft_rel_diff=d_ttft, tpot_rel_diff=d_tpot, export_meets_slo=meets,
+        within_agreement=d_ttft is not None and d_tpot is not None and d_ttft <= AGREEMENT and d_tpot <= AGREEMENT,
+        requests=metrics.requests, server_ready_s=next(iter(ready.values()), None),
+        kv_capacity_tokens=deployment.measured_kv_capacity_tokens_total,
+        note="" if metrics.valid else f"invalid load point: {metrics.invalid_reason}")
