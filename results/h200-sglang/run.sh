@@ -19,7 +19,7 @@ tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
 export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 python3 - <<'PY' || exit 1
 import importlib.metadata as m, sys, time
 t = time.time()
