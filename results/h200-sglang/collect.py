@@ -1,0 +1,45 @@
+"""Bring one device call's output into results/h200-sglang/: the study database, each trial's
+--config YAML, rendered config.json, /server_info snapshot and gzipped server log, and the call's
+own log. Usage: python results/h200-sglang/collect.py CALL_OUT_DIR CALL_NAME"""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(out_dir: str, call: str) -> None:
+    src = Path(out_dir)
+    calls = HERE / "calls" / call
+    calls.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix == ".db":
+            shutil.copyfile(f, HERE / f.name)
+        elif f.suffix in (".log", ".csv", ".json") and f.is_file():
+            shutil.copyfile(f, calls / f.name)
+    for tgz in src.glob("runs-*.tgz"):
+        with tarfile.open(tgz) as tar:
+            for m in tar.getmembers():
+                if not m.isfile():
+                    continue
+                rel = Path(m.name)
+                if rel.name.endswith(".pids.json"):
+                    continue
+                dest = HERE / "runs" / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                data = tar.extractfile(m).read()
+                if rel.suffix == ".log":
+                    with gzip.open(str(dest) + ".gz", "wb", compresslevel=9) as g:
+                        g.write(data)
+                else:
+                    dest.write_bytes(data)
+    print(f"collected {src} -> {HERE} (call {call})")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
