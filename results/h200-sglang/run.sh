@@ -31,12 +31,14 @@ PY
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu-before.csv"
 free -g | head -2
 left=$(( LIMIT - ($(date +%s) - t0) ))
+# --time-limit lets the running trial finish its load point; Ctrl-C (SIGINT) 75 s later is the backstop,
+# so that the database always comes back
 if [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
-  python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" --time-limit "$left" ${TRIALS:+--trials $TRIALS} \
-    2>&1 | tee "$OUT/study.log"
+  timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
+    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
 else
-  python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" --time-limit "$left" \
-    ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
+  timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
+    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
 fi
 python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$OUT/status.json" 2>&1
 cp "$DB" "$OUT/"
