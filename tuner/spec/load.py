@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tuner import safeyaml
 from tuner.errors import ConfigError
-from tuner.spec import expr
+from tuner.spec import expr, exprcheck
 from tuner.spec.knobs import SGLANG_KNOBS
 from tuner.spec.schema import SearchSpaceSpec, StudySpec
 
@@ -51,20 +52,9 @@ def resolve_file(name_or_path: str, folder: str, *, near: Path | None = None, wh
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})",
-                          file=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"malformed YAML{where}: {problem}", file=str(path)) from None
+    """A YAML mapping from ``path``, read within tuner.safeyaml's limits (size, nesting, aliases,
+    duplicate keys)."""
+    data = safeyaml.load_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"the top level must be a mapping of keys, got {type(data).__name__}", file=str(path))
     return data
@@ -175,6 +165,7 @@ def check_search_space(space: SearchSpaceSpec, file: str, *, prefix: str = "", e
         if unknown:
             raise ConfigError(f"constraint {c!r} names unknown {sorted(unknown)}; known: "
                               + ", ".join(sorted(known_vars)), file=file, key=f"{prefix}constraints[{i}]")
+    exprcheck.check_expressions(space, file, prefix=prefix)  # those without the study's GPU counts
 
 
 def load_search_space(name_or_path: str, *, near: Path | None = None) -> tuple[SearchSpaceSpec, Path]:
@@ -210,12 +201,16 @@ def load_study(name_or_path: str) -> StudySpec:
 
     if isinstance(study.search_space, str):
         try:
-            space, _ = load_search_space(study.search_space, near=root)
+            space, space_path = load_search_space(study.search_space, near=root)
         except ConfigError as exc:
             raise ConfigError(f"{exc}", file=None if exc.file else file, key=None if exc.file else "search_space") from None
+        space_file, space_prefix = str(space_path), ""
     else:
         space = study.search_space
         check_search_space(space, file, prefix="search_space.", env_names=ENV_NAMES)
+        space_file, space_prefix = file, "search_space."
+    # with this study's GPU counts: the expressions that use gpus / gpus_per_node / nodes
+    exprcheck.check_expressions(space, space_file, prefix=space_prefix, env=exprcheck.expression_env(study.hardware))
     workload = _resolve_workload(study.workload, file, root)
     if space.engine == "sglang":
         from tuner import catalog

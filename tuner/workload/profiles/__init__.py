@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from tuner import safeyaml
 from tuner.errors import ConfigError
 from tuner.workload.session import WorkloadProfile
 
@@ -67,7 +68,9 @@ def profile_from_dict(data, *, source: str = "<workload>") -> WorkloadProfile:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
+        if "input" in err and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {err['input']!r:.80})"
         if err["type"] == "extra_forbidden":
             valid = ", ".join(WorkloadProfile.model_fields)
             msg = f"unknown key; valid keys: {valid}"
@@ -77,16 +80,7 @@ def profile_from_dict(data, *, source: str = "<workload>") -> WorkloadProfile:
 
 def load_profile(name_or_path: str | os.PathLike, search_dirs=None) -> WorkloadProfile:
     path = resolve_profile_path(name_or_path, search_dirs)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is not UTF-8)", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=str(path)) from None
+    data = safeyaml.load_file(path)  # size, nesting, aliases and duplicate keys bounded
     if data is None:
         raise ConfigError("file is empty", file=str(path))
     return profile_from_dict(data, source=str(path))
