@@ -31,6 +31,11 @@ MAX_BYTES = 1024 * 1024
 MAX_DEPTH = 32
 MAX_ALIASES = 64
 MAX_NODES = 100_000
+MAX_NUMBER_CHARS = 100  # a plain scalar of digits longer than this is no sensible number
+
+
+def _looks_numeric(value: str) -> bool:
+    return value.lstrip("+-").replace("_", "").replace(".", "").replace("e", "").replace("E", "").isdigit()
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where installed: parsing in C
 
@@ -115,6 +120,10 @@ def _scan(text: str, file: str | None) -> dict[tuple[int, int], str]:
                 finished_value()
             elif isinstance(event, yaml.ScalarEvent):
                 add(1)
+                if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _looks_numeric(event.value):
+                    raise ConfigError(f"a number of {len(event.value):,} characters at line "
+                                      f"{event.start_mark.line + 1}; at most {MAX_NUMBER_CHARS}",
+                                      file=file, key=key_of(stack))
                 if event.anchor:
                     sizes[event.anchor] = 1
                 if stack and stack[-1].kind == "map" and stack[-1].expect_key:

@@ -90,7 +90,10 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], file: str, prefix: tuple = ()) -> ConfigError:
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    # `str | Model` fields: the str branch's complaint about a mapping is noise beside the model's
+    errors = [e for e in errors if not (e["type"] == "string_type" and isinstance(e.get("input"), dict))] or errors
+    for err in errors:
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "str", "WorkloadProfile", "SearchSpaceSpec"))))
         key = _loc(prefix + loc)
         if err["type"] == "extra_forbidden":

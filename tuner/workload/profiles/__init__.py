@@ -8,6 +8,7 @@ A path to a YAML file works too.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -84,6 +85,24 @@ def load_profile(name_or_path: str | os.PathLike, search_dirs=None) -> WorkloadP
     if data is None:
         raise ConfigError("file is empty", file=str(path))
     return profile_from_dict(data, source=str(path))
+
+
+def profile_name(name: str | None, output: os.PathLike | None) -> str:
+    """The name of a fitted profile: ``name`` (checked), else the output file's stem made into a
+    name (other characters become '-'), else 'fitted'."""
+    from tuner import limits
+
+    if name is not None:
+        problem = limits.name_problem(name)
+        if problem:
+            raise ConfigError(f"invalid profile name {name!r:.80}: {problem}; a name has {limits.NAME_RULE}",
+                              key="--name")
+        return name
+    if output is None:
+        return "fitted"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(output).stem).strip("-._")
+    stem = re.sub(r"\.{2,}", ".", stem)[: limits.MAX_NAME_CHARS].rstrip("-._")
+    return stem if limits.name_problem(stem) is None else "fitted"
 
 
 def dump_profile(profile: WorkloadProfile, header: str = "") -> str:
