@@ -349,7 +349,8 @@ class _QuietBadRequests(logging.Filter):
         exc = record.exc_info[1]
         if isinstance(exc, HttpProcessingError):
             return log.isEnabledFor(logging.DEBUG)
-        record.msg = f"{record.getMessage()}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        record.msg = f"{record.getMessage()}: {type(exc).__name__}: {first}"
         record.args, record.exc_info, record.exc_text = (), None, None
         return True
 

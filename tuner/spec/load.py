@@ -105,7 +105,10 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], file: 
             lines.append(f"{key}: required key is missing")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err.get("input"), dict) else f"{key}: {msg}")
+            shown = repr(err.get("input"))
+            shown = shown if len(shown) <= 120 else shown[:117] + "..."
+            echoed = "input" in err and not isinstance(err.get("input"), dict) and shown[:40] not in msg
+            lines.append(f"{key}: {msg} (got {shown})" if echoed else f"{key}: {msg}")
     first, rest = lines[0], lines[1:]
     more = "".join(f"\n  {line}" for line in rest)
     return ConfigError(first + more, file=file)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from tuner import limits as L
 from tuner.spec import expr
@@ -17,6 +17,19 @@ from tuner.workload.session import WorkloadProfile
 
 ModelRef = Annotated[str, BeforeValidator(L.text_check(L.MAX_TEXT_CHARS)), Field(min_length=1)]
 KnobNumber = L.number(float, -L.MAX_KNOB_NUMBER, L.MAX_KNOB_NUMBER)
+GpusPerNode = L.number(int, 0, L.MAX_GPUS_PER_NODE)
+Nodes = L.number(int, 1, L.MAX_NODES)
+HostMemoryGB = L.number(float, 0, L.MAX_HOST_MEMORY_GB, lo_open=True, unit="GB")
+TtftSeconds = L.number(float, 0, L.MAX_SLO_TTFT_S, lo_open=True, unit="s", description="P90 time to first token")
+TpotSeconds = L.number(float, 0, L.MAX_SLO_TPOT_S, lo_open=True, unit="s", description="P90 time per output token")
+ResolutionUsers = L.number(int, 1, L.MAX_USERS, unit="users",
+                           description="bisection stops when the bracket is this narrow")
+GrowthFactor = L.number(float, L.MIN_GROWTH_FACTOR, L.MAX_GROWTH_FACTOR)
+WarmupSeconds = L.number(float, 0, L.MAX_WINDOW_S, unit="s")
+Fraction = L.number(float, 0, 1)
+TimeScale = L.number(float, L.MIN_TIME_SCALE, L.MAX_TIME_SCALE,
+                     description="multiplies think times (tests and dry runs)")
+Trials = L.number(int, 1, L.MAX_TRIALS)
 
 
 class _Strict(BaseModel):
@@ -49,26 +62,37 @@ def value_problem(v) -> str | None:
     return None
 
 
+def _knob_value(v):
+    problem = value_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def _expression(v):
+    try:
+        expr.parse(v)
+    except expr.ExpressionError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
+#: one entry of ``values``: null, a bool, a bounded number or a short string
+KnobValue = Annotated[Any, BeforeValidator(_knob_value)]
+#: a condition or constraint (tuner.spec.expr), parsed with its length, depth and cost limits
+Expression = Annotated[str, AfterValidator(_expression), Field(json_schema_extra={"maxLength": expr.MAX_CHARS})]
+
+
 class ParamSpec(_Strict):
     """One knob: a list of ``values`` (None = leave SGLang's default) or a numeric range."""
 
-    values: list[Any] | None = Field(default=None, max_length=L.MAX_VALUES_PER_PARAM)
+    values: list[KnobValue] | None = Field(default=None, max_length=L.MAX_VALUES_PER_PARAM)
     low: KnobNumber | None = None
     high: KnobNumber | None = None
     step: KnobNumber | None = None
     log: bool = False
-    condition: str | None = Field(default=None, max_length=expr.MAX_CHARS, description="only sampled when this holds")
+    condition: Expression | None = Field(default=None, description="only sampled when this holds")
     help: L.Text = ""
-
-    @field_validator("values", mode="before")
-    @classmethod
-    def _primitive_values(cls, v):
-        if isinstance(v, list):
-            for i, item in enumerate(v):
-                problem = value_problem(item)
-                if problem:
-                    raise ValueError(f"values[{i}] ({item!r:.60}): {problem}")
-        return v
 
     @model_validator(mode="after")
     def _shape(self):
@@ -93,11 +117,6 @@ class ParamSpec(_Strict):
                 if points > L.MAX_GRID_POINTS_PER_PARAM:
                     raise ValueError(f"step {self.step:g} divides [{self.low:g}, {self.high:g}] into {points:,.0f} "
                                      f"values; at most {L.MAX_GRID_POINTS_PER_PARAM:,} (use a larger step)")
-        if self.condition is not None:
-            try:
-                expr.parse(self.condition)
-            except expr.ExpressionError as exc:
-                raise ValueError(str(exc)) from None
         return self
 
     @property
@@ -127,8 +146,8 @@ class SearchSpaceSpec(_Strict):
     description: L.Text = ""
     engine: Literal["sglang", "transformers"] = "sglang"
     params: dict[str, ParamSpec] = Field(max_length=L.MAX_PARAMS)
-    constraints: list[str] = Field(default_factory=list, max_length=L.MAX_CONSTRAINTS,
-                                   description="must all hold for a configuration to run")
+    constraints: list[Expression] = Field(default_factory=list, max_length=L.MAX_CONSTRAINTS,
+                                          description="must all hold for a configuration to run")
 
     @field_validator("name", mode="before")
     @classmethod
@@ -157,22 +176,12 @@ class SearchSpaceSpec(_Strict):
             raise ValueError("no parameters: name at least one knob")
         return v
 
-    @field_validator("constraints")
-    @classmethod
-    def _parse_constraints(cls, v):
-        for i, c in enumerate(v):
-            try:
-                expr.parse(c)
-            except expr.ExpressionError as exc:
-                raise ValueError(f"[{i}]: {exc}") from None
-        return v
-
 
 class HardwareSpec(_Strict):
     gpu: L.Name = Field(description="catalog GPU name: h100, h200, b200, rtx-pro-6000 (or 'cpu' for CPU engines)")
-    gpus_per_node: L.number(int, 0, L.MAX_GPUS_PER_NODE) = 8
-    nodes: L.number(int, 1, L.MAX_NODES) = 1
-    host_memory_gb: L.number(float, 0, L.MAX_HOST_MEMORY_GB, lo_open=True, unit="GB") = 2048
+    gpus_per_node: GpusPerNode = 8
+    nodes: Nodes = 1
+    host_memory_gb: HostMemoryGB = 2048
 
     @property
     def total_gpus(self) -> int:
@@ -180,10 +189,8 @@ class HardwareSpec(_Strict):
 
 
 class SLOSpec(_Strict):
-    p90_ttft_s: L.number(float, 0, L.MAX_SLO_TTFT_S, lo_open=True, unit="s",
-                         description="P90 time to first token, seconds")
-    p90_tpot_s: L.number(float, 0, L.MAX_SLO_TPOT_S, lo_open=True, unit="s",
-                         description="P90 time per output token, seconds")
+    p90_ttft_s: TtftSeconds
+    p90_tpot_s: TpotSeconds
 
 
 class CapacitySpec(_Strict):
@@ -191,9 +198,8 @@ class CapacitySpec(_Strict):
 
     start_users: L.Users = 8
     max_users: L.Users = 512
-    resolution_users: L.number(int, 1, L.MAX_USERS, unit="users",
-                               description="bisection stops when the bracket is this narrow") = 2
-    growth_factor: L.number(float, L.MIN_GROWTH_FACTOR, L.MAX_GROWTH_FACTOR) = 2.0
+    resolution_users: ResolutionUsers = 2
+    growth_factor: GrowthFactor = 2.0
 
     @model_validator(mode="after")
     def _order(self):
@@ -203,11 +209,10 @@ class CapacitySpec(_Strict):
 
 
 class MeasurementSpec(_Strict):
-    warmup_s: L.number(float, 0, L.MAX_WINDOW_S, unit="s") = 120
+    warmup_s: WarmupSeconds = 120
     duration_s: L.WindowSeconds = 600
-    max_error_rate: L.number(float, 0, 1) = 0.05
-    time_scale: L.number(float, L.MIN_TIME_SCALE, L.MAX_TIME_SCALE,
-                         description="multiplies think times (tests and dry runs)") = 1.0
+    max_error_rate: Fraction = 0.05
+    time_scale: TimeScale = 1.0
     request_timeout_s: L.WindowSeconds = 600
 
 
@@ -235,7 +240,7 @@ class StudySpec(_Strict):
     capacity: CapacitySpec = CapacitySpec()
     measurement: MeasurementSpec = MeasurementSpec()
     baseline: dict[str, Any] = Field(default_factory=dict, description="flags of trial 0 (SGLang defaults + these)")
-    trials: L.number(int, 1, L.MAX_TRIALS) = 30
+    trials: Trials = 30
     sampler: Literal["default", "tpe", "random", "gp", "grid"] = "default"
     backend: Literal["auto", "simulator", "sglang", "transformers", "serve-sim"] = "auto"
     backend_options: dict[str, Any] = Field(default_factory=dict)

@@ -21,6 +21,10 @@ Mu = L.number(float, -L.MAX_LOGNORMAL_MU, L.MAX_LOGNORMAL_MU, description="mean 
 Sigma = L.number(float, 0, L.MAX_LOGNORMAL_SIGMA, description="standard deviation of ln x")
 Bound = L.number(float, 0, L.MAX_LOGNORMAL_BOUND)
 Tokens = L.number(int, 0, L.MAX_TOKENS, unit="tokens")
+ContextTokens = L.number(int, 1, L.MAX_TOKENS, unit="tokens",
+                         description="a session ends before its prompt would exceed this")
+Scale = L.number(float, 0, L.MAX_WORKLOAD_SCALE, lo_open=True,
+                 description="multiplies every token length (to fit shorter context windows)")
 
 
 class LogNormal(BaseModel):
@@ -67,10 +71,8 @@ class WorkloadProfile(BaseModel):
     output_tokens_per_turn: LogNormal
     turns_per_session: LogNormal
     think_time_s: LogNormal  # pause between a response and the next turn (tool run, user)
-    max_context_tokens: L.number(int, 1, L.MAX_TOKENS, unit="tokens",
-                                 description="a session ends before its prompt would exceed this") = 131072
-    scale: L.number(float, 0, L.MAX_WORKLOAD_SCALE, lo_open=True,
-                    description="multiplies every token length (to fit shorter context windows)") = 1.0
+    max_context_tokens: ContextTokens = 131072
+    scale: Scale = 1.0
 
 
 @dataclass(frozen=True)
