@@ -43,6 +43,8 @@ def check_target(target: str | os.PathLike) -> Path:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
+    except NotADirectoryError:
+        st = None  # a parent is a file: named below
     except OSError as exc:
         raise _refuse(path, exc.strerror or str(exc)) from None
     if st is not None and not stat.S_ISREG(st.st_mode):
@@ -52,12 +54,10 @@ def check_target(target: str | os.PathLike) -> Path:
     # the nearest existing directory above it must be a directory we may write in
     parent = path.parent if str(path.parent) else Path(".")
     probe = parent
-    while not probe.exists():
-        if probe.is_symlink():
-            raise _refuse(path, f"{probe} is a dangling symbolic link")
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent  # directories that do not exist yet are created
+    if probe.is_symlink() and not probe.exists():
+        raise _refuse(path, f"{probe} is a dangling symbolic link")
     if not probe.is_dir():
         raise _refuse(path, f"{probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):

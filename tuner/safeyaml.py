@@ -199,6 +199,14 @@ def loads(text: str, *, file: str | None = None) -> Any:
         loader.dispose()
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
 def read_text(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``limit`` bytes (a leading BOM is dropped)."""
     p = Path(path)
@@ -206,7 +214,7 @@ def read_text(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> str:
     try:
         st = os.stat(p)  # before opening: opening a FIFO would block
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError("not a regular file", file=file)
+            raise ConfigError(f"{_kind(st.st_mode)}, not a regular file", file=file)
         if st.st_size > limit:
             raise ConfigError(f"the file is {st.st_size:,} bytes; at most {limit:,} are read "
                               "(is this the right file?)", file=file)

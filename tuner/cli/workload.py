@@ -54,7 +54,7 @@ def stats(file, fmt, skip_bad, as_json):
 
 @workload.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the fitted profile here (YAML).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the fitted profile here (YAML).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem, else 'fitted').")
 @_format_option
 @click.option("--system-prefix-tokens", type=click.IntRange(min=0), default=None,
@@ -73,7 +73,7 @@ def fit(file, output, name, fmt, system_prefix_tokens, max_context_tokens, inclu
     from tuner.workload.profiles import dump_profile, profile_name
 
     if output:
-        safewrite.check_target(output)  # a bad path is refused before the trace is read
+        output = safewrite.check_target(output)  # a bad path is refused before the trace is read
     name = profile_name(name, output)
     trace = load_trace(file, fmt, skip_bad=skip_bad)
     profile, report = fit_trace(trace, name=name, system_prefix_tokens=system_prefix_tokens,
@@ -165,7 +165,7 @@ def show(profile, sessions, seed, as_json):
 
 @workload.command()
 @click.argument("profile")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="JSONL session log to write.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="JSONL session log to write.")
 @click.option("--sessions", default=100, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def export(profile, output, sessions, seed):

@@ -32,9 +32,9 @@ def resolve_file(name_or_path: str, folder: str, *, near: Path | None = None, wh
     """``NAME`` -> ``<root>/<folder>/NAME.yaml``; an existing path is taken as it is."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if p.is_file():
+        if p.exists():  # a directory or device is refused with its kind when read
             return p
-        if near is not None and (near / p).is_file():
+        if near is not None and (near / p).exists():
             return near / p
         raise ConfigError(f"{what} file {name_or_path!r} does not exist")
     candidates = []
@@ -307,7 +307,7 @@ def spec_hash(study: StudySpec) -> str:
 def validate_file(path: str) -> str:
     """Check one file of any kind; return its kind. Raises ConfigError."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError("file does not exist", file=path)
     data = read_yaml(p)
     if "search_space" in data or "slo" in data:

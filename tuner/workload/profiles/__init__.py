@@ -43,7 +43,7 @@ def resolve_profile_path(name_or_path: str | os.PathLike, search_dirs=None) -> P
     s = str(name_or_path)
     p = Path(s)
     if p.suffix in (".yaml", ".yml") or os.sep in s or "/" in s:
-        if not p.is_file():
+        if not p.exists():  # a directory or device is refused with its kind when read
             raise ConfigError("workload profile file not found", file=s)
         return p
     dirs = default_search_dirs() if search_dirs is None else tuple(Path(d) for d in search_dirs)
