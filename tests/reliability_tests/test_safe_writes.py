@@ -177,3 +177,20 @@ def test_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
     assert info.value.exit_code == 2 and str(out) in str(info.value)
     assert out.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+@pytest.mark.parametrize("name", ["../evil", "a b", "", "x" * 65])
+def test_workload_fit_refuses_a_hostile_profile_name(tmp_path, name):
+    out = tmp_path / "fitted.yaml"
+    code, err = tuner_main(["workload", "fit", str(TRACE), "-o", str(out), "--name", name], tmp_path)
+    assert code == 2 and "--name: invalid profile name" in err, err
+    assert not out.exists()
+
+
+def test_workload_fit_makes_a_name_from_an_awkward_file_name(tmp_path):
+    out = tmp_path / "my fitted (v2).yaml"
+    code, err = tuner_main(["workload", "fit", str(TRACE), "-o", str(out)], tmp_path)
+    assert code == 0, err
+    code, err = tuner_main(["validate", str(out)], tmp_path)
+    assert code == 0, err
+    assert "name: my-fitted-v2" in out.read_text()
