@@ -118,3 +118,15 @@ def test_a_bad_row_names_its_line_and_column(tmp_path):
     path.write_text("\n".join(lines[:5] + [",".join(bad)] + lines[6:]) + "\n")
     code, _, err = tuner_run(["workload", "stats", str(path)], tmp_path)
     assert code == 2 and "line 6: 'input_tokens' is not a number: 'lots'" in err, err
+
+
+def test_absurd_values_give_a_clear_error_when_fitted(tmp_path):
+    lines = WEKA.splitlines()
+    row = lines[3].split(",")
+    row[4] = "99999999999999"  # input tokens of one turn: 10^14
+    path = tmp_path / "absurd.csv"
+    path.write_text("\n".join(lines[:3] + [",".join(row)] + lines[4:]) + "\n")
+    out = tmp_path / "fitted.yaml"
+    code, _, err = tuner_run(["workload", "fit", str(path), "-o", str(out)], tmp_path)
+    assert code == 2 and f"{path}: the fitted" in err and "outside what a workload profile may hold" in err, err
+    assert not out.exists()
