@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability_tests._util import tuner_env, tuner_main
+from tests.reliability_tests._util import digest, tuner_env, tuner_main
 from tests.report_tests.conftest import ServerThread, http
 from tests.report_tests.studydb import run_study
 
@@ -52,10 +52,12 @@ def served(tmp_path_factory):
                 (f"server died, see {tmp}/runs/rep/trial-0002/server.log (storage {storage}, file {db})",))
     con.commit()
     con.close()
+    before = digest(db)
     dash = Dashboard(storage, tmp / "runs", tmp)
     yield dash, tmp, storage
     err = dash.stop()
     assert "Traceback" not in err, err
+    assert digest(db) == before, "the dashboard changed the database"
 
 
 def _get(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
