@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
 import os
 import signal
@@ -163,3 +166,32 @@ def trial_rows(db: Path, study: str) -> dict[int, dict]:
                      "FROM tuner_trials WHERE study_name=? ORDER BY trial_number", (study,))
     return {r[0]: {"status": r[1], "failure_class": r[2], "failure_reason": r[3], "capacity_users": r[4],
                    "pids": json.loads(r[5] or "[]"), "telemetry": json.loads(r[6] or "{}")} for r in rows}
+
+
+def tuner_run(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """The real CLI entry point (`tuner.cli.main`), in this process: (exit code, stdout, stderr)."""
+    from tuner.cli import main
+
+    err, out = io.StringIO(), io.StringIO()
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                main(args)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(old)
+    return code, out.getvalue(), err.getvalue()
+
+
+def tuner_main(args: list[str], cwd: Path) -> tuple[int, str]:
+    """``tuner_run`` without stdout: (exit code, stderr)."""
+    code, _, err = tuner_run(args, cwd)
+    return code, err
+
+
+def digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None

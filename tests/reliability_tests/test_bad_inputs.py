@@ -11,9 +11,6 @@ an internal error.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
 import random
 import shutil
@@ -26,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO, run_cli
+from tests.reliability_tests._util import digest, tuner_main
 
 CORPUS = Path(__file__).parent / "bad_inputs"
 FILES = sorted(p for p in CORPUS.iterdir() if p.suffix == ".yaml")
@@ -44,49 +42,8 @@ def expectation(path: Path) -> tuple[str, str]:
     return key, msg
 
 
-def tuner_main(args: list[str], cwd: Path) -> tuple[int, str]:
-    """The real CLI entry point (`tuner.cli.main`), in this process: (exit code, stderr)."""
-    import os
-
-    from tuner.cli import main
-
-    err, out = io.StringIO(), io.StringIO()
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            try:
-                main(args)
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        os.chdir(old)
-    return code, err.getvalue()
-
-
-def digest(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
-
-
-@pytest.fixture(scope="module")
-def existing_db(tmp_path_factory) -> Path:
-    """A study database with one study in it (tuner's and Optuna's tables)."""
-    tmp = tmp_path_factory.mktemp("db")
-    from tuner.storage import db, repo
-
-    url = f"sqlite:///{tmp}/tuner.db"
-    engine = db.get_engine(url)
-    db.ensure_schema(engine)
-    repo.create_study(engine, name="kept", spec_yaml="name: kept\n", spec_hash="0" * 16, source_path=None,
-                      backend_kind="simulator", target_users=50, p90_ttft_slo_s=30, p90_tpot_slo_s=0.05,
-                      trials_budget=3, tuner_version="0.1.0")
-    engine.dispose()
-    return tmp / "tuner.db"
-
-
 def test_corpus_is_big_enough():
-    assert len(FILES) >= 30
+    assert len(FILES) >= 140
     kinds = {p.name[0] for p in FILES}
     assert kinds == {"s", "p", "w"}, "studies, search spaces and workloads are all covered"
 

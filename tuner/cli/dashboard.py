@@ -12,7 +12,8 @@ from tuner.cli._common import storage_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind. The default serves this machine only; use an SSH tunnel to view it "
                    "from elsewhere, or 0.0.0.0 to expose it (there is no authentication).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="Port to listen on; 0 picks a free one (the address printed says which).")
 @click.option("--runs-dir", default="results/runs", show_default=True, type=click.Path(file_okay=False),
               help="Where the studies' trial directories are (`<runs-dir>/<study>/trial-NNNN`); "
                    "server logs are served only from inside a study's directory there.")
@@ -24,7 +25,6 @@ def dashboard(storage, host, port, runs_dir):
     internet.
     """
     from tuner.report.dashboard import serve
-    from tuner.storage import db
 
-    db.get_engine(storage, create=False, readonly=True)  # fail now on a wrong or missing database
+    # refuses a missing file, or one that is not a database, before listening
     serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=lambda s: click.echo(s, err=True))

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from tuner.cli._common import emit_json, json_option
+from tuner.limits import MAX_SEED, MAX_USERS, MAX_WINDOW_S
 
 KNOB_NAMES = ("router-policy", "moe-tile-configs")
 
@@ -40,12 +41,13 @@ def parse_config(text: str | None) -> tuple[dict, dict]:
 
 @click.command(name="simulate")
 @click.option("--study", "study_name", required=True, help="Study name (studies/NAME.yaml) or path.")
-@click.option("--users", type=int, required=True, help="Closed-loop users.")
+@click.option("--users", type=click.IntRange(1, MAX_USERS), required=True, help="Closed-loop users.")
 @click.option("--config", "config", default=None,
               help="Flags as JSON/YAML text or a file (default: the study's baseline); "
                    "router-policy and moe-tile-configs are read as knobs.")
-@click.option("--seed", type=int, default=None, help="Workload seed (default: the study's).")
-@click.option("--duration-s", type=float, default=None, help="Override the measurement window.")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Workload seed (default: the study's).")
+@click.option("--duration-s", type=click.FloatRange(0, MAX_WINDOW_S, min_open=True), default=None,
+              help="Override the measurement window.")
 @json_option
 def simulate(study_name, users, config, seed, duration_s, as_json):
     """Predict P50/P90/P99 TTFT and TPOT of one configuration at USERS users."""

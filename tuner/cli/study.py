@@ -8,6 +8,7 @@ import sys
 import click
 
 from tuner.cli._common import emit_json, json_option, storage_option
+from tuner.limits import MAX_SEED, MAX_TRIALS
 
 
 @click.group()
@@ -111,13 +112,13 @@ def _print_outcome(o, storage):
 
 @study.command()
 @click.argument("name")
-@click.option("--trials", type=click.IntRange(min=1), default=None, help="Configurations to launch (default: the study's `trials`).")
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None, help="Configurations to launch (default: the study's `trials`).")
 @click.option("--backend", type=_backend_choice(), default=None,
               help="Where trials run. auto: SGLang if installed and the study's GPUs are present, else the simulator.")
 @storage_option
 @click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Trials run at once where resources allow.")
-@click.option("--seed", type=int, default=None, help="Sampler and workload seed (default: the study's).")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampler and workload seed (default: the study's).")
 @click.option("--max-failures", type=click.IntRange(min=1), default=None, help="Stop the study after this many failed trials.")
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
 @click.option("--warm-start-from-simulator", "warm_k", type=click.IntRange(min=1), default=None, metavar="K",
@@ -159,7 +160,7 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
 
 @study.command()
 @click.argument("name")
-@click.option("--trials", type=click.IntRange(min=1), default=None, help="Total trial budget (default: the budget it was started with).")
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None, help="Total trial budget (default: the budget it was started with).")
 @storage_option
 @click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)

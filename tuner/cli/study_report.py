@@ -21,17 +21,17 @@ from tuner.cli._common import storage_option
 def report(name, output, storage, png_dir, runs_dir):
     """Write a report of study NAME a colleague can read: best configuration, its capacity and
     latencies, the gain over the baseline, what was tried and what failed, and the dashboard's charts."""
+    from tuner import safewrite
     from tuner.report import data
     from tuner.report.html import render_report
 
+    safewrite.check_target(output)  # a bad path is refused before the study is read
     s = data.study(storage, name, runs_dir)
     s["storage"] = None  # a report is shared: keep the database URL (and any password) out of it
     for t in s["trials"]:
         t.pop("pids", None)
     importance = data.param_importances(storage, name)
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(s, importance), encoding="utf-8")
+    out = safewrite.write_text(output, render_report(s, importance))
     click.echo(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)", err=True)
     if png_dir:
         from tuner.report.png import render_pngs

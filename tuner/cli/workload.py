@@ -54,7 +54,7 @@ def stats(file, fmt, skip_bad, as_json):
 
 @workload.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the fitted profile here (YAML).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the fitted profile here (YAML).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem, else 'fitted').")
 @_format_option
 @click.option("--system-prefix-tokens", type=click.IntRange(min=0), default=None,
@@ -67,11 +67,14 @@ def stats(file, fmt, skip_bad, as_json):
 @json_option
 def fit(file, output, name, fmt, system_prefix_tokens, max_context_tokens, include_subagents, seed, skip_bad, as_json):
     """Fit lognormal session parameters to a trace and report how well they match."""
+    from tuner import safewrite
     from tuner.workload.fit import fit_trace
     from tuner.workload.importers import load_trace
-    from tuner.workload.profiles import dump_profile
+    from tuner.workload.profiles import dump_profile, profile_name
 
-    name = name or (output.stem if output else "fitted")
+    if output:
+        output = safewrite.check_target(output)  # a bad path is refused before the trace is read
+    name = profile_name(name, output)
     trace = load_trace(file, fmt, skip_bad=skip_bad)
     profile, report = fit_trace(trace, name=name, system_prefix_tokens=system_prefix_tokens,
                                 max_context_tokens=max_context_tokens, include_subagents=include_subagents, seed=seed)
@@ -84,8 +87,7 @@ def fit(file, output, name, fmt, system_prefix_tokens, max_context_tokens, inclu
                   "KS statistic per fit (0 = identical distributions):"]
         header += [f"  {k}: {v['ks_statistic'] if v['ks_statistic'] is None else round(v['ks_statistic'], 3)}"
                    for k, v in report["fits"].items()]
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(dump_profile(profile, "\n".join(header)), encoding="utf-8")
+        safewrite.write_text(output, dump_profile(profile, "\n".join(header)))
         report["output"] = str(output)
     report["profile"] = profile.model_dump()
     if as_json:
@@ -163,7 +165,7 @@ def show(profile, sessions, seed, as_json):
 
 @workload.command()
 @click.argument("profile")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="JSONL session log to write.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="JSONL session log to write.")
 @click.option("--sessions", default=100, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 def export(profile, output, sessions, seed):

@@ -26,6 +26,7 @@ from typing import Any
 
 from tuner.backends.base import LaunchPlan, ProcessBackend
 from tuner.backends.process import ProcessStack
+from tuner import paths
 from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.workload.metrics import LoadPointMetrics
@@ -40,7 +41,10 @@ HANG_PROBE_FAILURES = 3  # ... and this many failures in a row while the process
 
 def trial_dir_for(request: TrialRequest) -> Path:
     """``<workdir>/trial-<n>``: each trial's files and logs in its own directory."""
-    return Path(request.workdir) / f"trial-{request.trial_number:04d}"
+    try:
+        return paths.inside(request.workdir, f"trial-{request.trial_number:04d}")
+    except paths.PathOutsideError as exc:  # a link planted where the trial directory goes
+        raise TrialError("internal", str(exc)) from None
 
 
 class LiveEvaluator(Evaluator):

@@ -21,6 +21,7 @@ from tuner.study.summary import list_summaries, study_summary
 
 log = logging.getLogger(__name__)
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ten times faster on the polled path
 DEFAULT_RUNS_DIR = "results/runs"  # the study runner's default workdir: <runs>/<study>/trial-NNNN
 MAX_LOG_BYTES = 2 * 1024 * 1024  # logs are served from their tail beyond this size
 
@@ -49,7 +50,7 @@ def study(storage: str, name: str, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> d
 def _spec_facts(storage: str, name: str) -> dict:
     row = repo.get_study(db.get_engine(storage, create=False, readonly=True), name)
     try:
-        spec = yaml.safe_load(row.spec_yaml) or {}
+        spec = yaml.load(row.spec_yaml, Loader=_YAML_LOADER) or {}  # written by tuner itself
     except yaml.YAMLError:
         spec = {}
     hw = spec.get("hardware") or {}

@@ -22,6 +22,12 @@ _CMPOPS = {
 }
 
 
+MAX_CHARS = 1_000
+MAX_NODES = 200
+MAX_DEPTH = 32
+MAX_INT_BITS = 256
+
+
 class ExpressionError(ValueError):
     pass
 
@@ -30,17 +36,50 @@ def var_name(knob: str) -> str:
     return knob.replace("-", "_")
 
 
-@lru_cache(maxsize=512)
+_ALLOWED = (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Constant, ast.Load,
+            ast.And, ast.Or, ast.Not, ast.USub, ast.UAdd, ast.Tuple, ast.List, *_BINOPS, *_CMPOPS)
+
+
+def _short(source: str) -> str:
+    return repr(source) if len(source) <= 80 else repr(source[:77] + "...")
+
+
 def parse(source: str) -> ast.Expression:
+    if not isinstance(source, str):
+        raise ExpressionError(f"an expression must be a string, got {type(source).__name__}")
+    if len(source) > MAX_CHARS:
+        raise ExpressionError(f"expression {_short(source)} is {len(source):,} characters long; at most {MAX_CHARS:,}")
+    return _parse(source)
+
+
+@lru_cache(maxsize=512)
+def _parse(source: str) -> ast.Expression:
     try:
         tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ExpressionError(f"invalid expression {source!r}: {exc.msg}") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare,
-                                 ast.Name, ast.Constant, ast.Load, ast.And, ast.Or, ast.Not,
-                                 ast.USub, ast.UAdd, ast.Tuple, ast.List, *_BINOPS, *_CMPOPS)):
-            raise ExpressionError(f"{source!r}: {type(node).__name__} is not allowed in an expression")
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte
+        raise ExpressionError(f"invalid expression {_short(source)}: {getattr(exc, 'msg', exc)}") from None
+    except (RecursionError, MemoryError):
+        raise ExpressionError(f"expression {_short(source)} is nested too deeply; at most {MAX_DEPTH} levels") from None
+    count = 0
+    stack = [(tree, 0)]  # iterative: depth is checked before anything recurses
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise ExpressionError(f"expression {_short(source)} has more than {MAX_NODES} terms; split it into "
+                                  "several constraints")
+        if depth > MAX_DEPTH:
+            raise ExpressionError(f"expression {_short(source)} is nested more than {MAX_DEPTH} levels deep")
+        if not isinstance(node, _ALLOWED):
+            raise ExpressionError(f"{_short(source)}: {type(node).__name__} is not allowed in an expression")
+        if isinstance(node, ast.Constant) and not isinstance(node.value, (type(None), bool, int, float, str)):
+            raise ExpressionError(f"{_short(source)}: constant {node.value!r:.40} is not allowed")
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and node.value.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"{_short(source)}: number too large")
+        if isinstance(node, ast.BinOp) and any(isinstance(side, ast.Constant) and isinstance(side.value, str)
+                                               for side in (node.left, node.right)):
+            raise ExpressionError(f"{_short(source)}: arithmetic on a string is not allowed")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return tree
 
 
@@ -58,7 +97,7 @@ def _eval(node, env, src):
         return node.value
     if isinstance(node, ast.Name):
         if node.id not in env:
-            raise ExpressionError(f"{src!r}: unknown name {node.id!r}; known: {', '.join(sorted(env))}")
+            raise ExpressionError(f"{_short(src)}: unknown name {node.id!r}; known: {', '.join(sorted(env))}")
         return env[node.id]
     if isinstance(node, (ast.Tuple, ast.List)):
         return tuple(_eval(e, env, src) for e in node.elts)
@@ -67,13 +106,23 @@ def _eval(node, env, src):
         return all(vals) if isinstance(node.op, ast.And) else any(vals)
     if isinstance(node, ast.UnaryOp):
         v = _eval(node.operand, env, src)
-        return (not v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else +v)
+        if isinstance(node.op, ast.Not):
+            return not v
+        if not isinstance(v, (int, float)):
+            raise ExpressionError(f"{_short(src)}: a sign needs a number, got {v!r:.40}")
+        return -v if isinstance(node.op, ast.USub) else +v
     if isinstance(node, ast.BinOp):
         left, right = _eval(node.left, env, src), _eval(node.right, env, src)
+        for side in (left, right):
+            if not isinstance(side, (int, float)):
+                raise ExpressionError(f"{_short(src)}: arithmetic needs numbers, got {side!r:.40}")
         try:
-            return _BINOPS[type(node.op)](left, right)
-        except (TypeError, ZeroDivisionError) as exc:
-            raise ExpressionError(f"{src!r}: {exc}") from None
+            out = _BINOPS[type(node.op)](left, right)
+        except (ZeroDivisionError, OverflowError) as exc:
+            raise ExpressionError(f"{_short(src)}: {exc}") from None
+        if isinstance(out, int) and out.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"{_short(src)}: number too large")
+        return out
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env, src)
         for op, comp in zip(node.ops, node.comparators):
@@ -85,4 +134,4 @@ def _eval(node, env, src):
                 return False  # e.g. None > 1: the condition does not hold
             left = right
         return True
-    raise ExpressionError(f"{src!r}: unsupported syntax")
+    raise ExpressionError(f"{_short(src)}: unsupported syntax")

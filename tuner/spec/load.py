@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tuner import safeyaml
 from tuner.errors import ConfigError
-from tuner.spec import expr
+from tuner.spec import expr, exprcheck
 from tuner.spec.knobs import SGLANG_KNOBS
 from tuner.spec.schema import SearchSpaceSpec, StudySpec
 
@@ -31,9 +32,9 @@ def resolve_file(name_or_path: str, folder: str, *, near: Path | None = None, wh
     """``NAME`` -> ``<root>/<folder>/NAME.yaml``; an existing path is taken as it is."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if p.is_file():
+        if p.exists():  # a directory or device is refused with its kind when read
             return p
-        if near is not None and (near / p).is_file():
+        if near is not None and (near / p).exists():
             return near / p
         raise ConfigError(f"{what} file {name_or_path!r} does not exist")
     candidates = []
@@ -51,20 +52,9 @@ def resolve_file(name_or_path: str, folder: str, *, near: Path | None = None, wh
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is {exc.object[exc.start:exc.start + 1]!r})",
-                          file=str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"malformed YAML{where}: {problem}", file=str(path)) from None
+    """A YAML mapping from ``path``, read within tuner.safeyaml's limits (size, nesting, aliases,
+    duplicate keys)."""
+    data = safeyaml.load_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"the top level must be a mapping of keys, got {type(data).__name__}", file=str(path))
     return data
@@ -100,7 +90,10 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], file: str, prefix: tuple = ()) -> ConfigError:
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    # `str | Model` fields: the str branch's complaint about a mapping is noise beside the model's
+    errors = [e for e in errors if not (e["type"] == "string_type" and isinstance(e.get("input"), dict))] or errors
+    for err in errors:
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "str", "WorkloadProfile", "SearchSpaceSpec"))))
         key = _loc(prefix + loc)
         if err["type"] == "extra_forbidden":
@@ -112,7 +105,10 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], file: 
             lines.append(f"{key}: required key is missing")
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg} (got {err.get('input')!r})" if "input" in err and not isinstance(err.get("input"), dict) else f"{key}: {msg}")
+            shown = repr(err.get("input"))
+            shown = shown if len(shown) <= 120 else shown[:117] + "..."
+            echoed = "input" in err and not isinstance(err.get("input"), dict) and shown[:40] not in msg
+            lines.append(f"{key}: {msg} (got {shown})" if echoed else f"{key}: {msg}")
     first, rest = lines[0], lines[1:]
     more = "".join(f"\n  {line}" for line in rest)
     return ConfigError(first + more, file=file)
@@ -175,6 +171,7 @@ def check_search_space(space: SearchSpaceSpec, file: str, *, prefix: str = "", e
         if unknown:
             raise ConfigError(f"constraint {c!r} names unknown {sorted(unknown)}; known: "
                               + ", ".join(sorted(known_vars)), file=file, key=f"{prefix}constraints[{i}]")
+    exprcheck.check_expressions(space, file, prefix=prefix)  # those without the study's GPU counts
 
 
 def load_search_space(name_or_path: str, *, near: Path | None = None) -> tuple[SearchSpaceSpec, Path]:
@@ -210,12 +207,16 @@ def load_study(name_or_path: str) -> StudySpec:
 
     if isinstance(study.search_space, str):
         try:
-            space, _ = load_search_space(study.search_space, near=root)
+            space, space_path = load_search_space(study.search_space, near=root)
         except ConfigError as exc:
             raise ConfigError(f"{exc}", file=None if exc.file else file, key=None if exc.file else "search_space") from None
+        space_file, space_prefix = str(space_path), ""
     else:
         space = study.search_space
         check_search_space(space, file, prefix="search_space.", env_names=ENV_NAMES)
+        space_file, space_prefix = file, "search_space."
+    # with this study's GPU counts: the expressions that use gpus / gpus_per_node / nodes
+    exprcheck.check_expressions(space, space_file, prefix=space_prefix, env=exprcheck.expression_env(study.hardware))
     workload = _resolve_workload(study.workload, file, root)
     model_ref = study.model
     if space.engine == "sglang":
@@ -330,7 +331,7 @@ def spec_hash(study: StudySpec) -> str:
 def validate_file(path: str) -> str:
     """Check one file of any kind; return its kind. Raises ConfigError."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError("file does not exist", file=path)
     data = read_yaml(p)
     if "search_space" in data or "slo" in data:

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import tuner
+from tuner import safewrite
 from tuner.errors import ConfigError, StudyNotFoundError
 from tuner.study.summary import study_summary
 
@@ -38,6 +39,8 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     """(YAML text, notes for the user). Writes ``output`` (and tuned MoE files beside it) if given."""
     from tuner.study.runner import load_existing
 
+    if output is not None:
+        safewrite.check_target(output)  # before anything is read or copied
     summary = study_summary(storage, name)
     spec = load_existing(storage, name)
     trial = _pick(summary, trial_number)
@@ -130,10 +133,5 @@ def export_study(storage: str, name: str, *, output: str | None = None,
 
 
 def _write(output: str | None, text: str) -> None:
-    if output is None:
-        return
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    if output is not None:
+        safewrite.write_text(output, text)

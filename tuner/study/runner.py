@@ -20,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 import tuner
+from tuner import paths
 from tuner.errors import StudyNotFoundError, TrialError, UserError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
@@ -124,6 +125,7 @@ class StudyRunner:
         self.max_failures = max_failures
         self.on_event = on_event or (lambda kind, data: None)
         self.workdir = os.path.abspath(workdir)  # Ray workers run elsewhere: trial dirs as the driver sees them
+        paths.inside(self.workdir, study.name)  # the study's directory must lie inside the runs directory
         self.prescreen = prescreen
         self.engine = db.get_engine(storage_url)
         self.env = space_mod.env_for(study)
@@ -177,7 +179,7 @@ class StudyRunner:
             # identities (PID + start time) prove a process is still ours; a bare PID does not
             identities = (row.telemetry or {}).get("process_identities") or []
             # servers started but not yet recorded (the driver died while they started) left PID files
-            identities += _pid_files(f"{self.workdir}/{self.study.name}/trial-{row.trial_number:04d}")
+            identities += _pid_files(str(paths.trial_dir(self.workdir, self.study.name, row.trial_number)))
             outcomes = _reap(identities or row.pids or [])
             reaped = sorted(pid for pid, outcome in outcomes.items() if outcome == "killed")
             repo.finish_trial(self.engine, self.study.name, row.trial_number, status="interrupted",
@@ -353,7 +355,7 @@ class StudyRunner:
 
         self._seen[key] = None
         request = TrialRequest(study=self.study, trial_number=number, flags=flags, knobs=knobs,
-                               workdir=f"{self.workdir}/{self.study.name}",  # backends add trial-NNNN
+                               workdir=str(paths.inside(self.workdir, self.study.name)),  # backends add trial-NNNN
                                seed=self.seed + number)
         from tuner.evaluation.registry import get_evaluator
 

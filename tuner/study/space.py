@@ -6,17 +6,16 @@ not hold (given those before it) is not suggested and takes the value None (SGLa
 
 from __future__ import annotations
 
-
 from typing import Any
 
 from tuner.spec import expr
+from tuner.spec.exprcheck import EFFECTIVE_DEFAULTS, expression_env
 from tuner.spec.knobs import SGLANG_KNOBS
 from tuner.spec.schema import SearchSpaceSpec, StudySpec
 
 
 def env_for(study: StudySpec) -> dict[str, Any]:
-    hw = study.hardware
-    return {"gpus": hw.total_gpus, "gpus_per_node": hw.gpus_per_node, "nodes": hw.nodes}
+    return expression_env(study.hardware)
 
 
 def _variables(space: SearchSpaceSpec, values: dict[str, Any], env: dict) -> dict:
@@ -27,18 +26,42 @@ def _variables(space: SearchSpaceSpec, values: dict[str, Any], env: dict) -> dic
 
 
 def condition_holds(space: SearchSpaceSpec, name: str, values: dict, env: dict) -> bool:
+    """Whether knob ``name`` is sampled given the knobs before it. A condition that cannot be
+    evaluated does not hold here; ``violated_constraints`` then reports it, so the trial is
+    settled as infeasible with the reason instead of failing the study."""
     cond = space.params[name].condition
-    return True if cond is None else bool(expr.evaluate(cond, _variables(space, values, env)))
+    if cond is None:
+        return True
+    try:
+        return bool(expr.evaluate(cond, _variables(space, values, env)))
+    except expr.ExpressionError:
+        return False
 
 
 def violated_constraints(space: SearchSpaceSpec, values: dict, env: dict) -> list[str]:
-    """Constraints that do not hold for ``values`` (unset knobs take their effective default)."""
+    """Constraints that do not hold for ``values`` (unset knobs take their effective default), and
+    conditions or constraints that cannot be evaluated for them (with the reason)."""
+    broken = []
+    for name, p in space.params.items():
+        if p.condition is None:
+            continue
+        earlier = {k: values.get(k) for k in list(space.params)[:list(space.params).index(name)]}
+        try:
+            expr.evaluate(p.condition, _variables(space, earlier, env))
+        except expr.ExpressionError as exc:
+            broken.append(f"condition of {name} cannot be evaluated: {exc}")
     filled = dict(values)
-    for name, default in (("tp-size", 1), ("dp-size", 1), ("attn-dp-size", 1)):
+    for name, default in EFFECTIVE_DEFAULTS.items():
         if filled.get(name) is None:
             filled[name] = default
     variables = _variables(space, filled, env)
-    return [c for c in space.constraints if not expr.evaluate(c, variables)]
+    for c in space.constraints:
+        try:
+            if not expr.evaluate(c, variables):
+                broken.append(c)
+        except expr.ExpressionError as exc:
+            broken.append(f"{c} cannot be evaluated: {exc}")
+    return broken
 
 
 def suggest(trial, space: SearchSpaceSpec, env: dict) -> dict[str, Any]:

@@ -143,7 +143,24 @@ def _input_ks(profile: WorkloadProfile, data, sessions: int, seed: int) -> float
     return float(stats.ks_2samp(model, data).statistic) if model else 1.0
 
 
-def fit_trace(
+def fit_trace(trace: Trace, **kwargs) -> tuple[WorkloadProfile, dict]:
+    """A profile fitted to ``trace`` and the report (fits, KS, model-vs-data input percentiles).
+
+    A trace whose values lie beyond what a profile may hold (tuner.limits: e.g. a turn of 10^13
+    tokens) is a ConfigError naming the trace and the quantity, not a failed validation."""
+    from pydantic import ValidationError
+
+    try:
+        return _fit_trace(trace, **kwargs)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"the fitted {key} is outside what a workload profile may hold: "
+                          f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r:.60}); "
+                          "check the trace for absurd values", file=trace.source) from None
+
+
+def _fit_trace(
     trace: Trace,
     *,
     name: str = "fitted",
@@ -153,7 +170,6 @@ def fit_trace(
     model_sessions: int = 2000,
     seed: int = 0,
 ) -> tuple[WorkloadProfile, dict]:
-    """A profile fitted to ``trace`` and the report (fits, KS, model-vs-data input percentiles)."""
     prefix = system_prefix_tokens if system_prefix_tokens is not None else (trace.system_prefix_tokens or 0)
     samples = session_samples(trace, system_prefix_tokens=prefix, include_subagents=include_subagents)
     if samples.sessions == 0:

@@ -26,6 +26,13 @@ from tuner.errors import ConfigError
 from tuner.workload.trace import Trace, TraceRequest
 
 FORMATS = ("jsonl", "mooncake", "azure", "weka-csv", "kvcache-tester", "sharegpt")
+# CSV formats: (required columns, optional columns); names match case-insensitively
+CSV_COLUMNS = {
+    "azure": (("TIMESTAMP", "ContextTokens", "GeneratedTokens"), ()),
+    "weka-csv": (("trace", "agent", "turn", "input_tokens", "output_tokens"),
+                 ("t_s", "think_time_s", "prefix_hit_tokens", "api_time_s", "stop")),
+}
+BOM = "\ufeff"
 MOONCAKE_BLOCK_SIZE = 512
 SHAREGPT_CHARS_PER_TOKEN = 4.0  # rough English average for BPE tokenizers
 
@@ -39,6 +46,8 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, *, skip_bad: boo
     path = Path(path)
     if not path.exists():
         raise ConfigError("no such file or directory", file=str(path))
+    if path.is_file():
+        _check_encoding(path)
     if fmt is None:
         fmt = detect_format(path)
     if fmt not in FORMATS:
@@ -51,26 +60,42 @@ def load_trace(path: str | os.PathLike, fmt: str | None = None, *, skip_bad: boo
     return trace
 
 
+_OTHER_BOMS = {b"\xff\xfe\x00\x00": "UTF-32 (little-endian)", b"\x00\x00\xfe\xff": "UTF-32 (big-endian)",
+               b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian)"}
+
+
+def _check_encoding(path: Path) -> None:
+    """Traces are UTF-8 (a UTF-8 byte-order mark is fine and skipped); say so for UTF-16/32."""
+    with open(path, "rb") as f:
+        start = f.read(4)
+    for mark, name in _OTHER_BOMS.items():
+        if start.startswith(mark):
+            raise ConfigError(f"line 1: the file is {name} text (it starts with the byte-order mark "
+                              f"{mark.hex(' ').upper()}); traces must be UTF-8: convert it, e.g. "
+                              f"`iconv -f UTF-16 -t UTF-8`", file=str(path))
+
+
 def detect_format(path: Path) -> str:
     """Guess the format from the extension and the first record."""
     if path.is_dir():
         if any(path.glob("*.json")):
             return "kvcache-tester"
         raise ConfigError("directory holds no *.json session files", file=str(path))
-    head = _head(path)
+    head = _head(path).removeprefix(BOM)
     if not head.strip():
         raise ConfigError("file is empty", file=str(path))
     suffix = path.suffix.lower()
     first = head.lstrip().splitlines()[0] if head.strip() else ""
     if suffix == ".csv" or (not first.startswith(("{", "[")) and "," in first):
-        cols = {c.strip().lower() for c in first.split(",")}
-        if {"contexttokens", "generatedtokens"} <= cols:
-            return "azure"
-        if {"trace", "agent", "turn", "input_tokens", "output_tokens"} <= cols:
-            return "weka-csv"
+        cols = {c.strip().strip('"').lower() for c in first.split(",")}
+        overlap = {fmt: len(cols & {c.lower() for c in req}) for fmt, (req, _) in CSV_COLUMNS.items()}
+        best = max(overlap, key=overlap.get)
+        if overlap[best] >= 2:  # the closest format; its reader names any missing column
+            return best
         raise ConfigError(
-            f"unrecognised CSV header {first!r}; expected Azure (TIMESTAMP,ContextTokens,GeneratedTokens) "
-            "or the Claude Code request CSV (trace,agent,turn,...); pass --format",
+            f"line 1: unrecognised CSV header {first[:200]!r}; expected the columns of "
+            + " or of ".join(f"{fmt} ({', '.join(req)})" for fmt, (req, _) in CSV_COLUMNS.items())
+            + "; pass --format",
             file=str(path),
         )
     stripped = head.lstrip()
@@ -150,7 +175,7 @@ class _Records:
         raise ConfigError(f"line {line_no}: {why} (use --skip-bad to skip bad lines)", file=str(self.path))
 
     def json_lines(self):
-        with open(self.path, encoding="utf-8", errors="replace") as f:
+        with open(self.path, encoding="utf-8-sig", errors="replace") as f:  # -sig: a leading BOM is dropped
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -164,16 +189,26 @@ class _Records:
                     continue
                 yield line_no, obj
 
-    def csv_rows(self, required: tuple[str, ...]):
-        with open(self.path, encoding="utf-8", errors="replace", newline="") as f:
+    def csv_rows(self, fmt: str):
+        required, optional = CSV_COLUMNS[fmt]
+        with open(self.path, encoding="utf-8-sig", errors="replace", newline="") as f:  # -sig: BOM dropped
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
                 raise ConfigError("file is empty", file=str(self.path))
-            header = [h.strip() for h in header]
+            canonical = {c.lower(): c for c in (*required, *optional)}
+            header = [canonical.get(h.strip().lower(), h.strip()) for h in header]
+            needs = (f"a {fmt} trace needs the columns {', '.join(required)}"
+                     + (f" (optional: {', '.join(optional)})" if optional else ""))
+            dupes = sorted({h for h in header if header.count(h) > 1})
+            if dupes:
+                raise ConfigError(f"line 1 (the header): column(s) {', '.join(map(repr, dupes))} appear more than "
+                                  f"once; {needs}", file=str(self.path))
             missing = [c for c in required if c not in header]
             if missing:
-                raise ConfigError(f"CSV header lacks column(s) {missing}; found {header}", file=str(self.path))
+                raise ConfigError(f"line 1 (the header): missing column(s) {', '.join(map(repr, missing))}; "
+                                  f"{needs}; found: {', '.join(h or '(empty)' for h in header)}",
+                                  file=str(self.path))
             for row in reader:
                 line_no = reader.line_num
                 if not row or all(not c.strip() for c in row):
@@ -308,7 +343,7 @@ def _parse_azure_time(s: str) -> float:
 def _read_azure(path: Path, skip_bad: bool) -> Trace:
     recs = _Records(path, skip_bad)
     out, t0 = [], None
-    for line_no, row in recs.csv_rows(("TIMESTAMP", "ContextTokens", "GeneratedTokens")):
+    for line_no, row in recs.csv_rows("azure"):
         try:
             ts = _parse_azure_time(row["TIMESTAMP"])
             t0 = ts if t0 is None else min(t0, ts)
@@ -332,7 +367,7 @@ def _read_azure(path: Path, skip_bad: bool) -> Trace:
 def _read_weka_csv(path: Path, skip_bad: bool) -> Trace:
     recs = _Records(path, skip_bad)
     out = []
-    for line_no, row in recs.csv_rows(("trace", "agent", "turn", "input_tokens", "output_tokens")):
+    for line_no, row in recs.csv_rows("weka-csv"):
         try:
             if not row["trace"] or not row["agent"]:
                 raise _BadRecord("empty 'trace' or 'agent'")
@@ -361,7 +396,7 @@ def _read_kvcache_tester(path: Path, skip_bad: bool) -> Trace:
     out, block_size, prefixes, skipped = [], None, [], 0
     for f in files:
         try:
-            doc = json.loads(f.read_text(encoding="utf-8"))
+            doc = json.loads(f.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             if skip_bad:
                 skipped += 1
@@ -433,7 +468,7 @@ def _estimate_tokens(text: str) -> int:
 
 def _read_sharegpt(path: Path, skip_bad: bool) -> Trace:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"not valid JSON ({exc})", file=str(path)) from None
     if not isinstance(doc, list):

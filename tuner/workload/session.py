@@ -14,15 +14,27 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuner import limits as L
+
+
+Mu = L.number(float, -L.MAX_LOGNORMAL_MU, L.MAX_LOGNORMAL_MU, description="mean of ln x")
+Sigma = L.number(float, 0, L.MAX_LOGNORMAL_SIGMA, description="standard deviation of ln x")
+Bound = L.number(float, 0, L.MAX_LOGNORMAL_BOUND)
+Tokens = L.number(int, 0, L.MAX_TOKENS, unit="tokens")
+ContextTokens = L.number(int, 1, L.MAX_TOKENS, unit="tokens",
+                         description="a session ends before its prompt would exceed this")
+Scale = L.number(float, 0, L.MAX_WORKLOAD_SCALE, lo_open=True,
+                 description="multiplies every token length (to fit shorter context windows)")
+
 
 class LogNormal(BaseModel):
     """A lognormal distribution: ln(x) ~ Normal(mu, sigma), optionally clipped to [min, max]."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    mu: float
-    sigma: float = Field(ge=0)
-    min: float | None = None
-    max: float | None = None
+    mu: Mu
+    sigma: Sigma
+    min: Bound | None = None
+    max: Bound | None = None
 
     @model_validator(mode="after")
     def _check_bounds(self):
@@ -51,16 +63,16 @@ class WorkloadProfile(BaseModel):
     workloads/*.yaml file)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = "custom"
-    description: str = ""
-    system_prefix_tokens: int = Field(default=4000, ge=0, description="shared system + tool prompt")
+    name: L.Name = "custom"
+    description: L.Text = ""
+    system_prefix_tokens: Tokens = Field(default=4000, description="shared system + tool prompt")
     first_turn_context_tokens: LogNormal  # unique context of turn 0 (task, files)
     new_tokens_per_turn: LogNormal  # tool results / user message appended each later turn
     output_tokens_per_turn: LogNormal
     turns_per_session: LogNormal
     think_time_s: LogNormal  # pause between a response and the next turn (tool run, user)
-    max_context_tokens: int = Field(default=131072, gt=0, description="a session ends before its prompt would exceed this")
-    scale: float = Field(default=1.0, gt=0, description="multiplies every token length (to fit shorter context windows)")
+    max_context_tokens: ContextTokens = 131072
+    scale: Scale = 1.0
 
 
 @dataclass(frozen=True)

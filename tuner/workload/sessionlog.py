@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
+from tuner import safewrite
 from tuner.workload.session import WorkloadProfile, generate_sessions
 
 
@@ -28,10 +27,8 @@ def session_log_records(profile: WorkloadProfile, sessions: int, seed: int = 0):
 
 
 def write_session_log(profile: WorkloadProfile, path, sessions: int, seed: int = 0) -> int:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with safewrite.atomic_open(path) as f:  # whole or not at all; never through a link or to a device
         for rec in session_log_records(profile, sessions, seed):
             f.write(json.dumps({k: v for k, v in rec.items() if v is not None}) + "\n")
             n += 1

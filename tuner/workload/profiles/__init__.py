@@ -8,11 +8,13 @@ A path to a YAML file works too.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
+from tuner import safeyaml
 from tuner.errors import ConfigError
 from tuner.workload.session import WorkloadProfile
 
@@ -41,7 +43,7 @@ def resolve_profile_path(name_or_path: str | os.PathLike, search_dirs=None) -> P
     s = str(name_or_path)
     p = Path(s)
     if p.suffix in (".yaml", ".yml") or os.sep in s or "/" in s:
-        if not p.is_file():
+        if not p.exists():  # a directory or device is refused with its kind when read
             raise ConfigError("workload profile file not found", file=s)
         return p
     dirs = default_search_dirs() if search_dirs is None else tuple(Path(d) for d in search_dirs)
@@ -67,7 +69,9 @@ def profile_from_dict(data, *, source: str = "<workload>") -> WorkloadProfile:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
+        if "input" in err and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {err['input']!r:.80})"
         if err["type"] == "extra_forbidden":
             valid = ", ".join(WorkloadProfile.model_fields)
             msg = f"unknown key; valid keys: {valid}"
@@ -77,19 +81,28 @@ def profile_from_dict(data, *, source: str = "<workload>") -> WorkloadProfile:
 
 def load_profile(name_or_path: str | os.PathLike, search_dirs=None) -> WorkloadProfile:
     path = resolve_profile_path(name_or_path, search_dirs)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not a UTF-8 text file (byte {exc.start} is not UTF-8)", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}", file=str(path)) from None
+    data = safeyaml.load_file(path)  # size, nesting, aliases and duplicate keys bounded
     if data is None:
         raise ConfigError("file is empty", file=str(path))
     return profile_from_dict(data, source=str(path))
+
+
+def profile_name(name: str | None, output: os.PathLike | None) -> str:
+    """The name of a fitted profile: ``name`` (checked), else the output file's stem made into a
+    name (other characters become '-'), else 'fitted'."""
+    from tuner import limits
+
+    if name is not None:
+        problem = limits.name_problem(name)
+        if problem:
+            raise ConfigError(f"invalid profile name {name!r:.80}: {problem}; a name has {limits.NAME_RULE}",
+                              key="--name")
+        return name
+    if output is None:
+        return "fitted"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(output).stem).strip("-._")
+    stem = re.sub(r"\.{2,}", ".", stem)[: limits.MAX_NAME_CHARS].rstrip("-._")
+    return stem if limits.name_problem(stem) is None else "fitted"
 
 
 def dump_profile(profile: WorkloadProfile, header: str = "") -> str:
