@@ -39,27 +39,34 @@ class SessionPrefixCache:
         self.lru: OrderedDict[int, None] = OrderedDict()  # unlocked sessions, oldest first
         self.locked: set[int] = set()
         self.tree_tokens = 0  # tokens held by the tree (incl. locked branches)
-        self.evictable = 0  # tokens of unlocked branches
+        self.branch_evictable = 0  # tokens of unlocked branches
         self.alloc_tokens = 0  # tokens held by running requests outside the tree
         self.host_capacity = host_capacity_tokens
+        self.host_sys = False  # the system prefix has a host copy
         self.host: dict[int, int] = {}
         self.host_lru: OrderedDict[int, None] = OrderedDict()
         self.host_used = 0
         self.evicted_tokens = 0
 
     # ---- queries ---------------------------------------------------------------------------
+    @property
+    def evictable(self) -> int:
+        """Unlocked device tokens (``evictable_size``): the unlocked branches, plus the shared
+        system prefix while no request holds it."""
+        if self.sys_cached and not self.locked:
+            return self.branch_evictable + self.sys_len
+        return self.branch_evictable
+
     def free(self) -> int:
         return self.capacity - self.tree_tokens - self.alloc_tokens
 
     def match(self, req) -> tuple[int, int]:
         """(tokens on the device, tokens more on the host) of the request's cached prefix."""
-        if not self.sys_cached:
-            return 0, 0
         session = req.session
         limit = (req.prefill_len - 1) // self.page * self.page  # at least one token is always computed
-        dev = min(self.sys_len + self.branch.get(session, 0), limit)
+        dev = min(self.sys_len + self.branch.get(session, 0), limit) if self.sys_cached else 0
         host = 0
-        if self.host_capacity:
+        if self.host_capacity and self.host_sys:
             host = max(0, min(self.sys_len + self.host.get(session, 0), limit) - dev)
         return dev, host
 
@@ -68,7 +75,7 @@ class SessionPrefixCache:
         session = req.session
         if session in self.lru:
             del self.lru[session]
-            self.evictable -= self.branch.get(session, 0)
+            self.branch_evictable -= self.branch.get(session, 0)
         self.locked.add(session)
 
     def unlock(self, req) -> None:
@@ -77,10 +84,11 @@ class SessionPrefixCache:
             self.locked.discard(session)
             if self.branch.get(session, 0):
                 self.lru[session] = None
-                self.evictable += self.branch[session]
+                self.branch_evictable += self.branch[session]
 
     def evict(self, tokens: int) -> int:
-        """Free at least ``tokens`` (LRU unlocked branches, tail first); returns tokens freed."""
+        """Free at least ``tokens`` (LRU unlocked branches, tail first, then the system prefix
+        once it is the last unlocked leaf); returns tokens freed."""
         freed = 0
         while freed < tokens and self.lru:
             session = next(iter(self.lru))
@@ -94,7 +102,11 @@ class SessionPrefixCache:
                 self.branch[session] = left
             freed += take
             self.tree_tokens -= take
-            self.evictable -= take
+            self.branch_evictable -= take
+        if freed < tokens and self.sys_cached and not self.locked and not self.branch:
+            self.sys_cached = False
+            self.tree_tokens -= self.sys_len
+            freed += self.sys_len
         self.evicted_tokens += freed
         return freed
 
@@ -113,6 +125,10 @@ class SessionPrefixCache:
         the request, which must hold the lock); False when the device cannot make room."""
         if not self.ensure_free(tokens):
             return False
+        if not self.sys_cached:
+            self.sys_cached = True
+            self.tree_tokens += self.sys_len
+            tokens -= self.sys_len
         session = req.session
         self.branch[session] = self.branch.get(session, 0) + tokens
         self.tree_tokens += tokens
@@ -133,10 +149,11 @@ class SessionPrefixCache:
             self.branch[session] = new_branch
             self.tree_tokens += new_branch - old
             if session not in self.locked:  # only happens for a request that never locked
-                self.evictable += new_branch - old
+                self.branch_evictable += new_branch - old
                 self.lru[session] = None
                 self.lru.move_to_end(session)
         if self.host_capacity and self.sys_cached:
+            self.host_sys = True
             self._host_insert(session, new_branch)
         return min(aligned, self.sys_len + self.branch.get(session, 0)) if self.sys_cached else 0
 

@@ -91,6 +91,7 @@ class Rank:
         self.inflight = 0
         self.inflight_tokens = 0
         self.stall_s = 0.0  # time decode requests waited for prefill steps since their last token
+        self.retracted = False  # the last decode-memory check retracted requests
 
     @property
     def n_run(self) -> int:
@@ -296,8 +297,9 @@ class ReplicaEngine:
             stats.hicache_load_tokens += loaded
         if req.cached is None:  # first admission of this request
             req.cached = prefix
-            before = min(self.computed_len.get(req.session, 0), req.prefill_len)
-            stats.reprefill_tokens += max(0, before - prefix)
+            if req.session is not None:  # offline only: online requests carry no session
+                before = min(self.computed_len.get(req.session, 0), req.prefill_len)
+                stats.reprefill_tokens += max(0, before - prefix)
         return AddResult.CONTINUE, c, chunked
 
     # ---- decode bookkeeping ----------------------------------------------------------------
@@ -345,7 +347,7 @@ class ReplicaEngine:
         cache.alloc_tokens -= held
         req.alloc = 0
         cache.unlock(req)
-        if self.computed_len.get(req.session, 0) < total:
+        if req.session is not None and self.computed_len.get(req.session, 0) < total:
             self.computed_len[req.session] = total
         rank.inflight -= 1
         rank.inflight_tokens -= req.input_len
@@ -395,11 +397,14 @@ class ReplicaEngine:
         rank.batch_is_full = False
 
     def _check_decode_mem(self, rank: Rank) -> bool:
-        """``check_decode_mem``: one KV slot per running request, else retract. True if the rank
-        still has requests to decode."""
+        """``update_running_batch``: one KV slot per running request (``check_decode_mem``), else
+        retract (which re-estimates the ratio); without a retraction the ratio decays one step.
+        True if the rank still has requests to decode."""
         if not rank.cache.ensure_free(len(rank.running)):
             self._retract(rank)
+            rank.retracted = True
             return bool(rank.running)
+        rank.retracted = False
         return True
 
     # ---- one event ---------------------------------------------------------------------------
@@ -463,7 +468,7 @@ class ReplicaEngine:
         for rank in decoded:
             rank.cache.ensure_free(len(rank.running) * k)
             self._decode(rank, k, dt, t0)
-            rank.ratio.decay_steps(k)
+            rank.ratio.decay_steps(k - 1 if rank.retracted else k)
         self.clock = t0 + k * dt
         return k * dt
 
@@ -487,7 +492,7 @@ class ReplicaEngine:
         for rank in decoding:
             rank.cache.ensure_free(len(rank.running))
             self._decode(rank, 1, dt, t0)
-            if not self.rules.mixed_chunk:
+            if not self.rules.mixed_chunk and not rank.retracted:
                 rank.ratio.decay_steps(1)
         for rank in self.ranks:
             for req, c in rank.prefilling:

@@ -65,7 +65,7 @@ class OnlineEngine:
         ids = list(input_ids) or [0]
         out = self.rules.clamp_max_new_tokens(len(ids), max(1, max_new_tokens), self.capacity_tokens,
                                               self.context_len)
-        req = Req(0, -1, 0, self.now(), len(ids), max(1, out), ignore_eos=ignore_eos)
+        req = Req(0, None, 0, self.now(), len(ids), max(1, out), ignore_eos=ignore_eos)
         req.tokens = ids
         req.handle = asyncio.Queue()  # token ids, then None at the end
         req.chain = []
