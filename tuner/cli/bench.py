@@ -10,7 +10,7 @@ import click
 from tuner.cli._common import emit_json, json_option
 
 # name -> "module:attribute", imported only when used; skipped where the module is absent.
-_LAZY = {"search": "tuner.cli.bench_search:search"}
+_LAZY = {"search": "tuner.cli.bench_search:search", "fidelity": "tuner.cli.bench_fidelity:fidelity"}
 
 
 class _BenchGroup(click.Group):
@@ -38,7 +38,7 @@ class _BenchGroup(click.Group):
 
 @click.group(cls=_BenchGroup)
 def bench():
-    """Benchmarks: replay client ceiling, search efficiency."""
+    """Benchmarks: replay client ceiling, search efficiency, simulator fidelity."""
 
 
 def _int_list(ctx, param, value):
