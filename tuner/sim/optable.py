@@ -37,14 +37,18 @@ AXES = {
 }
 
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float | None:
+def _interp(xs: list[float], ys: list, x: float) -> float | None:
+    """Piecewise-linear in x; None outside the grid or next to a point that was not measured."""
     if x < xs[0] or x > xs[-1]:
         return None
     i = bisect.bisect_left(xs, x)
     if xs[i] == x:
         return ys[i]
+    y0, y1 = ys[i - 1], ys[i]
+    if y0 is None or y1 is None:
+        return None
     x0, x1 = xs[i - 1], xs[i]
-    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - x0) / (x1 - x0)
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True)
@@ -68,11 +72,13 @@ class OpTable:
         a, b = x
         if a < xs[0] or a > xs[-1] or b < ys[0] or b > ys[-1]:
             return None
-        i = max(1, bisect.bisect_left(xs, a)) if len(xs) > 1 else 0
-        rows = [i - 1, i] if len(xs) > 1 else [0, 0]
+        i = bisect.bisect_left(xs, a)
+        if xs[i] == a:  # on a grid row: only that row
+            return _interp(ys, list(self.us[i]), b)
+        rows = [i - 1, i]
         vals = [_interp(ys, list(self.us[r]), b) for r in rows]
-        if len(xs) == 1:
-            return vals[0]
+        if vals[0] is None or vals[1] is None:
+            return None
         x0, x1 = xs[rows[0]], xs[rows[1]]
         return vals[0] + (vals[1] - vals[0]) * (a - x0) / (x1 - x0)
 
@@ -111,19 +117,21 @@ def _check_grid(path, where, axes, grid, us):
         if any(b <= a for a, b in zip(vals, vals[1:])):
             raise _err(path, f"{where}.grid.{ax}", "values must be strictly increasing")
         out.append(tuple(float(v) for v in vals))
+    def ok(v):  # null: a point that could not be measured (e.g. out of memory)
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+
     if len(axes) == 1:
-        if not isinstance(us, list) or len(us) != len(out[0]) or not all(isinstance(v, (int, float)) and v > 0
-                                                                         for v in us):
-            raise _err(path, f"{where}.us", f"must be {len(out[0])} positive numbers (one per {axes[0]})")
-        return tuple(out), tuple(float(v) for v in us)
+        if not isinstance(us, list) or len(us) != len(out[0]) or not all(ok(v) for v in us):
+            raise _err(path, f"{where}.us", f"must be {len(out[0])} positive numbers or null (one per {axes[0]})")
+        return tuple(out), tuple(None if v is None else float(v) for v in us)
     if not isinstance(us, list) or len(us) != len(out[0]):
         raise _err(path, f"{where}.us", f"must be {len(out[0])} rows (one per {axes[0]})")
     rows = []
     for r, row in enumerate(us):
-        if not isinstance(row, list) or len(row) != len(out[1]) or not all(
-                isinstance(v, (int, float)) and v > 0 for v in row):
-            raise _err(path, f"{where}.us[{r}]", f"must be {len(out[1])} positive numbers (one per {axes[1]})")
-        rows.append(tuple(float(v) for v in row))
+        if not isinstance(row, list) or len(row) != len(out[1]) or not all(ok(v) for v in row):
+            raise _err(path, f"{where}.us[{r}]",
+                       f"must be {len(out[1])} positive numbers or null (one per {axes[1]})")
+        rows.append(tuple(None if v is None else float(v) for v in row))
     return tuple(out), tuple(rows)
 
 
@@ -250,6 +258,15 @@ def tables_for_gpu(gpu: str, extra_dirs: tuple[str, ...] = ()) -> OpTables:
     for d in (str(PROFILE_DIR / gpu.lower()), *extra_dirs):
         files.extend(f for f in _load_dir(str(d)) if f.gpu == gpu.lower())
     return OpTables(files)
+
+
+def profiles_fingerprint(gpu: str) -> tuple:
+    """What the committed profiles of a GPU are right now (paths and modification times): part of
+    the key under which step-time models are reused."""
+    d = PROFILE_DIR / gpu.lower()
+    if not d.is_dir():
+        return ()
+    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(d.glob("*.json")))
 
 
 def clear_cache() -> None:

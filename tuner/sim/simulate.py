@@ -29,6 +29,7 @@ from tuner.workload.session import Session, WorkloadProfile, generate_session
 from .cache import SessionPrefixCache
 from .calibrate import load_calibration
 from .engine import Rank, ReplicaEngine, Req, Stats
+from .optable import profiles_fingerprint
 from .router import Router, SessionIndex, routing_policy
 from .scheduler import SchedulerRules, check_version
 from .steptime import StepTimeModel
@@ -97,7 +98,7 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration,
     key = None
     if calibration is None or isinstance(calibration, (str, Path)):
         key = (model.name, gpu.name, gpus, nodes, host_memory_gb, repr(sorted(flags.items())),
-               repr(sorted(knobs.items())), str(calibration), version)
+               repr(sorted(knobs.items())), str(calibration), version, profiles_fingerprint(gpu.name))
         hit = _PREPARED.get(key)
         if hit is not None:
             return hit

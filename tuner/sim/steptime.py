@@ -276,13 +276,15 @@ class StepTimeModel:
         return self.layers * (self.layer_s + tokens * self.h * 2 * self.layer_passes / self.bw)
 
     def sampling_time(self, seqs: int) -> float:
-        if self.sampling_table is not None and seqs:
+        if not seqs:
+            return 0.0
+        if self.sampling_table is not None:
             v = self.sampling_table.lookup_s(seqs)
             if v is not None:
                 self._count("sampling", self.sampling_table)
                 return v
         self._src["sampling"][1] += 1
-        return self.sampling_s if seqs else 0.0
+        return self.sampling_s
 
     def step_overhead_time(self, batch: int) -> float:
         if self.overhead_table is not None:
@@ -384,7 +386,9 @@ class StepTimeModel:
         return total
 
     # ---- one synchronised step of all ranks -------------------------------------------------
-    def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
+    def gpu_time(self, ranks: list[RankWork], overheads: bool = True) -> float:
+        """GPU time of one synchronised step of all ranks; ``overheads=False`` leaves out what no
+        operator table measures (fixed per-step time, launch costs, DP sync): the per-op sum."""
         worst = 0.0
         tokens = 0
         prefill = False
@@ -402,12 +406,20 @@ class StepTimeModel:
             s = w.decode_reqs + w.prefill_seqs
             if s > seqs:
                 seqs = s
-        gpu = worst + self.moe_time(tokens) + self.sampling_time(seqs) + self.step_overhead_time(max_bs) \
-            + self.dp_sync_s
+        gpu = worst + self.moe_time(tokens) + self.sampling_time(seqs)
+        if not overheads:
+            return gpu
+        gpu += self.step_overhead_time(max_bs) + self.dp_sync_s
         if prefill:
             gpu += self.prefill_ov_s
         elif max_bs > self.graph_bs:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
+        return gpu
+
+    def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
+        """Wall time of one step: the GPU time, and the scheduler's CPU time hidden behind it by
+        the overlap scheduler (or added to it without)."""
+        gpu = self.gpu_time(ranks)
         cpu = self.cpu_step_s + self.per_req_s * running
         return max(gpu, cpu) if overlap else gpu + cpu
 
