@@ -239,15 +239,17 @@ class ReplicaEngine:
             rank.waiting = [q for q in rank.waiting if id(q) not in gone]
         rank.chunked = new_chunked
         # allocate the extend tokens (``alloc_for_extend`` evicts the shortfall)
+        extend = []
         for req, c in items:
             cache.ensure_free(c)
             cache.alloc_tokens += c
             req.alloc += c
             work.prefill_tokens += c
             work.prefill_ctx_units += c * (req.done + c / 2)
-            work.extend_items.append((c, req.done))
+            extend.append((c, req.done))
             if req.done + c >= req.prefill_len:
                 work.prefill_seqs += 1
+        work.extend_items = tuple(extend)
         work.load_tokens += loads
 
     def _add_one(self, rank: Rank, req: Req, items, avail, offset_total: float, rem_input: int,
@@ -437,22 +439,31 @@ class ReplicaEngine:
             return 0.0
         k = self.max_jump
         decoded = []
-        for rank in active:
-            if not self._check_decode_mem(rank):
-                continue
-            n = len(rank.running)
-            cache = rank.cache
-            room = cache.free() + cache.evictable
-            k = min(k, room // n, rank.heap[0][0] - rank.steps)
-            decoded.append(rank)
-        k = max(1, k)
         running = 0
         for rank, w in zip(self.ranks, works):
+            if not rank.running:
+                continue
+            cache = rank.cache
             n = len(rank.running)
-            if n:
-                w.decode_reqs = n
-                w.decode_ctx_tokens = rank.ctx_sum()
-                running += n
+            room = cache.capacity - cache.tree_tokens - cache.alloc_tokens
+            if room < n:  # check_decode_mem: evict the shortfall, else retract
+                if not self._check_decode_mem(rank):
+                    continue
+                n = len(rank.running)
+                room = cache.free()
+            else:
+                rank.retracted = False
+            room += cache.evictable
+            steps_left = rank.heap[0][0] - rank.steps
+            if room // n < k:
+                k = room // n
+            if steps_left < k:
+                k = steps_left
+            decoded.append(rank)
+            w.decode_reqs = n
+            w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
+            running += n
+        k = max(1, k)
         if not running:
             return 0.0
         dt = model.step_time(works, running, overlap=self.rules.overlap)
@@ -474,27 +485,35 @@ class ReplicaEngine:
 
     def _prefill_step(self, works: list[RankWork], t0: float) -> float:
         decoding = []
+        stalled = []
+        mixed = self.rules.mixed_chunk
+        running = 0
         for rank, w in zip(self.ranks, works):
-            if rank.running and (self.rules.mixed_chunk or not w.prefill_tokens):
-                if not self._check_decode_mem(rank):
-                    continue
-                w.decode_reqs = len(rank.running)
-                w.decode_ctx_tokens = rank.ctx_sum()
-                decoding.append(rank)
-        running = sum(len(r.running) for r in self.ranks)
+            if not rank.running:
+                continue
+            if mixed or not w.prefill_tokens:
+                if self._check_decode_mem(rank):  # evicts the shortfall of this one step
+                    w.decode_reqs = len(rank.running)
+                    w.decode_ctx_tokens = rank.ctx_off + w.decode_reqs * rank.steps
+                    decoding.append(rank)
+                elif rank.running:
+                    stalled.append(rank)
+            else:
+                stalled.append(rank)
+            running += len(rank.running)
         dt = self.model.step_time(works, running, overlap=self.rules.overlap)
         t1 = t0 + dt
         self.clock = t1
         self.stats.steps += 1
-        for rank, w in zip(self.ranks, works):
-            if rank.running and rank not in decoding:
-                rank.stall_s += dt
+        for rank in stalled:
+            rank.stall_s += dt
         for rank in decoding:
-            rank.cache.ensure_free(len(rank.running))
             self._decode(rank, 1, dt, t0)
-            if not self.rules.mixed_chunk and not rank.retracted:
+            if not mixed and not rank.retracted:
                 rank.ratio.decay_steps(1)
         for rank in self.ranks:
+            if not rank.prefilling:
+                continue
             for req, c in rank.prefilling:
                 req.done += c
                 self.stats.prefill_tokens += c

@@ -21,7 +21,7 @@ see docs/calibration.md). ``source_summary()`` says which was used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUSpec, ModelSpec
 from tuner.planner.parallel import ParallelLayout
@@ -46,7 +46,7 @@ class RankWork:
     prefill_seqs: int = 0  # sequences whose chunk is in this step (one logit each if finishing)
     prefill_ctx_units: float = 0.0  # sum over chunk tokens of the context they attend (dense)
     load_tokens: int = 0  # HiCache tokens loaded back from host during this step
-    extend_items: list = field(default_factory=list)  # (new tokens, cached prefix) per prefill request
+    extend_items: tuple = ()  # (new tokens, cached prefix) per prefill request
 
     @property
     def tokens(self) -> int:
