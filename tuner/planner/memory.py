@@ -88,8 +88,9 @@ def resolve_checkpoint(model: ModelSpec, quantization: str | None):
     )
 
 
-def _rules_version(sglang_version: str | None) -> tuple[int, int, int]:
-    """0.5.17's rules for releases before 0.5.20, 0.5.23's after (the two versions read)."""
+def rules_version(sglang_version: str | None) -> tuple[int, int, int]:
+    """The SGLang release whose rules apply, as (major, minor, patch): the rules were read from
+    0.5.17 and 0.5.23, so releases before 0.5.20 follow 0.5.17 and later ones 0.5.23."""
     import re
 
     parts = [int(p) for p in re.findall(r"\d+", str(sglang_version or DEFAULT_SGLANG_VERSION))[:3]]
@@ -140,7 +141,7 @@ def default_mem_fraction_static(
 ) -> tuple[float, float, int, int]:
     """SGLang's ``handle_gpu_memory_settings``: (mem_fraction_static, reserved MiB,
     chunked_prefill_size before the attention-DP division, decode max_bs)."""
-    version = _rules_version(sglang_version)
+    version = rules_version(sglang_version)
     gpu_mem = gpu.memory_mib
     chunk_default, bs_default = _gpu_bucket(gpu_mem, layout.tp, version)
     chunked = flag_int(flags, "chunked-prefill-size", chunk_default)
@@ -271,7 +272,7 @@ def plan_memory(
     start-up allocations after the KV pool, HiCache host memory) returns ``fits=False`` with the
     reason.
     """
-    version = ".".join(map(str, _rules_version(sglang_version)))
+    version = ".".join(map(str, rules_version(sglang_version)))
     model = get_model(model) if isinstance(model, str) else model
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus < 1 or nodes < 1:
@@ -346,7 +347,7 @@ def plan_memory(
     start = startup_memory(
         model, gpu, layout, attention_backend=backend, context_len=context_len, max_running_per_rank=per_rank,
         decode_graph=decode_graph, graph_max_bs=max_bs,
-        prefill_graph_mib=prefill_graph_reserve_mib(model, flags, chunked_total, _rules_version(version)),
+        prefill_graph_mib=prefill_graph_reserve_mib(model, flags, chunked_total, rules_version(version)),
         page_size=psize, triton_kv_splits=flags.get("triton-attention-num-kv-splits") and
         flag_int(flags, "triton-attention-num-kv-splits", 8))
     slack = pre_load * (1 - mfs) + max(0.0, rest - tokens * cell)

@@ -40,12 +40,11 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 
 
 def check_version(version: str | None) -> str:
-    """The SGLang version whose rules apply: the rules were read from 0.5.17 and 0.5.23, so an
-    older release follows 0.5.17 and a newer one follows 0.5.23 (the split is at 0.5.20)."""
-    if version is None or version == "":
-        return DEFAULT_SGLANG_VERSION
-    vt = version_tuple(version)
-    return "0.5.17" if vt < (0, 5, 20) else "0.5.23"
+    """The SGLang version whose rules apply (``tuner.planner.memory.rules_version``): releases
+    before 0.5.20 follow 0.5.17, later ones 0.5.23; None means 0.5.23."""
+    from tuner.planner.memory import rules_version
+
+    return ".".join(map(str, rules_version(version)))
 
 
 class Policy(enum.Enum):
