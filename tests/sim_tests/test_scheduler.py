@@ -123,7 +123,8 @@ def test_retraction_frees_the_fewest_generated_longest_input_request_and_reestim
     # Pool of 200 tokens, conservativeness 0.01 (ratio 0.007) so that A (20 in), B (30 in) and
     # C (10 in), 100 tokens out each, are admitted one by one. After 46 decode steps 198 tokens are
     # used; the 47th step needs 3: retract. All have 47 tokens out, so the longest input (B) goes;
-    # its 46 decode tokens are freed and its prompt (30) evicted (2 remaining x 20 tokens asked).
+    # its 46 decode tokens are freed (not cached) and its prompt stays in the tree, unlocked: the 48
+    # free tokens already cover the 2 remaining x 20 tokens SGLang evicts for. One is enough.
     # New ratio = (47 + 47 + 20 x 2) / (200 + 1).
     eng, rank, _, _ = make("0.5.17", capacity=200, **{"schedule-conservativeness": 0.01})
     a = add(rank, 1, 20, 100)
@@ -141,8 +142,9 @@ def test_retraction_frees_the_fewest_generated_longest_input_request_and_reestim
     assert set(rank.running.values()) == {a, c}
     assert b.prefill_len == 30 + 47 and b.generated == 47
     assert rank.ratio.current == pytest.approx((47 + 47 + 40) / 201)
-    assert rank.cache.free() == 200 - 20 - 10 - 2 * 47  # A and C: 47 decode KV slots each after this step
-    eng.step()  # B needs 77 + 53 + 1 = 131 > 76 - 106 x 0.667: waits, batch full
+    assert rank.cache.free() == 200 - 20 - 10 - 30 - 2 * 47  # A and C: 47 decode KV slots each after this step
+    assert rank.cache.evictable == 30 and rank.cache.match(b) == (30, 0)
+    eng.step()  # B needs 47 + 53 + 1 = 101 > 46 + 30 - 106 x 0.667: waits, batch full
     assert rank.batch_is_full and rank.waiting == [b]
 
 

@@ -88,6 +88,7 @@ class Rank:
         self.ctx_off = 0  # sum(ctx0 - join_step) over running requests
         self.fin_sum = 0  # sum(finish_step) over running requests (remaining output = fin_sum - n*steps)
         self.fin_long = 0  # running requests whose output exceeds the clip (reservation summed exactly)
+        self.n_eos = 0  # running requests without ignore_eos (0.5.23 reserves those at the ratio)
         self.inflight = 0
         self.inflight_tokens = 0
         self.stall_s = 0.0  # time decode requests waited for prefill steps since their last token
@@ -107,10 +108,8 @@ class Rank:
         """What the running requests are expected to still need (``PrefillAdder`` offset)."""
         rules = self.rules
         ratio = 1.0 if rules.ignore_eos_full_reserve else self.ratio.current
-        if not self.fin_long:
+        if not self.fin_long and (not rules.ignore_eos_full_reserve or not self.n_eos):
             remaining = max(0, self.fin_sum - len(self.running) * self.steps)
-            if rules.ignore_eos_full_reserve:
-                return remaining  # every simulated request is ignore_eos unless the online body says not
             return remaining * ratio
         total = 0.0
         clip = rules.clip_max_new_tokens
@@ -321,6 +320,8 @@ class ReplicaEngine:
         rank.fin_sum += req.finish_step
         if remaining > self.rules.clip_max_new_tokens:
             rank.fin_long += 1
+        if not req.ignore_eos:
+            rank.n_eos += 1
         self._seq += 1
         heapq.heappush(rank.heap, (req.release_step, self._seq, req))
 
@@ -332,6 +333,8 @@ class ReplicaEngine:
         rank.fin_sum -= req.finish_step
         if req.finish_step - req.join_step > self.rules.clip_max_new_tokens:
             rank.fin_long -= 1
+        if not req.ignore_eos:
+            rank.n_eos -= 1
         req.active = False
         return steps
 
@@ -374,7 +377,10 @@ class ReplicaEngine:
             cache.alloc_tokens -= held
             victim.alloc = 0
             cache.unlock(victim)
-            cache.evict(len(order) * self.rules.retract_decode_steps)
+            # the freed KV is used at once: evict the shortfall of 20 decode steps of the rest
+            short = len(order) * self.rules.retract_decode_steps - cache.free()
+            if short > 0:
+                cache.evict(short)
             victim.prefill_len = victim.input_len + victim.generated
             victim.done = 0
             victim.retractions += 1
