@@ -7,7 +7,7 @@ from tuner.catalog import get_gpu, get_model
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import load_calibration, refit, tuned_speedup
-from tuner.sim.router import Router
+from tuner.sim.router import Router, SessionIndex
 from tuner.sim.steptime import RankWork, StepTimeModel
 
 
@@ -22,28 +22,39 @@ FP4_TP8 = {"tp-size": 8, "quantization": "modelopt_fp4"}
 FP4_DP8 = {"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, "quantization": "modelopt_fp4"}
 
 
+class _R:
+    """A request as the caches see it: a session and the tokens it needs in KV."""
+
+    def __init__(self, session, prefill_len=0, input_len=None):
+        self.session, self.prefill_len = session, prefill_len
+        self.input_len = prefill_len if input_len is None else input_len
+
+
 def test_cache_lru_evicts_tail_of_least_recent_unlocked_session():
     c = SessionPrefixCache(capacity_tokens=1000, page_size=10, system_prefix_tokens=100)
     for s, n in ((1, 400), (2, 400)):
-        c.lock(s)
-        c.insert(s, n)
-        c.unlock(s)
+        c.lock(_R(s))
+        assert c.insert(_R(s), n) == n
+        c.unlock(_R(s))
     assert c.tree_tokens == 100 + 300 + 300 and c.free() == 300
-    assert c.match(2, 500) == (400, 0)
-    c.lock(2)  # in flight: not evictable
+    assert c.match(_R(2, 500)) == (400, 0)
+    c.lock(_R(2))  # in flight: not evictable
     assert c.ensure_free(500)
     assert c.branch.get(1, 0) == 100 and c.branch[2] == 300  # session 1 lost its tail
     assert not c.ensure_free(10_000)
-    assert c.match(1, 1000) == (200, 0)
+    assert c.match(_R(1, 1000)) == (200, 0)
 
 
 def test_hicache_keeps_evicted_tokens_on_host():
     c = SessionPrefixCache(capacity_tokens=1000, page_size=1, system_prefix_tokens=100, host_capacity_tokens=2000)
-    c.lock(1)
-    c.insert(1, 600)
-    c.unlock(1)
+    c.lock(_R(1))
+    c.insert(_R(1), 600)
+    c.unlock(_R(1))
     c.evict(500)
-    assert c.match(1, 700) == (100, 500)  # 100 on the GPU (system prefix), 500 to load back
+    assert c.match(_R(1, 700)) == (100, 500)  # 100 on the GPU (system prefix), 500 to load back
+    c.lock(_R(1))
+    assert c.load_back(_R(1), 500)
+    assert c.match(_R(1, 700)) == (600, 0)
 
 
 def test_decode_step_reads_distinct_experts_and_grows_with_batch():
@@ -108,11 +119,11 @@ def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
 
 
 def test_cache_aware_router_keeps_sessions_and_balances_new_ones():
-    r = Router("cache_aware", 4, system_prefix_tokens=5000)
+    r = Router("cache_aware", 4, SessionIndex(4, system_prefix_tokens=5000))
     loads = [0, 0, 0, 0]
 
     def route(session, prompt):
-        rank = r.route(session, prompt, loads, loads)
+        rank = r.route(_R(session, prompt), loads, loads)
         loads[rank] += 1
         return rank
 
@@ -127,8 +138,8 @@ def test_cache_aware_router_keeps_sessions_and_balances_new_ones():
     assert route(2, 40000) == 1  # a returning session sticks to the rank holding its conversation
     loads[:] = [200, 0, 0, 0]  # imbalanced (abs > 64 and rel > 1.5): least loaded wins
     assert route(0, 20000) == 1
-    rr = Router("round_robin", 4, system_prefix_tokens=5000)
-    assert [rr.route(0, 10, loads, loads) for _ in range(5)] == [0, 1, 2, 3, 0]
+    rr = Router("round_robin", 4, SessionIndex(4, 5000))
+    assert [rr.route(_R(0, 10), loads, loads) for _ in range(5)] == [0, 1, 2, 3, 0]
 
 
 def test_sim_evaluator_deploys_and_measures():

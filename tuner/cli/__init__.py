@@ -22,8 +22,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),
     "workload": ("tuner.cli.workload:workload", "Fit, import and inspect workloads."),
     "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
-    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency."),
+    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator fidelity."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
+    "profile": ("tuner.cli.profile:profile", "Measure SGLang's operator times on a GPU for the simulator (GPU)."),
     "model": ("tuner.cli.model:model", "Make small local models for end-to-end runs (no download)."),
     "dashboard": ("tuner.cli.dashboard:dashboard", "Serve the live trial dashboard (read-only)."),
 }

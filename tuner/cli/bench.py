@@ -10,7 +10,8 @@ import click
 from tuner.cli._common import emit_json, json_option
 
 # name -> "module:attribute", imported only when used; skipped where the module is absent.
-_LAZY = {"search": "tuner.cli.bench_search:search", "dashboard": "tuner.cli.bench_dashboard:dashboard"}
+_LAZY = {"search": "tuner.cli.bench_search:search", "dashboard": "tuner.cli.bench_dashboard:dashboard",
+         "fidelity": "tuner.cli.bench_fidelity:fidelity"}
 
 
 class _BenchGroup(click.Group):
@@ -38,7 +39,7 @@ class _BenchGroup(click.Group):
 
 @click.group(cls=_BenchGroup)
 def bench():
-    """Benchmarks: replay client ceiling, search efficiency, dashboard latency."""
+    """Benchmarks: replay client ceiling, search efficiency, dashboard latency, simulator fidelity."""
 
 
 def _int_list(ctx, param, value):

@@ -29,15 +29,20 @@ from tuner.cli._common import emit_json, json_option
 @click.option("--enable-hierarchical-cache", is_flag=True, default=False)
 @click.option("--hicache-ratio", type=float, default=None)
 @click.option("--hicache-size", type=float, default=None, help="Host pool per GPU in GB (overrides the ratio).")
+@click.option("--attention-backend", default=None, help="SGLang --attention-backend (default: SGLang's for the GPU).")
+@click.option("--sglang-version", default="0.5.23", show_default=True,
+              help="SGLang release whose defaults are applied (0.5.17 or 0.5.23).")
 @json_option
-def plan(model, quantization, hardware, gpus, nodes, host_memory_gb, as_json, **flag_values):
-    """Weights, KV capacity and fit of a configuration, following SGLang 0.5.23's accounting."""
+def plan(model, quantization, hardware, gpus, nodes, host_memory_gb, sglang_version, as_json, **flag_values):
+    """Weights, KV capacity and fit of a configuration (start-up memory after the KV pool
+    included), following SGLang's own accounting for the given version."""
     from tuner.planner import plan_memory
 
     flags = {name.replace("_", "-"): v for name, v in flag_values.items() if v not in (None, False)}
     if quantization and quantization.lower() not in ("none", "bf16"):
         flags["quantization"] = quantization
-    result = plan_memory(model, hardware, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
+    result = plan_memory(model, hardware, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb,
+                         sglang_version=sglang_version)
     if as_json:
         emit_json(result.to_dict())
         return
@@ -68,6 +73,9 @@ def _print_table(p) -> None:
         ("max running requests", f"{p.max_running_requests} ({p.max_running_requests_per_dp_rank} per DP rank)"),
         ("chunked prefill per rank", str(p.chunked_prefill_size)),
         ("decode CUDA-graph max bs", str(p.cuda_graph_max_bs_decode)),
+        ("attention backend", p.attention_backend),
+        ("start-up after the KV pool", f"{p.startup_gb_per_gpu:.2f} GB of {p.startup_free_gb_per_gpu:.2f} GB left"),
+        ("SGLang version (defaults)", p.sglang_version),
     ]
     if p.hierarchical_cache:
         rows.append(("HiCache host tokens per pool", f"{p.hicache_host_tokens_per_pool:,} "

@@ -18,18 +18,21 @@ import click
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Run simulated time this many times faster than real time.")
 @click.option("--fault", default=None, help="exit_at_start | crash_after_s=N | hang | hang_after_s=N | oom | slow_start_s=N")
-def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault):
-    """Serve /v1/completions, /generate, /health, /server_info and /v1/models with simulated timing."""
+@click.option("--sglang-version", default="0.5.23", show_default=True,
+              help="SGLang release whose scheduler rules and memory defaults are simulated (0.5.17 or 0.5.23).")
+def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault, sglang_version):
+    """Serve /v1/completions, /generate, /health, /server_info and /v1/models with simulated timing.
+
+    The same simulator core as `tuner simulate` (scheduler, router, step times) runs in real time."""
     from aiohttp import web
 
     from tuner.catalog import get_gpu, get_model
     from tuner.cli.simulate import parse_config
     from tuner.errors import ConfigError
-    from tuner.planner import parse_layout, plan_memory
-    from tuner.sim.calibrate import load_calibration
-    from tuner.sim.online import OnlineEngine
+    from tuner.planner import plan_memory
+    from tuner.sim.online import build_online_engine
+    from tuner.sim.scheduler import check_version
     from tuner.sim.server import SimServer, oom_message, parse_fault
-    from tuner.sim.simulate import build_step_model
 
     fault_name, fault_value = parse_fault(fault)
     if time_scale <= 0:
@@ -39,7 +42,8 @@ def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault):
     if not flags:
         fmt = "nvfp4" if "nvfp4" in m.checkpoints else next(iter(m.checkpoints))
         flags = {"tp-size": gpus, "quantization": m.checkpoints[fmt].sglang_quantization}
-    plan = plan_memory(m, gpu, gpus, flags)
+    version = check_version(sglang_version)
+    plan = plan_memory(m, gpu, gpus, flags, sglang_version=version)
     click.echo(f"serve-sim: {m.display_name} on {plan.gpus_used}x {gpu.display_name}, flags {flags}", err=True)
     if fault_name == "exit_at_start":
         click.echo("RuntimeError: simulated failure at start (fault exit_at_start)", err=True)
@@ -48,11 +52,8 @@ def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault):
         sys.stderr.write(oom_message(plan))
         sys.stderr.flush()
         sys.exit(1)
-    layout = parse_layout(m, flags, gpus)
-    step_model = build_step_model(m, gpu, plan, layout, flags, knobs, load_calibration(gpu.name), gpus)
-    engine = OnlineEngine(step_model, pools=plan.kv_pools, capacity_tokens=plan.kv_capacity_tokens_per_gpu,
-                          chunk=plan.chunked_prefill_size, max_running=plan.max_running_requests_per_dp_rank,
-                          vocab_size=m.vocab_size, time_scale=time_scale)
+    engine, _ = build_online_engine(m, gpu, gpus, flags, knobs, sglang_version=version, time_scale=time_scale,
+                                    plan=plan)
     server_args = {"model_path": m.hf_id, "served_model_name": m.name, "host": host, "port": port,
                    **{k.replace("-", "_"): v for k, v in flags.items()}}
     server = SimServer(engine, plan, model_name=m.name, server_args=server_args,

@@ -48,8 +48,11 @@ def parse_config(text: str | None) -> tuple[dict, dict]:
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Workload seed (default: the study's).")
 @click.option("--duration-s", type=click.FloatRange(0, MAX_WINDOW_S, min_open=True), default=None,
               help="Override the measurement window.")
+@click.option("--sglang-version", default=None,
+              help="SGLang release whose scheduler and memory defaults are simulated (default: the study's "
+                   "backend_options.sglang_version, else 0.5.23).")
 @json_option
-def simulate(study_name, users, config, seed, duration_s, as_json):
+def simulate(study_name, users, config, seed, duration_s, sglang_version, as_json):
     """Predict P50/P90/P99 TTFT and TPOT of one configuration at USERS users."""
     from tuner.sim import simulate_load_point
     from tuner.spec.load import load_study
@@ -63,6 +66,7 @@ def simulate(study_name, users, config, seed, duration_s, as_json):
         study.model, hw.gpu, hw.gpus_per_node, flags, knobs, study.workload_profile(), users,
         warmup_s=study.measurement.warmup_s, duration_s=duration_s or study.measurement.duration_s,
         seed=study.seed if seed is None else seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
+        sglang_version=sglang_version or (study.backend_options or {}).get("sglang_version"),
     )
     meets = m.meets(study.slo.p90_ttft_s, study.slo.p90_tpot_s)
     doc = {
@@ -77,6 +81,8 @@ def simulate(study_name, users, config, seed, duration_s, as_json):
         "requests": m.requests,
         "errors": m.errors,
         "valid": m.valid,
+        "sglang_version": m.extra.get("sglang_version"),
+        "step_time_source": (m.extra.get("step_time_source") or {}).get("overall"),
         "flags": flags,
         "knobs": knobs,
         "extra": m.extra,

@@ -19,11 +19,12 @@ class SimDeployment(Deployment):
         study, req = self.request.study, self.request
         hw = study.hardware
         fidelity = min(1.0, max(req.fidelity, 0.05))
-        calibration = (getattr(study, "backend_options", None) or {}).get("calibration")
+        options = getattr(study, "backend_options", None) or {}
         return simulate_load_point(
             study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
             warmup_s=study.measurement.warmup_s, duration_s=study.measurement.duration_s * fidelity,
-            seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=calibration,
+            seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=options.get("calibration"),
+            sglang_version=options.get("sglang_version"),
         )
 
     def telemetry(self) -> dict:
@@ -43,7 +44,9 @@ class SimEvaluator(Evaluator):
         hw = request.study.hardware
         try:
             plan = plan_memory(request.study.model, hw.gpu, hw.gpus_per_node, request.flags, nodes=hw.nodes,
-                               host_memory_gb=hw.host_memory_gb)
+                               host_memory_gb=hw.host_memory_gb,
+                               sglang_version=(getattr(request.study, "backend_options", None) or {}).get(
+                                   "sglang_version"))
         except ConfigError as exc:
             raise TrialError("infeasible", str(exc)) from None
         if not plan.fits:

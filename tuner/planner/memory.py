@@ -1,7 +1,8 @@
-"""SGLang 0.5.23 memory accounting: default mem_fraction_static, KV cell size, KV pool size,
-default max_running_requests and HiCache host capacity.
+"""SGLang's memory accounting: default mem_fraction_static, KV cell size, KV pool size, default
+max_running_requests, HiCache host capacity, and whether start-up fits after the KV pool.
 
-Formulas and their sources are listed in docs/calibration.md ("Memory planner").
+Versioned: ``sglang_version`` (default 0.5.23) selects the defaults of that release where 0.5.17
+and 0.5.23 differ. Formulas and their sources are listed in docs/calibration.md ("Memory planner").
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tuner.errors import ConfigError
 
 from .parallel import ParallelLayout, flag_bool, flag_float, flag_int, parse_layout
+from .startup import default_attention_backend, startup_memory
 from .weights import weight_bytes_per_gpu
+
+DEFAULT_SGLANG_VERSION = "0.5.23"
 
 MIB = 2**20
 GIB = 2**30
@@ -61,6 +65,10 @@ class MemoryPlan:
     hicache_host_tokens_per_pool: int
     hicache_host_gb_total: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    sglang_version: str = DEFAULT_SGLANG_VERSION
+    attention_backend: str = ""
+    startup_gb_per_gpu: float = 0.0  # allocated at start-up after the KV pool (graph state, tables)
+    startup_free_gb_per_gpu: float = 0.0  # what mem-fraction-static leaves for it
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,11 +88,26 @@ def resolve_checkpoint(model: ModelSpec, quantization: str | None):
     )
 
 
-def _gpu_bucket(gpu_mem_mib: int, tp: int) -> tuple[int, int]:
+def rules_version(sglang_version: str | None) -> tuple[int, int, int]:
+    """The SGLang release whose rules apply, as (major, minor, patch): the rules were read from
+    0.5.17 and 0.5.23, so releases before 0.5.20 follow 0.5.17 and later ones 0.5.23."""
+    import re
+
+    parts = [int(p) for p in re.findall(r"\d+", str(sglang_version or DEFAULT_SGLANG_VERSION))[:3]]
+    if len(parts) < 2:
+        raise ConfigError(f"not a SGLang version: {sglang_version!r}; supported: 0.5.17, 0.5.23",
+                          key="sglang_version")
+    parts += [0] * (3 - len(parts))
+    return (0, 5, 17) if tuple(parts) < (0, 5, 20) else (0, 5, 23)
+
+
+def _gpu_bucket(gpu_mem_mib: int, tp: int, version: tuple[int, int, int] = (0, 5, 23)) -> tuple[int, int]:
     """(default chunked_prefill_size, default decode CUDA-graph max_bs) by GPU memory bucket."""
     if gpu_mem_mib < 20 * 1024:
         return 2048, 8
     if gpu_mem_mib < 35 * 1024:
+        if version < (0, 5, 23):  # 0.5.17 ServerArgs._handle_gpu_memory_settings
+            return 2048, 24 if tp < 4 else 80
         return 4096, 48 if tp < 4 else 160
     if gpu_mem_mib < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
@@ -93,23 +116,34 @@ def _gpu_bucket(gpu_mem_mib: int, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def _prefill_capture_sizes(chunked: int) -> int:
-    """Number of breakable prefill CUDA-graph sizes for non-MLA models (UNVERIFIED: powers of two
-    from 256 tokens up to the chunk size)."""
-    n, size = 0, 256
-    while size <= max(chunked, 256):
-        n += 1
-        size *= 2
-    return n
+def prefill_capture_sizes(max_bs: int) -> list[int]:
+    """Breakable prefill CUDA-graph token counts (``generate_prefill_cuda_graph_batch_sizes``)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
+             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_bs + 1, 512)))
+    return [s for s in sizes if s <= max_bs]
+
+
+def prefill_graph_enabled(model: ModelSpec, flags: dict[str, Any], version: tuple[int, int, int]) -> bool:
+    if (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-prefill-cuda-graph")
+            or flags.get("cuda-graph-backend-prefill") == "disabled"):
+        return False
+    if flags.get("cuda-graph-backend-prefill"):
+        return True  # set explicitly: the compatibility rules are skipped
+    # 0.5.17 _disable_breakable_cudagraph_if_incompatible: MLA (not DSA) prefill has no eager breaks
+    if version < (0, 5, 23) and model.is_mla and model.attention != "dsa":
+        return False
+    return True
 
 
 def default_mem_fraction_static(
-    model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, flags: dict[str, Any]
+    model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, flags: dict[str, Any],
+    sglang_version: str | None = None,
 ) -> tuple[float, float, int, int]:
     """SGLang's ``handle_gpu_memory_settings``: (mem_fraction_static, reserved MiB,
     chunked_prefill_size before the attention-DP division, decode max_bs)."""
+    version = rules_version(sglang_version)
     gpu_mem = gpu.memory_mib
-    chunk_default, bs_default = _gpu_bucket(gpu_mem, layout.tp)
+    chunk_default, bs_default = _gpu_bucket(gpu_mem, layout.tp, version)
     chunked = flag_int(flags, "chunked-prefill-size", chunk_default)
     user_bs = flags.get("cuda-graph-max-bs-decode")
     max_bs = flag_int(flags, "cuda-graph-max-bs-decode", bs_default)
@@ -120,12 +154,8 @@ def default_mem_fraction_static(
         flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-decode-cuda-graph")
         or flags.get("cuda-graph-backend-decode") == "disabled"
     )
-    prefill_graph = not (
-        flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-prefill-cuda-graph")
-        or flags.get("cuda-graph-backend-prefill") == "disabled"
-    )
     deepep = layout.a2a_backend == "deepep"
-    act = max(chunked, 2048)
+    act = max(chunked, 2048) if chunked > 0 else max(flag_int(flags, "max-prefill-tokens", 16384), 2048)
     graph = 0.0
     if decode_graph:
         graph += 2 * max_bs
@@ -133,16 +163,31 @@ def default_mem_fraction_static(
             graph += max_bs * layout.attn_dp * 3
             if max_bs > 300:
                 graph += max_bs * layout.attn_dp * 1.5
-    if prefill_graph:
-        graph += 1536 if model.is_mla else 8 * _prefill_capture_sizes(chunked)
-        if deepep and flags.get("cuda-graph-backend-prefill", "breakable") == "breakable":
-            graph += 1024
+    graph += prefill_graph_reserve_mib(model, flags, chunked, version)
     reserved = 512 + 1.5 * act + layout.tp * 1 / 8 * 1024 + graph
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10240)
     if deepep and decode_graph:
         reserved += 2048
     return round((gpu_mem - reserved) / gpu_mem, 3), reserved, chunked, max_bs
+
+
+def prefill_graph_reserve_mib(model: ModelSpec, flags: dict[str, Any], chunked: int,
+                              version: tuple[int, int, int]) -> float:
+    """``reserve_for_graph_mb``'s prefill part: 1.5 GiB for MLA, else 8 MiB per capture size."""
+    if not prefill_graph_enabled(model, flags, version):
+        return 0.0
+    if model.is_mla:
+        mib = 1536.0
+    else:
+        max_bs = chunked if chunked > 0 else 8192
+        cap = flags.get("max-total-tokens")
+        if cap is not None:
+            max_bs = min(max_bs, _parse_tokens(cap))
+        mib = 8.0 * len(prefill_capture_sizes(max_bs))
+    if flags.get("moe-a2a-backend") == "deepep" and flags.get("cuda-graph-backend-prefill", "breakable") == "breakable":
+        mib += 1024
+    return mib
 
 
 def kv_cache_dtype(model: ModelSpec, gpu: GPUSpec, flags: dict[str, Any]) -> str:
@@ -218,12 +263,16 @@ def plan_memory(
     *,
     nodes: int = 1,
     host_memory_gb: float | None = None,
+    sglang_version: str | None = None,
 ) -> MemoryPlan:
-    """Predict SGLang's memory layout for ``flags`` on ``gpus`` GPUs per node x ``nodes``.
+    """Predict SGLang's memory layout for ``flags`` on ``gpus`` GPUs per node x ``nodes``, with
+    the defaults of ``sglang_version`` (default 0.5.23).
 
-    Invalid combinations raise ConfigError; a configuration that does not fit returns
-    ``fits=False`` with the reason.
+    Invalid combinations raise ConfigError; a configuration that does not fit (weights, KV pool,
+    start-up allocations after the KV pool, HiCache host memory) returns ``fits=False`` with the
+    reason.
     """
+    version = ".".join(map(str, rules_version(sglang_version)))
     model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     if gpus < 1 or nodes < 1:
@@ -233,7 +282,7 @@ def plan_memory(
     ckpt = resolve_checkpoint(model, quant)
     warnings: list[str] = []
 
-    default_mfs, reserved, chunked_total, max_bs = default_mem_fraction_static(model, gpu, layout, flags)
+    default_mfs, reserved, chunked_total, max_bs = default_mem_fraction_static(model, gpu, layout, flags, version)
     mfs = flag_float(flags, "mem-fraction-static")
     if mfs is None:
         mfs = default_mfs
@@ -290,6 +339,32 @@ def plan_memory(
     if fits and per_rank < 1:
         fits, reason = False, "KV pool too small to run a single request"
     chunked = chunked_total // layout.attn_dp if chunked_total > 0 else chunked_total
+
+    # start-up allocations after the KV pool must fit in the slack mem-fraction-static left
+    backend = default_attention_backend(model, gpu, flags)
+    decode_graph = not (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-decode-cuda-graph")
+                        or flags.get("cuda-graph-backend-decode") == "disabled")
+    start = startup_memory(
+        model, gpu, layout, attention_backend=backend, context_len=context_len, max_running_per_rank=per_rank,
+        decode_graph=decode_graph, graph_max_bs=max_bs,
+        prefill_graph_mib=prefill_graph_reserve_mib(model, flags, chunked_total, rules_version(version)),
+        page_size=psize, triton_kv_splits=flags.get("triton-attention-num-kv-splits") and
+        flag_int(flags, "triton-attention-num-kv-splits", 8))
+    slack = pre_load * (1 - mfs) + max(0.0, rest - tokens * cell)
+    if fits and start.total_bytes > slack:
+        need = start.total_bytes
+        suggest = math.floor((1 - (need + 512 * MIB) / pre_load) * 100) / 100
+        parts = f"request table {start.req_to_token_bytes / GIB:.1f} GiB"
+        if start.attention_graph_state_bytes:
+            parts += (f", {backend} attention CUDA-graph state {start.attention_graph_state_bytes / GIB:.1f} GiB "
+                      f"(max bs {start.graph_max_bs}" + (f", {start.max_kv_splits} KV splits" if start.max_kv_splits
+                                                          else "") + ")")
+        parts += f", CUDA graphs {(start.decode_graph_bytes + start.prefill_graph_bytes) / GIB:.1f} GiB"
+        fits, reason = False, (
+            f"CUDA out of memory at start-up: after the KV pool, start-up needs {need / GIB:.1f} GiB per GPU "
+            f"({parts}) but mem-fraction-static {mfs} leaves {slack / GIB:.1f} GiB; "
+            f"use mem-fraction-static <= {suggest:.2f} or a smaller cuda-graph-max-bs-decode"
+        )
 
     hicache = flag_bool(flags, "enable-hierarchical-cache") or flag_bool(flags, "enable-hicache")
     host_tokens, host_gb_total = 0, 0.0
@@ -350,6 +425,10 @@ def plan_memory(
         hicache_host_tokens_per_pool=host_tokens,
         hicache_host_gb_total=round(host_gb_total, 3),
         warnings=tuple(warnings),
+        sglang_version=version,
+        attention_backend=backend,
+        startup_gb_per_gpu=round(start.total_bytes / 1e9, 3),
+        startup_free_gb_per_gpu=round(slack / 1e9, 3),
     )
 
 

@@ -1,86 +1,122 @@
-"""Discrete-event simulation of SGLang's scheduler for one replica of attention-DP ranks.
+"""The simulator core: SGLang's scheduler for the attention-DP ranks of one model replica.
 
-Per rank (one KV pool) the scheduler follows SGLang 0.5.23's loop:
+One engine runs behind both ``tuner simulate`` (offline, ``tuner.sim.simulate``: virtual time,
+runs of identical decode steps jumped over as one event) and ``tuner serve-sim`` (online,
+``tuner.sim.online``: one step at a time in real time, tokens streamed as they are produced). Every
+rule follows SGLang's scheduler (rules and citations in ``tuner.sim.scheduler`` and
+docs/calibration.md):
 
-* a prefill batch is formed whenever requests wait and fit: the in-progress chunked request first,
-  then waiting requests in policy order (fcfs, or lpm = longest cached prefix first while at most
-  128 wait), up to ``chunked_prefill_size`` new tokens (the last one is chunked) and
-  ``max_running_requests``; a request is admitted only if its new KV tokens plus the reserved
-  output room of the running requests (remaining x new_token_ratio) fit in free + evictable KV;
-* without ``enable-mixed-chunk`` a rank that runs a prefill batch does not decode in that step
-  (decoding requests wait), as in SGLang;
-* a decode step adds one token to every running request; if the pool cannot hold them even after
-  evicting every unlocked cached branch, the request with the fewest generated tokens is
-  retracted: its KV is freed and it re-prefills input + generated tokens later;
+* a prefill batch runs whenever one can be formed (``get_next_batch_to_run``: "run prefill first if
+  possible"); a rank that runs a prefill batch does not decode in that step unless
+  ``enable-mixed-chunk``; while a request is being chunked its next chunk comes first;
+* admission is SGLang's ``PrefillAdder``: a request fits when its new tokens plus its (clipped)
+  output plus a page are below free + evictable KV minus what the running requests are expected
+  to still need (remaining output x ``new_token_ratio``); the first misfit stops the round and
+  marks the batch full until a running request leaves; the last admitted request is chunked at
+  the chunk budget;
+* a decode step needs a KV slot per request; when the pool cannot give them even after eviction,
+  requests are retracted (fewest output tokens first, ties: longest input), their KV freed, and
+  ``new_token_ratio`` re-estimated; otherwise the ratio decays by one step;
+* with the overlap scheduler a finished request leaves the batch (and frees its KV) one step after
+  its last token, and the CPU scheduling time is hidden behind the GPU step;
 * all ranks of a replica step together (the MoE layer synchronises them), so a step lasts as long
   as the slowest rank plus the shared MoE time.
 
-Runs of identical decode steps are simulated as one event: the group advances k steps at once,
-k = steps until the next request finishes, the next arrival, the KV pool fills, or 256 steps.
+Runs of identical decode steps (offline only) are one event: the replica advances k steps at once,
+k = steps until the next request leaves, the next arrival, the KV pool fills, or ``max_jump``.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from typing import Callable
 
-from .cache import SessionPrefixCache
+from .scheduler import LPM_MAX_QUEUE, AddResult, NewTokenRatio, Policy, SchedulerRules
 from .steptime import RankWork, StepTimeModel
 
 MAX_JUMP_STEPS = 256
-LPM_MAX_QUEUE = 128
 
 
 class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
-                 "done", "generated", "first_t", "join_step", "finish_step", "alloc", "ctx0", "cached",
-                 "loaded", "active", "last_token_t")
+                 "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
+                 "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
+                 "lock_len", "handle", "error", "rid")
 
-    def __init__(self, user, session, turn, arrival, input_len, output_len):
+    def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
         self.arrival, self.input_len, self.output_len = arrival, input_len, output_len
+        self.ignore_eos = ignore_eos
         self.rank = -1
-        self.prefill_len = input_len
-        self.done = 0
+        self.prefill_len = input_len  # tokens that must be in KV before decoding (input + output so far)
+        self.done = 0  # of prefill_len: tokens already in KV (cached or computed)
         self.generated = 0
         self.first_t = None
         self.join_step = 0
         self.finish_step = 0
-        self.alloc = 0
+        self.release_step = 0
+        self.alloc = 0  # tokens this request holds outside the radix tree
         self.ctx0 = 0
-        self.cached = None
+        self.cached = None  # prefix tokens found cached at its first admission
         self.loaded = 0
         self.active = False
-        self.last_token_t = 0.0
+        self.retractions = 0
+        self.tokens = None  # token ids (online engine only)
+        self.chain = []
+        self.route_chain = ()
+        self.lock_len = 0
+        self.handle = None  # the online server's per-request stream
+        self.error = None
+        self.rid = None
 
 
 class Rank:
-    def __init__(self, cache: SessionPrefixCache, chunk: int, max_running: int):
+    """One attention-DP rank: one KV pool, one scheduler."""
+
+    def __init__(self, cache, rules: SchedulerRules):
         self.cache = cache
-        self.chunk = chunk if chunk > 0 else 1 << 40
-        self.max_running = max_running
-        self.waiting: deque[Req] = deque()
+        self.rules = rules
+        self.ratio = NewTokenRatio(rules)
+        self.waiting: list[Req] = []
         self.chunked: Req | None = None
         self.prefilling: list[tuple[Req, int]] = []  # this step's prefill items (req, tokens)
-        self.heap: list[tuple[int, int, Req]] = []  # (finish decode step, seq, req)
+        self.heap: list[tuple[int, int, Req]] = []  # (release decode step, seq, req)
         self.running: dict[int, Req] = {}
+        self.batch_is_full = False
         self.steps = 0  # decode steps this rank has run
         self.ctx_off = 0  # sum(ctx0 - join_step) over running requests
-        self.fin_sum = 0  # sum(finish_step) over running requests
+        self.fin_sum = 0  # sum(finish_step) over running requests (remaining output = fin_sum - n*steps)
+        self.fin_long = 0  # running requests whose output exceeds the clip (reservation summed exactly)
+        self.n_eos = 0  # running requests without ignore_eos (0.5.23 reserves those at the ratio)
         self.inflight = 0
         self.inflight_tokens = 0
         self.stall_s = 0.0  # time decode requests waited for prefill steps since their last token
+        self.retracted = False  # the last decode-memory check retracted requests
 
     @property
     def n_run(self) -> int:
         return len(self.running)
 
-    def ctx_sum(self, extra_steps: float = 0.0) -> float:
-        return self.ctx_off + self.n_run * (self.steps + extra_steps)
+    def ctx_sum(self) -> int:
+        return self.ctx_off + len(self.running) * self.steps
 
-    def remaining_output(self) -> int:
-        return self.fin_sum - self.n_run * self.steps
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self.chunked)
+
+    def reserved_output(self) -> float:
+        """What the running requests are expected to still need (``PrefillAdder`` offset)."""
+        rules = self.rules
+        ratio = 1.0 if rules.ignore_eos_full_reserve else self.ratio.current
+        if not self.fin_long and (not rules.ignore_eos_full_reserve or not self.n_eos):
+            remaining = max(0, self.fin_sum - len(self.running) * self.steps)
+            return remaining * ratio
+        total = 0.0
+        clip = rules.clip_max_new_tokens
+        for r in self.running.values():
+            rem = min(max(0, r.finish_step - self.steps), clip)
+            total += rem * (1.0 if rules.ignore_eos_full_reserve and r.ignore_eos else self.ratio.current)
+        return total
 
 
 class Stats:
@@ -89,246 +125,413 @@ class Stats:
         self.hicache_load_tokens = 0
         self.hicache_loads = 0
         self.retractions = 0
+        self.aborts = 0
         self.prefill_tokens = 0
         self.steps = 0
         self.events = 0
-        self.itl = {}  # gap (rounded to 0.1 ms) -> token count
+        self.itl = {}  # gap (0.1 ms buckets) -> token count
 
 
 class ReplicaEngine:
     """Attention-DP ranks of one model replica sharing a clock."""
 
-    def __init__(self, ranks: list[Rank], model: StepTimeModel, *, policy: str, mixed_chunk: bool,
-                 new_token_ratio: float, max_prefill_tokens: int, stats: Stats, on_finish,
-                 window: tuple[float, float], computed_len: dict[int, int]):
+    def __init__(self, ranks: list[Rank], model: StepTimeModel, rules: SchedulerRules, *, stats: Stats,
+                 on_finish: Callable, window: tuple[float, float] = (0.0, math.inf),
+                 computed_len: dict | None = None, on_token: Callable | None = None,
+                 max_jump: int = MAX_JUMP_STEPS):
         self.ranks = ranks
         self.model = model
-        self.policy = policy
-        self.mixed = mixed_chunk
-        self.ratio = new_token_ratio
-        self.max_prefill = max_prefill_tokens
+        self.rules = rules
         self.stats = stats
         self.on_finish = on_finish
+        self.on_token = on_token  # online: called per produced token (then max_jump must be 1)
         self.clock = 0.0
         self.window = window
-        self.computed_len = computed_len  # session -> tokens it had computed anywhere (re-prefill stats)
+        self.computed_len = {} if computed_len is None else computed_len
+        self.max_jump = 1 if on_token is not None else max_jump
+        self.release_delay = 1 if rules.overlap else 0
         self._seq = 0
 
     def has_work(self) -> bool:
-        return any(r.running or r.waiting or r.chunked for r in self.ranks)
+        return any(r.busy() for r in self.ranks)
 
-    # ---- admission -------------------------------------------------------------------------
-    def _order(self, rank: Rank):
-        if self.policy == "lpm" and 1 < len(rank.waiting) <= LPM_MAX_QUEUE:
+    # ---- admission (PrefillAdder) -----------------------------------------------------------
+    def _order(self, rank: Rank) -> list[Req]:
+        if self.rules.policy is Policy.LPM and 1 < len(rank.waiting) <= LPM_MAX_QUEUE:
             cache = rank.cache
-            ordered = sorted(rank.waiting, key=lambda q: -cache.match(q.session, q.prefill_len)[0])
-            return ordered
+            return sorted(rank.waiting, key=lambda q: -sum(cache.match(q)))
         return rank.waiting
 
-    def _plan_prefill(self, rank: Rank, work: RankWork) -> None:
-        budget = rank.chunk
-        input_budget = self.max_prefill
-        items = rank.prefilling
+    def _schedule_prefill(self, rank: Rank, work: RankWork) -> None:
+        rules = self.rules
+        if (rank.batch_is_full or not rank.waiting) and rank.chunked is None:
+            return
+        running_bs = len(rank.running)
+        if running_bs >= rules.max_running_requests and rank.chunked is None:
+            rank.batch_is_full = True
+            return
         cache = rank.cache
-        if rank.chunked is not None:
+        page = rules.page_size
+        clip = rules.clip_max_new_tokens
+        offset_total = rank.reserved_output()
+        offset_cur = 0.0
+        rem_input = rules.max_prefill_tokens
+        rem_chunk = rules.chunked_prefill_size  # None: chunked prefill disabled
+        items = rank.prefilling
+        loads = 0
+
+        def avail():  # allocations happen after the round; load-backs allocate at once (as in SGLang)
+            return cache.free() + cache.evictable
+
+        def charge(extend_paged: int, max_new: int) -> None:
+            nonlocal offset_total, offset_cur, rem_input, rem_chunk
+            offset_total += extend_paged + max_new + page
+            offset_cur += extend_paged + page
+            rem_input -= extend_paged
+            if rem_chunk is not None:
+                rem_chunk -= extend_paged
+
+        def state() -> AddResult:
+            a = avail()
+            if a - offset_total <= 0 or a - offset_cur <= 0:
+                return AddResult.NO_TOKEN
+            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                return AddResult.OTHER
+            return AddResult.CONTINUE
+
+        new_chunked = None
+        if rank.chunked is not None:  # add_chunked_req
             req = rank.chunked
-            c = min(budget, req.prefill_len - req.done)
+            left = req.prefill_len - req.done
+            cap = int(avail() - offset_total)
+            cap = min(rem_chunk, cap) if rem_chunk is not None else cap
+            if cap <= 0:
+                cap = rem_chunk if rem_chunk is not None else left
+            c = min(left, cap)
+            truncated = c < left
+            charge(rules.ceil_page(c), 0 if truncated else min(req.output_len, clip))
             items.append((req, c))
-            budget -= c
-            input_budget -= c
-        if budget > 0 and rank.waiting and len(rank.running) + len(items) < rank.max_running:
-            reserve = rank.remaining_output() * self.ratio
-            admitted = []
-            for req in self._order(rank):
-                if budget <= 0 or input_budget <= 0 or len(rank.running) + len(items) >= rank.max_running:
-                    break
-                dev, host = cache.match(req.session, req.prefill_len)
-                extend = req.prefill_len - dev
-                out_room = (req.output_len - req.generated) * self.ratio
-                own = 0 if req.session in cache.locked else cache.branch.get(req.session, 0)
-                if extend + out_room + reserve > cache.free() + cache.evictable - own:
-                    break  # FCFS: stop at the first request that does not fit
-                cache.lock(req.session)
-                if not cache.ensure_free(extend):
-                    cache.unlock(req.session)
-                    break
-                reserve += out_room
-                cache.alloc_tokens += extend
-                req.alloc = extend
-                req.done = dev + host
-                req.loaded = host
-                if req.cached is None:  # first admission of this request
-                    req.cached = dev + host
-                    before = min(self.computed_len.get(req.session, 0), req.prefill_len)
-                    self.stats.reprefill_tokens += max(0, before - dev - host)
-                if host:
-                    work.load_tokens += host
-                    self.stats.hicache_loads += 1
-                    self.stats.hicache_load_tokens += host
-                c = min(budget, req.prefill_len - req.done)
+            new_chunked = req if truncated else None
+
+        admitted = []
+        for req in self._order(rank):
+            if len(items) >= rules.max_running_requests - running_bs:
+                rank.batch_is_full = True
+                break
+            res, c, chunked = self._add_one(rank, req, items, avail, offset_total, rem_input, rem_chunk)
+            if c:
+                extend_paged = rules.ceil_page(c)
+                charge(extend_paged, 0 if chunked else min(req.output_len, clip))
                 items.append((req, c))
                 admitted.append(req)
-                budget -= c
-                input_budget -= c
-            for req in admitted:
-                rank.waiting.remove(req)
+                loads += req.loaded
+                if chunked:
+                    new_chunked = req
+                res = state()
+            if res is AddResult.NO_TOKEN:
+                rank.batch_is_full = (bool(items) or bool(rank.running)) if rules.hierarchical_cache else True
+                break
+            if res is AddResult.OTHER:
+                break
+        if admitted:
+            gone = set(map(id, admitted))
+            rank.waiting = [q for q in rank.waiting if id(q) not in gone]
+        rank.chunked = new_chunked
+        # allocate the extend tokens (``alloc_for_extend`` evicts the shortfall)
+        extend = []
         for req, c in items:
+            cache.ensure_free(c)
+            cache.alloc_tokens += c
+            req.alloc += c
             work.prefill_tokens += c
             work.prefill_ctx_units += c * (req.done + c / 2)
+            extend.append((c, req.done))
             if req.done + c >= req.prefill_len:
                 work.prefill_seqs += 1
+        work.extend_items = tuple(extend)
+        work.load_tokens += loads
+
+    def _add_one(self, rank: Rank, req: Req, items, avail, offset_total: float, rem_input: int,
+                 rem_chunk: int | None) -> tuple[AddResult, int, bool]:
+        """``PrefillAdder.add_one_req``: (result, tokens to compute this step, chunked)."""
+        rules = self.rules
+        cache = rank.cache
+        page = rules.page_size
+        dev, host = cache.match(req)
+        if host < rules.hicache_load_back_threshold:
+            host = 0  # HiRadixCache.load_back recomputes short host hits
+        max_new = min(max(req.output_len - req.generated, 0), rules.clip_max_new_tokens)
+        extend = req.prefill_len - dev
+        total = extend + max_new + page
+        if total >= avail() - offset_total:
+            return AddResult.NO_TOKEN, 0, False
+        if rem_chunk is None and items and rules.ceil_page(extend - host) >= rem_input:
+            return AddResult.OTHER, 0, False
+        cache.lock(req)
+        if total >= avail() - offset_total:  # the lock made the matched prefix unevictable
+            cache.unlock(req)
+            return AddResult.NO_TOKEN, 0, False
+        loaded = 0
+        if host and cache.load_back(req, host):
+            loaded = host
+        input_tokens = rules.ceil_page(req.prefill_len - dev - loaded)
+        if rem_chunk is None and items and input_tokens >= rem_input:
+            cache.unlock(req)
+            return AddResult.OTHER, 0, False
+        prefix = dev + loaded
+        left = req.prefill_len - prefix
+        chunked = False
+        if rem_chunk is None or input_tokens <= rem_chunk:
+            c = left
+        else:
+            trunc = rem_chunk // page * page
+            trunc = (trunc + prefix) // page * page - prefix
+            if trunc <= 0:
+                cache.unlock(req)
+                return AddResult.OTHER, 0, False
+            c, chunked = trunc, True
+        req.done = prefix
+        req.loaded = loaded
+        stats = self.stats
+        if loaded:
+            stats.hicache_loads += 1
+            stats.hicache_load_tokens += loaded
+        if req.cached is None:  # first admission of this request
+            req.cached = prefix
+            if req.session is not None:  # offline only: online requests carry no session
+                before = min(self.computed_len.get(req.session, 0), req.prefill_len)
+                stats.reprefill_tokens += max(0, before - prefix)
+        return AddResult.CONTINUE, c, chunked
 
     # ---- decode bookkeeping ----------------------------------------------------------------
     def _join(self, rank: Rank, req: Req, t: float) -> None:
         remaining = req.output_len - req.generated
         if remaining <= 0:
-            self._finish(rank, req, t, joined=False)
+            self._release(rank, req, joined=False)
+            self.on_finish(req, t)
             return
         req.join_step = rank.steps
         req.finish_step = rank.steps + remaining
+        req.release_step = req.finish_step + self.release_delay
         req.ctx0 = req.prefill_len
         req.active = True
-        req.last_token_t = t
         rank.running[id(req)] = req
         rank.ctx_off += req.ctx0 - req.join_step
         rank.fin_sum += req.finish_step
+        if remaining > self.rules.clip_max_new_tokens:
+            rank.fin_long += 1
+        if not req.ignore_eos:
+            rank.n_eos += 1
         self._seq += 1
-        heapq.heappush(rank.heap, (req.finish_step, self._seq, req))
+        heapq.heappush(rank.heap, (req.release_step, self._seq, req))
 
     def _leave(self, rank: Rank, req: Req) -> int:
-        """Remove a running request; returns its decode steps so far."""
+        """Remove a running request; returns its decode steps so far (capped at its output)."""
         del rank.running[id(req)]
-        steps = rank.steps - req.join_step
+        steps = min(rank.steps, req.finish_step) - req.join_step
         rank.ctx_off -= req.ctx0 - req.join_step
         rank.fin_sum -= req.finish_step
+        if req.finish_step - req.join_step > self.rules.clip_max_new_tokens:
+            rank.fin_long -= 1
+        if not req.ignore_eos:
+            rank.n_eos -= 1
         req.active = False
         return steps
 
-    def _finish(self, rank: Rank, req: Req, t: float, joined: bool = True) -> None:
+    def _release(self, rank: Rank, req: Req, joined: bool = True) -> None:
+        """A finished request's KV goes into the tree (page-aligned) or back to the free list."""
         cache = rank.cache
         total = req.prefill_len
+        held = req.alloc
         if joined:
+            held += rank.steps - req.join_step  # one KV slot per decode step, kept in aggregate
             steps = self._leave(rank, req)
             req.generated += steps
-            req.alloc += steps
             total = req.ctx0 + steps
-        # the request's KV goes into the tree (page-aligned) or back to the free list
-        cache.insert(req.session, total)
-        cache.alloc_tokens -= req.alloc
+        cache.insert(req, total)
+        cache.alloc_tokens -= held
         req.alloc = 0
-        cache.unlock(req.session)
-        self.computed_len[req.session] = max(self.computed_len.get(req.session, 0), total)
+        cache.unlock(req)
+        if req.session is not None and self.computed_len.get(req.session, 0) < total:
+            self.computed_len[req.session] = total
         rank.inflight -= 1
         rank.inflight_tokens -= req.input_len
-        self.on_finish(req, t)
+        rank.batch_is_full = False
 
-    def _retract(self, rank: Rank, t: float) -> None:
-        victim = max(rank.running.values(), key=lambda q: (q.join_step, q.prefill_len))
-        steps = self._leave(rank, victim)
-        victim.generated += steps
-        rank.cache.alloc_tokens -= victim.alloc + steps
-        victim.alloc = 0
-        rank.cache.unlock(victim.session)
-        victim.prefill_len = victim.input_len + victim.generated
-        victim.done = 0
-        rank.waiting.appendleft(victim)
-        self.stats.retractions += 1
+    def _retract(self, rank: Rank) -> None:
+        """``ScheduleBatch.retract_decode``: free the least-advanced requests until the next
+        decode step fits; the last request left running is aborted if even it does not fit."""
+        cache = rank.cache
+        order = sorted(rank.running.values(), key=lambda q: (q.generated + rank.steps - q.join_step, -q.input_len),
+                       reverse=True)
+        first = True
+        n_needed = len(order)
+        while first or not cache.ensure_free(n_needed):
+            if len(order) == 1:
+                break
+            first = False
+            victim = order.pop()
+            held = victim.alloc + rank.steps - victim.join_step
+            steps = self._leave(rank, victim)
+            victim.generated += steps
+            cache.alloc_tokens -= held
+            victim.alloc = 0
+            cache.unlock(victim)
+            # the freed KV is used at once: evict the shortfall of 20 decode steps of the rest
+            short = len(order) * self.rules.retract_decode_steps - cache.free()
+            if short > 0:
+                cache.evict(short)
+            victim.prefill_len = victim.input_len + victim.generated
+            victim.done = 0
+            victim.retractions += 1
+            rank.waiting.append(victim)
+            self.stats.retractions += 1
+            n_needed = len(order)
+        if len(order) == 1 and not cache.ensure_free(1):
+            last = order.pop()
+            held = last.alloc + rank.steps - last.join_step
+            self._leave(rank, last)
+            cache.alloc_tokens -= held
+            last.alloc = 0
+            cache.unlock(last)
+            last.error = "aborted: out of memory even after retracting all other requests"
+            self.stats.aborts += 1
+            rank.inflight -= 1
+            rank.inflight_tokens -= last.input_len
+            self.on_finish(last, self.clock)
+        decoded = sum(rank.steps - q.join_step + q.generated for q in rank.running.values())
+        wanted = sum(q.output_len for q in rank.running.values())
+        rank.ratio.after_retract(decoded, wanted, len(rank.running))
+        rank.batch_is_full = False
+
+    def _check_decode_mem(self, rank: Rank) -> bool:
+        """``update_running_batch``: one KV slot per running request (``check_decode_mem``), else
+        retract (which re-estimates the ratio); without a retraction the ratio decays one step.
+        True if the rank still has requests to decode."""
+        if not rank.cache.ensure_free(len(rank.running)):
+            self._retract(rank)
+            rank.retracted = True
+            return bool(rank.running)
+        rank.retracted = False
+        return True
 
     # ---- one event ---------------------------------------------------------------------------
-    def step(self, horizon: float) -> None:
+    def step(self, horizon: float = math.inf) -> float:
         """Advance by one prefill step or one run of decode steps (not past ``horizon`` when
-        only decoding)."""
+        only decoding). Returns the simulated seconds it took (0 when idle)."""
         model = self.model
-        works = []
+        works = [RankWork() for _ in self.ranks]
         any_prefill = False
-        for rank in self.ranks:
-            w = RankWork()
-            rank.prefilling = []
+        for rank, w in zip(self.ranks, works):
             if rank.waiting or rank.chunked is not None:
-                self._plan_prefill(rank, w)
-            if w.prefill_tokens:
-                any_prefill = True
-            works.append(w)
+                rank.prefilling = []
+                self._schedule_prefill(rank, w)
+                if w.prefill_tokens:
+                    any_prefill = True
         t0 = self.clock
         self.stats.events += 1
         if any_prefill:
-            decoding = []
-            for rank, w in zip(self.ranks, works):
-                if rank.running and (self.mixed or not w.prefill_tokens):
-                    if not self._make_room(rank, 1, t0):
-                        continue
-                    w.decode_reqs = len(rank.running)
-                    w.decode_ctx_tokens = int(rank.ctx_sum())
-                    decoding.append(rank)
-            running = sum(len(r.running) for r in self.ranks)
-            dt = model.step_time(works, running)
-            t1 = t0 + dt
-            self.clock = t1
-            self.stats.steps += 1
-            for rank, w in zip(self.ranks, works):
-                if rank.running and rank not in decoding:
-                    rank.stall_s += dt
-            for rank in decoding:
-                self._decode(rank, 1, dt, t0)
-            for rank in self.ranks:
-                for req, c in rank.prefilling:
-                    req.done += c
-                    self.stats.prefill_tokens += c
-                    if req.done >= req.prefill_len:
-                        rank.chunked = None if rank.chunked is req else rank.chunked
-                        self._prefill_done(rank, req, t1)
-                    else:
-                        rank.chunked = req
-                rank.prefilling = []
-            return
+            return self._prefill_step(works, t0)
         active = [r for r in self.ranks if r.running]
+        if len(active) < len(self.ranks):
+            for rank in self.ranks:
+                if not rank.running and not rank.waiting and rank.chunked is None:  # on_idle
+                    rank.ratio.current = rank.ratio.init
+                    rank.batch_is_full = False
         if not active:
+            if not math.isfinite(horizon):
+                return 0.0
             self.clock = max(self.clock, horizon)
-            return
-        k = MAX_JUMP_STEPS
-        for rank in active:
-            cache = rank.cache
-            n = len(rank.running)
-            room = cache.capacity - cache.tree_tokens - cache.alloc_tokens + cache.evictable
-            while n and room < n:
-                self._retract(rank, t0)
-                n = len(rank.running)
-                room = cache.capacity - cache.tree_tokens - cache.alloc_tokens + cache.evictable
-            if n:
-                k = min(k, room // n, rank.heap[0][0] - rank.steps)
-        k = max(1, k)
+            return 0.0
+        k = self.max_jump
+        decoded = []
         running = 0
         for rank, w in zip(self.ranks, works):
+            if not rank.running:
+                continue
+            cache = rank.cache
             n = len(rank.running)
-            if n:
-                w.decode_reqs = n
-                w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
-                running += n
+            room = cache.capacity - cache.tree_tokens - cache.alloc_tokens
+            if room < n:  # check_decode_mem: evict the shortfall, else retract
+                if not self._check_decode_mem(rank):
+                    continue
+                n = len(rank.running)
+                room = cache.free()
+            else:
+                rank.retracted = False
+            room += cache.evictable
+            steps_left = rank.heap[0][0] - rank.steps
+            if room // n < k:
+                k = room // n
+            if steps_left < k:
+                k = steps_left
+            decoded.append(rank)
+            w.decode_reqs = n
+            w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
+            running += n
+        k = max(1, k)
         if not running:
-            return
-        dt = model.step_time(works, running)
-        if math.isfinite(horizon):
+            return 0.0
+        dt = model.step_time(works, running, overlap=self.rules.overlap)
+        if k > 1 and math.isfinite(horizon):
             k = max(1, min(k, math.ceil((horizon - t0) / dt))) if horizon > t0 else 1
         if k > 1:
             half = (k - 1) // 2
             for w in works:
                 if w.decode_reqs:
                     w.decode_ctx_tokens += w.decode_reqs * half
-            dt = model.step_time(works, running)
+            dt = model.step_time(works, running, overlap=self.rules.overlap)
         self.stats.steps += k
-        for rank in self.ranks:
-            if rank.running:
-                rank.cache.ensure_free(len(rank.running) * k)
-                self._decode(rank, k, dt, t0)
+        for rank in decoded:
+            rank.cache.ensure_free(len(rank.running) * k)
+            self._decode(rank, k, dt, t0)
+            rank.ratio.decay_steps(k - 1 if rank.retracted else k)
         self.clock = t0 + k * dt
+        return k * dt
 
-    def _make_room(self, rank: Rank, k: int, t: float) -> bool:
-        while rank.running and rank.cache.free() + rank.cache.evictable < len(rank.running) * k:
-            self._retract(rank, t)
-        if not rank.running:
-            return False
-        rank.cache.ensure_free(len(rank.running) * k)
-        return True
+    def _prefill_step(self, works: list[RankWork], t0: float) -> float:
+        decoding = []
+        stalled = []
+        mixed = self.rules.mixed_chunk
+        running = 0
+        for rank, w in zip(self.ranks, works):
+            if not rank.running:
+                continue
+            if mixed or not w.prefill_tokens:
+                if self._check_decode_mem(rank):  # evicts the shortfall of this one step
+                    w.decode_reqs = len(rank.running)
+                    w.decode_ctx_tokens = rank.ctx_off + w.decode_reqs * rank.steps
+                    decoding.append(rank)
+                elif rank.running:
+                    stalled.append(rank)
+            else:
+                stalled.append(rank)
+            running += len(rank.running)
+        dt = self.model.step_time(works, running, overlap=self.rules.overlap)
+        t1 = t0 + dt
+        self.clock = t1
+        self.stats.steps += 1
+        for rank in stalled:
+            rank.stall_s += dt
+        for rank in decoding:
+            self._decode(rank, 1, dt, t0)
+            if not mixed and not rank.retracted:
+                rank.ratio.decay_steps(1)
+        for rank in self.ranks:
+            if not rank.prefilling:
+                continue
+            for req, c in rank.prefilling:
+                req.done += c
+                self.stats.prefill_tokens += c
+                # the request's KV so far goes into the tree, locked (cache_unfinished_req)
+                covered = rank.cache.insert(req, req.done)
+                keep = max(0, req.done - covered)
+                rank.cache.alloc_tokens -= req.alloc - keep
+                req.alloc = keep
+                if req.done >= req.prefill_len:
+                    self._prefill_done(rank, req, t1)
+            rank.prefilling = []
+        return dt
 
     def _decode(self, rank: Rank, k: int, dt: float, t0: float) -> None:
         n = len(rank.running)
@@ -341,23 +544,27 @@ class ReplicaEngine:
             first = int((dt + rank.stall_s) * 1e4 + 0.5) if rank.stall_s else key
             itl[first] = itl.get(first, 0) + n
         rank.stall_s = 0.0
+        start = rank.steps
+        if self.on_token is not None:
+            t = t0 + dt
+            for req in rank.running.values():
+                if start < req.finish_step:
+                    self.on_token(req, t)
         rank.cache.alloc_tokens += n * k
         rank.steps += k
         heap = rank.heap
         while heap and heap[0][0] <= rank.steps:
-            fs, _, req = heapq.heappop(heap)
-            if not req.active or req.finish_step != fs:
-                continue  # retracted earlier
-            self._finish(rank, req, t0 + (fs - (rank.steps - k)) * dt)
+            _, _, req = heapq.heappop(heap)
+            if not req.active or req.release_step > rank.steps:
+                continue  # retracted earlier (and possibly running again)
+            t_last = t0 + (req.finish_step - start) * dt
+            self._release(rank, req)
+            self.on_finish(req, t_last)
 
     def _prefill_done(self, rank: Rank, req: Req, t: float) -> None:
-        cache = rank.cache
-        before = cache.tree_tokens
-        cache.insert(req.session, req.prefill_len)
-        moved = cache.tree_tokens - before
-        cache.alloc_tokens -= moved
-        req.alloc -= moved
+        req.generated += 1  # the prefill's forward samples the next token
         if req.first_t is None:
             req.first_t = t
-            req.generated = 1
+        if self.on_token is not None:
+            self.on_token(req, t)
         self._join(rank, req, t)

@@ -121,7 +121,7 @@ class SimServer:
             "max_total_num_tokens": p.kv_capacity_tokens_per_gpu,
             "max_req_input_len": p.max_req_input_len,
             "internal_states": [dict(per_rank) for _ in range(p.kv_pools)],
-            "version": "0.5.23-sim",
+            "version": f"{p.sglang_version}-sim",
         })
 
     def _prompt_ids(self, body) -> list[int] | web.Response:
@@ -150,7 +150,7 @@ class SimServer:
                                                 f"model's context length ({self.plan.max_req_input_len} tokens)."}},
                                      status=400)
         max_tokens = int(body.get("max_tokens") or 16)
-        req = self.engine.submit(ids, max_tokens)
+        req = self.engine.submit(ids, max_tokens, ignore_eos=bool(body.get("ignore_eos", True)))
         created = int(time.time())
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
         if not body.get("stream"):
@@ -163,13 +163,13 @@ class SimServer:
         await resp.prepare(request)
         n = 0
         while True:
-            tok = await req.queue.get()
+            tok = await req.handle.get()
             if tok is None:
                 break
             n += 1
             chunk = {"id": req.rid, "object": "text_completion", "created": created, "model": self.model_name,
                      "choices": [{"index": 0, "text": f" t{tok}", "token_ids": [tok],
-                                  "finish_reason": "length" if n >= req.max_new_tokens else None}]}
+                                  "finish_reason": "length" if n >= req.output_len else None}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if usage_wanted:
             final = {"id": req.rid, "object": "text_completion", "created": created, "model": self.model_name,
@@ -187,9 +187,10 @@ class SimServer:
         if isinstance(ids, web.Response):
             return ids
         params = body.get("sampling_params") or {}
-        req = self.engine.submit(ids, int(params.get("max_new_tokens") or 16))
-        meta = lambda n: {"id": req.rid, "prompt_tokens": len(req.input_ids), "completion_tokens": n,
-                          "cached_tokens": req.cached_tokens, "finish_reason": {"type": "length"}}
+        req = self.engine.submit(ids, int(params.get("max_new_tokens") or 16),
+                                 ignore_eos=bool(params.get("ignore_eos", True)))
+        meta = lambda n: {"id": req.rid, "prompt_tokens": req.input_len, "completion_tokens": n,
+                          "cached_tokens": (req.cached or 0), "finish_reason": {"type": "length"}}
         if not body.get("stream"):
             tokens = await self._collect(req)
             return web.json_response({"text": "".join(f" t{t}" for t in tokens), "output_ids": tokens,
@@ -198,7 +199,7 @@ class SimServer:
         await resp.prepare(request)
         out: list[int] = []
         while True:
-            tok = await req.queue.get()
+            tok = await req.handle.get()
             if tok is None:
                 break
             out.append(tok)
@@ -211,12 +212,12 @@ class SimServer:
     async def _collect(self, req) -> list[int]:
         out = []
         while True:
-            tok = await req.queue.get()
+            tok = await req.handle.get()
             if tok is None:
                 return out
             out.append(tok)
 
     def _usage(self, req, n: int) -> dict:
-        return {"prompt_tokens": len(req.input_ids), "completion_tokens": n,
-                "total_tokens": len(req.input_ids) + n,
-                "prompt_tokens_details": {"cached_tokens": req.cached_tokens}}
+        return {"prompt_tokens": req.input_len, "completion_tokens": n,
+                "total_tokens": req.input_len + n,
+                "prompt_tokens_details": {"cached_tokens": (req.cached or 0)}}

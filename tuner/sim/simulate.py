@@ -22,22 +22,26 @@ from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import speculative_draft_layers
-from tuner.planner.parallel import flag_bool, flag_float
+from tuner.planner.parallel import flag_bool
 from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
 from tuner.workload.session import Session, WorkloadProfile, generate_session
 
 from .cache import SessionPrefixCache
 from .calibrate import load_calibration
 from .engine import Rank, ReplicaEngine, Req, Stats
-from .router import Router
+from .optable import profiles_fingerprint
+from .router import Router, SessionIndex, routing_policy
+from .scheduler import SchedulerRules, check_version
 from .steptime import StepTimeModel
 
 DRAIN_LIMIT_S = 600.0
 MULTI_REPLICA_JUMP_S = 0.05
 
+__all__ = ["build_step_model", "routing_policy", "scheduler_rules", "simulate_load_point"]
+
 
 def build_step_model(model: ModelSpec, gpu: GPUSpec, plan, layout, flags: dict, knobs: dict, cal: dict,
-                     gpus_per_node: int) -> StepTimeModel:
+                     gpus_per_node: int, sglang_version: str | None = None, op_tables=None) -> StepTimeModel:
     tiles = (knobs or {}).get("moe-tile-configs") or "default"
     if tiles not in ("default", "tuned"):
         raise ConfigError(f"unknown value {tiles!r}; valid: default, tuned", key="moe-tile-configs")
@@ -46,15 +50,16 @@ def build_step_model(model: ModelSpec, gpu: GPUSpec, plan, layout, flags: dict, 
     return StepTimeModel(model, gpu, resolve_checkpoint(model, flags.get("quantization")), layout,
                          plan.bytes_per_token, cal, gpus_per_node=gpus_per_node, moe_tiles=tiles,
                          cuda_graph_max_bs=plan.cuda_graph_max_bs_decode, decode_graph=decode_graph,
-                         with_mtp=speculative_draft_layers(model, flags) > 0)
+                         with_mtp=speculative_draft_layers(model, flags) > 0, kv_cache_dtype=plan.kv_cache_dtype,
+                         sglang_version=check_version(sglang_version), flags=flags, op_tables=op_tables)
 
 
-def routing_policy(flags: dict, knobs: dict) -> str:
-    policy = (knobs or {}).get("router-policy")
-    if policy:
-        return str(policy)
-    method = str(flags.get("load-balance-method") or "auto")
-    return "round_robin" if method in ("auto", "round_robin", "follow_bootstrap_room") else method
+def scheduler_rules(plan, layout, flags: dict, sglang_version: str | None = None) -> SchedulerRules:
+    """The scheduler rules of one rank of this configuration (shared by simulate and serve-sim)."""
+    return SchedulerRules.for_version(
+        sglang_version, page_size=plan.page_size, chunked_prefill_size=plan.chunked_prefill_size,
+        max_running_requests=plan.max_running_requests_per_dp_rank, attn_dp=layout.attn_dp, flags=flags,
+        hierarchical_cache=plan.hierarchical_cache)
 
 
 class _SessionSource:
@@ -87,18 +92,19 @@ class _SessionSource:
 _PREPARED: dict = {}
 
 
-def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration):
+def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration, version):
     """Plan, layout, calibration and step-time model of a configuration; memoised so a capacity
     search re-uses the step-time model's caches across load points."""
     key = None
     if calibration is None or isinstance(calibration, (str, Path)):
         key = (model.name, gpu.name, gpus, nodes, host_memory_gb, repr(sorted(flags.items())),
-               repr(sorted(knobs.items())), str(calibration))
+               repr(sorted(knobs.items())), str(calibration), version, profiles_fingerprint(gpu.name))
         hit = _PREPARED.get(key)
         if hit is not None:
             return hit
     try:
-        plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
+        plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb,
+                           sglang_version=version)
     except ConfigError as exc:
         raise TrialError("infeasible", str(exc)) from None
     if not plan.fits:
@@ -108,7 +114,7 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration)
     layout = parse_layout(model, flags, gpus * nodes)
     cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
         gpu.name, calibration)
-    step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus)
+    step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus, version)
     out = (plan, layout, cal, step_model)
     if key is not None:
         if len(_PREPARED) > 64:
@@ -132,17 +138,26 @@ def simulate_load_point(
     nodes: int = 1,
     host_memory_gb: float | None = None,
     calibration: dict | str | None = None,
+    sglang_version: str | None = None,
 ) -> LoadPointMetrics:
-    """Predict what a replay of ``users`` closed-loop users would measure on this configuration."""
+    """Predict what a replay of ``users`` closed-loop users would measure on this configuration.
+
+    This signature is stable: it is what callers use to store the simulator's prediction beside a
+    real trial (same configuration, workload, user count and window). ``sglang_version`` selects
+    the scheduler rules and memory defaults of that SGLang release (default 0.5.23).
+    """
     model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     knobs = dict(knobs or {})
     if users < 1:
         raise ConfigError(f"users must be >= 1, got {users}", key="users")
-    plan, layout, cal, step_model = _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration)
+    version = check_version(sglang_version)
+    plan, layout, cal, step_model = _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration,
+                                             version)
+    rules = scheduler_rules(plan, layout, flags, version)
 
     sys_prefix = int(round(profile.system_prefix_tokens * profile.scale))
-    radix = not flag_bool(flags, "disable-radix-cache")
+    radix = rules.radix_cache
     capacity = plan.kv_capacity_tokens_per_gpu
     stats = Stats()
     window = (warmup_s, warmup_s + duration_s)
@@ -158,8 +173,9 @@ def simulate_load_point(
     computed_len: dict[int, int] = {}
     pending_in_window = 0
 
-    def on_finish(req: Req, t: float, error: str | None = None) -> None:
+    def on_finish(req: Req, t: float) -> None:
         nonlocal seq, pending_in_window
+        error = req.error
         if window[0] <= req.arrival < window[1]:
             pending_in_window -= 1
             if error:
@@ -184,48 +200,40 @@ def simulate_load_point(
             seq += 1
             heapq.heappush(arrivals, (nxt, seq, u))
 
-    ratio = cal["schedule"]["new_token_ratio"] * float(flags.get("schedule-conservativeness") or 1.0)
-    if layout.attn_dp > 1:
-        ratio *= 0.3
-    host_tokens = plan.hicache_host_tokens_per_pool if plan.hierarchical_cache else 0
-    policy = str(flags.get("schedule-policy") or "fcfs")
-    if policy not in ("fcfs", "lpm", "random", "lof", "dfs-weight", "priority", "routing-key", "hrrn",
-                      "shortest-prefill-first"):
-        raise ConfigError(f"unknown schedule-policy {policy!r}", key="schedule-policy")
+    host_tokens = plan.hicache_host_tokens_per_pool if rules.hierarchical_cache else 0
     replicas = []
     all_ranks: list[Rank] = []
     for _ in range(layout.dp):
         ranks = []
         for _ in range(layout.attn_dp):
-            cache = SessionPrefixCache(capacity, plan.page_size, sys_prefix if radix else 1 << 60,
-                                       host_tokens if radix else 0)
-            ranks.append(Rank(cache, plan.chunked_prefill_size, plan.max_running_requests_per_dp_rank))
+            cache = SessionPrefixCache(capacity, plan.page_size, sys_prefix if radix else 1 << 60, host_tokens)
+            ranks.append(Rank(cache, rules))
         all_ranks.extend(ranks)
-        replicas.append(ReplicaEngine(
-            ranks, step_model, policy="lpm" if policy == "lpm" else "fcfs",
-            mixed_chunk=flag_bool(flags, "enable-mixed-chunk"), new_token_ratio=ratio,
-            max_prefill_tokens=int(flags.get("max-prefill-tokens") or cal["schedule"]["max_prefill_tokens"]),
-            stats=stats, on_finish=on_finish, window=window, computed_len=computed_len))
+        replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
+                                      computed_len=computed_len))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
-    router = Router(routing_policy(flags, knobs), len(all_ranks), sys_prefix, seed=seed)
+    router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
+                    seed=seed)
 
     def deliver(t_arr: float, u: int) -> None:
         nonlocal pending_in_window
         idx, turn = user_session[u], user_turn[u]
         session = source.get(idx)
         prompt = source.prompt_len(idx, turn)
-        req = Req(u, idx, turn, t_arr, prompt, session.turns[turn].output_tokens)
+        out = rules.clamp_max_new_tokens(prompt, session.turns[turn].output_tokens, capacity, plan.context_length)
+        req = Req(u, idx, turn, t_arr, prompt, out)
         if not radix:
             req.session = -1 - seq  # nothing is ever matched
         if window[0] <= t_arr < window[1]:
             pending_in_window += 1
-        if prompt > plan.max_req_input_len or prompt + req.output_len > capacity:
+        if prompt > plan.max_req_input_len:
             # SGLang rejects a prompt longer than max_req_input_len (KV pool or context length)
-            on_finish(req, t_arr, error=f"input {prompt} tokens exceeds max_req_input_len {plan.max_req_input_len}")
+            req.error = f"input {prompt} tokens exceeds max_req_input_len {plan.max_req_input_len}"
+            on_finish(req, t_arr)
             return
         loads = [r.inflight for r in all_ranks]
         toks = [r.inflight_tokens for r in all_ranks]
-        target = router.route(idx, prompt, loads, toks)
+        target = router.route(req, loads, toks)
         rank = all_ranks[target]
         rank.inflight += 1
         rank.inflight_tokens += prompt
@@ -270,11 +278,14 @@ def simulate_load_point(
     evicted = sum(r.cache.evicted_tokens for r in all_ranks)
     extra = {
         "backend": "simulator",
+        "sglang_version": version,
+        "step_time_source": step_model.source_summary(),
         "evicted_tokens": evicted,
         "reprefill_tokens": stats.reprefill_tokens,
         "hicache_loads": stats.hicache_loads,
         "hicache_load_tokens": stats.hicache_load_tokens,
         "retractions": stats.retractions,
+        "aborts": stats.aborts,
         "prefill_tokens": stats.prefill_tokens,
         "sim_steps": stats.steps,
         "sim_events": stats.events,

@@ -1,14 +1,22 @@
-"""Step-time model: how long one scheduler step of an SGLang server takes, from first principles.
+"""Step-time model: how long one scheduler step of an SGLang server takes.
 
 A step runs every attention-DP rank of a model replica together (the MoE layer and its
-communication synchronise them). Its time is
+communication synchronise them). Its GPU time is
 
-    max over ranks (non-expert linears + attention + HiCache load-back + attention-TP all-reduce)
-    + routed-expert GEMMs over the tokens of all ranks + MoE communication + fixed overheads,
+    max over ranks (linears + attention + per-layer small kernels + HiCache load-back
+                    + attention-TP all-reduce)
+    + routed-expert GEMMs over the tokens of all ranks + MoE communication
+    + sampling + fixed per-step GPU overhead,
 
-where every GEMM / attention term is a roofline ``max(FLOPs / (peak x eff), bytes / (HBM x eff))``
-with peaks from the GPU catalog and efficiencies from the calibration file. See
-docs/calibration.md for every assumption.
+and the scheduler's CPU time per step is hidden behind it by the overlap scheduler (``max``) or
+added to it without (``--disable-overlap-schedule``).
+
+Every compute operator (each linear layer as a GEMM, decode attention, extend attention, fused
+MoE, the per-layer small kernels, sampling) is taken from a measured table of ``tuner profile``
+(``tuner.sim.optable``) where one covers its shape and size, and otherwise from a roofline
+``max(FLOPs / (peak x eff), bytes / (HBM x eff))`` with peaks from the GPU catalog and efficiencies
+from the calibration file. Inter-GPU communication is always analytic (published link bandwidths,
+see docs/calibration.md). ``source_summary()`` says which was used.
 """
 
 from __future__ import annotations
@@ -17,10 +25,15 @@ from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUSpec, ModelSpec
 from tuner.planner.parallel import ParallelLayout
-from tuner.planner.weights import BYTES_PER_PARAM, weight_bytes_per_gpu
+from tuner.planner.startup import default_attention_backend
+from tuner.planner.weights import BYTES_PER_PARAM
 
 from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
+from .opshapes import attention_shape, gemms, moe_shape
+from .optable import OpTables, tables_for_gpu
+
+CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
 
 
 @dataclass(slots=True)
@@ -32,7 +45,8 @@ class RankWork:
     prefill_tokens: int = 0
     prefill_seqs: int = 0  # sequences whose chunk is in this step (one logit each if finishing)
     prefill_ctx_units: float = 0.0  # sum over chunk tokens of the context they attend (dense)
-    load_tokens: int = 0  # HiCache tokens loaded back from host before this step
+    load_tokens: int = 0  # HiCache tokens loaded back from host during this step
+    extend_items: tuple = ()  # (new tokens, cached prefix) per prefill request
 
     @property
     def tokens(self) -> int:
@@ -42,41 +56,56 @@ class RankWork:
 class StepTimeModel:
     def __init__(self, model: ModelSpec, gpu: GPUSpec, ckpt: Checkpoint, layout: ParallelLayout,
                  cell_bytes: int, calibration: dict, *, gpus_per_node: int, moe_tiles: str = "default",
-                 cuda_graph_max_bs: int = 512, decode_graph: bool = True, with_mtp: bool = False):
+                 cuda_graph_max_bs: int = 512, decode_graph: bool = True, with_mtp: bool = False,
+                 kv_cache_dtype: str = "bf16", sglang_version: str = "0.5.23", flags: dict | None = None,
+                 op_tables: OpTables | None = None):
         self.m, self.gpu, self.layout, self.cal = model, gpu, layout, calibration
         self.cell = cell_bytes
         self.moe_tiles = moe_tiles
         self.graph_bs = cuda_graph_max_bs if decode_graph else 0
+        self.version = sglang_version
+        flags = flags or {}
+        self.attention_backend = default_attention_backend(model, gpu, flags)
+        self.moe_backend = str(flags.get("moe-runner-backend") or "triton")
+        if self.moe_backend == "auto":
+            self.moe_backend = "triton"
         eff = calibration["compute_efficiency"]
         self.bw = gpu.memory_bandwidth_gbps * 1e9 * calibration["memory_efficiency"]
-        self.bw_raw = gpu.memory_bandwidth_gbps * 1e9
         self.layers = model.num_layers
-        w = weight_bytes_per_gpu(model, ckpt, layout, with_mtp=False)
+        self.h = model.hidden_size
+        tables = op_tables if op_tables is not None else tables_for_gpu(gpu.name)
+        self._src = {c: [0, 0] for c in CATEGORIES}
+        self._files: set[str] = set()
 
-        def fmt(kind):
-            return "bf16" if kind == "norms" or kind in ckpt.unquantized else ckpt.weight_format
+        def find(op, shape, **kw):
+            t = tables.find(op, shape, sglang_version=sglang_version, **kw)
+            return t
 
-        def rate(kind):
-            return self._rate(fmt(kind))
+        # ---- linears: every layer's GEMMs -------------------------------------------------
+        # (layers, flops per token, weight-read seconds, rate, table, per-logit)
+        self.gemms = []
+        for g in gemms(model, ckpt, layout):
+            bpp = BYTES_PER_PARAM[g.dtype]
+            rate = self._rate(g.dtype) * eff["dense"]
+            table = find("gemm", g.key)
+            self.gemms.append((g.layers, 2.0 * g.n * g.k, g.n * g.k * bpp / self.bw, rate, table, g.per == "logit",
+                               g.name))
+        self.any_gemm_table = any(t[4] is not None for t in self.gemms)
+        token_gemms = [x for x in self.gemms if not x[5]]
+        self.read_bound_tokens = min((r * rate / f for _, f, r, rate, *_ in self.gemms if f), default=0.0)
+        self.linear_read_s = sum(layers * r for layers, _, r, *_ in token_gemms)
+        self.lm_read_s = sum(layers * r for layers, _, r, _, _, logit, _ in self.gemms if logit)
 
-        # (flops per token per GPU, weight-read time per step, compute rate x eff) per linear group
-        self.linear_groups = []
-        for kinds in (("attention",), ("indexer",), ("dense_mlp",), ("shared_expert",), ("router",)):
-            params = sum(w[k] / BYTES_PER_PARAM[fmt(k)] for k in kinds)
-            byt = sum(w[k] for k in kinds)
-            if params:
-                self.linear_groups.append((2 * params, byt / self.bw, rate(kinds[0]) * eff["dense"]))
-        lm_params = w["lm_head"] / BYTES_PER_PARAM[fmt("lm_head")]
-        self.lm_head = (2 * lm_params, w["lm_head"] / self.bw, rate("lm_head") * eff["dense"])
-        # below this many tokens every linear group is bound by reading its weights (constant time)
-        groups = self.linear_groups + [self.lm_head]
-        self.read_bound_tokens = min((r * rate / f for f, r, rate in groups if f), default=0.0)
-        self.linear_read_s = sum(r for _, r, _ in self.linear_groups)
-
+        # ---- attention --------------------------------------------------------------------
         attn_tp = layout.attn_tp
         bf16 = gpu.bf16_tflops * 1e12
         fp8 = gpu.fp8_tflops * 1e12
         self.attn_rate = bf16 * eff["attention"]
+        self.attn_shape = attention_shape(model, layout, kv_cache_dtype)
+        ab = self.attention_backend
+        self.decode_table = find("decode_attention", self.attn_shape.key, attention_backend=ab)
+        self.extend_tables = {mode: find("extend_attention", self.attn_shape.key, attention_backend=ab, mode=mode)
+                              for mode in ("mha", "absorbed")}
         if model.is_mla:
             heads = model.num_attention_heads / attn_tp
             # absorbed form: q.latent (kv_lora + rope) and p.latent (kv_lora) per head
@@ -89,6 +118,7 @@ class StepTimeModel:
             heads = model.num_attention_heads / attn_tp
             self.prefill_attn_flops = 2 * heads * 2 * model.head_dim * self.layers
             self.decode_attn_flops = self.prefill_attn_flops
+        self.is_mla = model.is_mla and model.attention != "dsa"
         self.dsa = model.attention == "dsa"
         if self.dsa:
             idx_bytes = model.index_head_dim + model.index_head_dim // 128 * 4
@@ -106,8 +136,9 @@ class StepTimeModel:
             self.topk = None
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
 
-        # routed experts
+        # ---- routed experts ---------------------------------------------------------------
         self.moe = model.is_moe
+        self.moe_table = None
         if self.moe:
             e, k, h = model.n_routed_experts, model.experts_per_token, model.hidden_size
             inter = model.moe_intermediate_size / layout.moe_tp
@@ -115,30 +146,43 @@ class StepTimeModel:
             self.moe_n = (int(2 * inter), h)  # gate_up N, down N
             self.moe_shapes = (2 * inter * h, h * inter)  # N x K of the two GEMMs
             self.moe_layers = model.num_moe_layers
-            self.moe_bpp = BYTES_PER_PARAM[fmt("routed_experts")]
-            routed_fmt = fmt("routed_experts")
+            routed_fmt = "bf16" if "routed_experts" in ckpt.unquantized else ckpt.weight_format
+            self.moe_bpp = BYTES_PER_PARAM[routed_fmt]
             native = routed_fmt != "nvfp4" or (gpu.fp4_tflops and gpu.sm_version >= 100)
             # without FP4 tensor cores the GEMM runs in bf16 after a per-element dequantize
             mma = self._rate(routed_fmt) if native else gpu.bf16_tflops * 1e12
             self.moe_rate = mma * eff["moe"]
             self.moe_dequant_rate = None if native else calibration["dequant_gelem_per_s"] * 1e9
-            self.moe_fp8_block = fmt("routed_experts") == "fp8_block"
+            self.moe_fp8_block = routed_fmt == "fp8_block"
+            shape = moe_shape(model, ckpt, layout)
+            self.moe_table = find("moe", shape.key, moe_runner_backend=self.moe_backend,
+                                  variant="tuned" if moe_tiles == "tuned" else "default")
         self.sm_count = gpu.sm_count
         self.sm_share = calibration.get("moe_sm_bandwidth_share", 2.0)
+
+        # ---- small kernels, sampling, overheads -------------------------------------------
+        misc_shape = {"hidden": model.hidden_size, "arch": self.attn_shape.arch, "moe": bool(self.moe)}
+        self.misc_table = find("layer_misc", misc_shape)
+        self.sampling_table = find("sampling", {"vocab": -(-model.vocab_size // layout.tp)})
+        self.overhead_table = find("step_overhead", {"model": model.name, "tp": layout.tp})
+        ov = calibration["overhead"]
+        self.layer_s = ov["layer_s"]
+        self.layer_passes = ov["layer_bytes_passes"]
+        self.sampling_s = ov["sampling_s"]
+        self.gpu_step_s = ov["gpu_step_s"]
+        self.cpu_step_s = ov["cpu_step_s"]
+        self.per_req_s = ov["per_request_s"]
+        self.eager_s = ov["eager_per_layer_s"] * self.layers
+        self.prefill_ov_s = ov["prefill_per_layer_s"] * self.layers
+        self.dp_sync_s = ov["dp_attention_sync_s"] if layout.attn_dp > 1 else 0.0
 
         comm = calibration["comm"]
         link = comm["internode_gbps"] if layout.tp > gpus_per_node else gpu.interconnect_gbps
         self.link_bw = link * 1e9 * comm["bandwidth_efficiency"]
         self.comm_lat = comm["latency_s"]
-        self.h = model.hidden_size
-        ov = calibration["overhead"]
-        self.step_s = ov["step_s"]
-        self.eager_s = ov["eager_per_layer_s"] * self.layers
-        self.prefill_ov_s = ov["prefill_per_layer_s"] * self.layers
-        self.dp_sync_s = ov["dp_attention_sync_s"] if layout.attn_dp > 1 else 0.0
-        self.per_req_s = ov["per_request_s"]
         self._moe_cache: dict[int, float] = {}
         self._decode_cache: dict[tuple[int, int], float] = {}
+        self._linear_cache: dict[tuple[int, int], float] = {}
 
     def _rate(self, fmt: str) -> float:
         g = self.gpu
@@ -150,6 +194,106 @@ class StepTimeModel:
             return g.fp4_tflops * 1e12
         # no FP4 tensor cores: dequantize to bf16 in the GEMM prologue
         return g.bf16_tflops * 1e12 * self.cal["dequant_compute_factor"]
+
+    def _count(self, cat: str, table) -> None:
+        if table is None:
+            self._src[cat][1] += 1
+        else:
+            self._src[cat][0] += 1
+            self._files.add(table.source.path)
+
+    # ---- operators --------------------------------------------------------------------------
+    def linear_time(self, tokens: int, logits: int) -> float:
+        key = (tokens, logits)
+        t = self._linear_cache.get(key)
+        if t is None:
+            t = self._linear_time(tokens, logits)
+            if len(self._linear_cache) < 100000:
+                self._linear_cache[key] = t
+        return t
+
+    def _linear_time(self, tokens: int, logits: int) -> float:
+        if not self.any_gemm_table and tokens <= self.read_bound_tokens:
+            self._src["linear"][1] += 1
+            return self.linear_read_s + (self.lm_read_s if logits else 0.0)
+        t = 0.0
+        for layers, flops, read_s, rate, table, per_logit, _ in self.gemms:
+            n = logits if per_logit else tokens
+            if n <= 0:
+                continue
+            v = table.lookup_s(n) if table is not None else None
+            if v is None:
+                v = max(flops * n / rate, read_s)
+                self._count("linear", None)
+            else:
+                self._count("linear", table)
+            t += layers * v
+        return t
+
+    def decode_attention_time(self, batch: int, ctx: int) -> float:
+        if self.decode_table is not None and batch:
+            v = self.decode_table.lookup_s(batch, ctx / batch)
+            if v is not None:
+                self._count("decode_attention", self.decode_table)
+                return v * self.layers
+        self._src["decode_attention"][1] += 1
+        if self.dsa:
+            attended = min(ctx, batch * self.topk)
+            kv_bytes = attended * self.latent_bytes_per_token + ctx * self.index_bytes_per_token
+            return max(attended * self.decode_attn_flops / self.attn_rate,
+                       kv_bytes / self.bw) + ctx * self.index_flops / self.index_rate
+        return max(ctx * self.decode_attn_flops / self.attn_rate, ctx * self.cell / self.bw)
+
+    def extend_attention_time(self, w: RankWork) -> float:
+        # Triton MLA: a batch without any cached prefix runs MHA over expanded K/V, else absorbed MLA
+        mode = "absorbed" if self.is_mla and any(p for _, p in w.extend_items) else "mha"
+        table = self.extend_tables.get(mode)
+        if table is not None and w.extend_items:
+            total = 0.0
+            for c, prefix in w.extend_items:
+                v = table.lookup_s(c, prefix)
+                if v is None:
+                    break
+                total += v
+            else:
+                self._count("extend_attention", table)
+                return total * self.layers
+        self._src["extend_attention"][1] += 1
+        units = w.prefill_ctx_units
+        if self.dsa:
+            attended = min(units, w.prefill_tokens * self.topk)
+            return attended * self.prefill_attn_flops / self.attn_rate + units * self.index_flops / self.index_rate
+        return units * self.prefill_attn_flops / self.attn_rate
+
+    def layer_misc_time(self, tokens: int) -> float:
+        """Norms, rotary embedding, activation and routing kernels of every layer."""
+        if self.misc_table is not None:
+            v = self.misc_table.lookup_s(tokens)
+            if v is not None:
+                self._count("layer_misc", self.misc_table)
+                return v * self.layers
+        self._src["layer_misc"][1] += 1
+        return self.layers * (self.layer_s + tokens * self.h * 2 * self.layer_passes / self.bw)
+
+    def sampling_time(self, seqs: int) -> float:
+        if not seqs:
+            return 0.0
+        if self.sampling_table is not None:
+            v = self.sampling_table.lookup_s(seqs)
+            if v is not None:
+                self._count("sampling", self.sampling_table)
+                return v
+        self._src["sampling"][1] += 1
+        return self.sampling_s
+
+    def step_overhead_time(self, batch: int) -> float:
+        if self.overhead_table is not None:
+            v = self.overhead_table.lookup_s(max(1, batch))
+            if v is not None:
+                self._count("step_overhead", self.overhead_table)
+                return v
+        self._src["step_overhead"][1] += 1
+        return self.gpu_step_s
 
     # ---- per rank -------------------------------------------------------------------------
     def rank_time(self, w: RankWork) -> float:
@@ -169,34 +313,15 @@ class StepTimeModel:
     def _rank_time(self, w: RankWork) -> float:
         tokens = w.decode_reqs + w.prefill_tokens
         logits = w.decode_reqs + w.prefill_seqs
-        if tokens <= self.read_bound_tokens:
-            t = self.linear_read_s + (self.lm_head[1] if logits else 0.0)
-        else:
-            t = 0.0
-            for flops, read_s, rate in self.linear_groups:
-                t += max(flops * tokens / rate, read_s)
-            if logits:
-                flops, read_s, rate = self.lm_head
-                t += max(flops * logits / rate, read_s)
+        t = self.linear_time(tokens, logits) + self.layer_misc_time(tokens)
         if w.decode_reqs:
-            ctx = w.decode_ctx_tokens
-            if self.dsa:
-                attended = min(ctx, w.decode_reqs * self.topk)
-                kv_bytes = attended * self.latent_bytes_per_token + ctx * self.index_bytes_per_token
-                t += max(attended * self.decode_attn_flops / self.attn_rate,
-                         kv_bytes / self.bw) + ctx * self.index_flops / self.index_rate
-            else:
-                t += max(ctx * self.decode_attn_flops / self.attn_rate, ctx * self.cell / self.bw)
+            t += self.decode_attention_time(w.decode_reqs, w.decode_ctx_tokens)
         if w.prefill_tokens:
-            units = w.prefill_ctx_units
-            if self.dsa:
-                attended = min(units, w.prefill_tokens * self.topk)
-                t += attended * self.prefill_attn_flops / self.attn_rate
-                t += units * self.index_flops / self.index_rate
-            else:
-                t += units * self.prefill_attn_flops / self.attn_rate
+            t += self.extend_attention_time(w)
         if w.load_tokens:
-            t += w.load_tokens * self.cell / self.host_bw
+            # HiCache loads layer by layer on its own stream; the forward waits per layer
+            load = w.load_tokens * self.cell / self.host_bw
+            t = max(t, load) + min(t, load) / self.layers
         n = self.layout.attn_tp
         if n > 1 and tokens:
             nbytes = tokens * self.h * 2
@@ -211,6 +336,31 @@ class StepTimeModel:
         if cached is not None:
             return cached
         e, k, ep = self.moe_e, self.moe_k, self.layout.ep
+        lay = self.layout
+        # under attention DP every GPU's MoE layer sees the tokens of all ranks
+        local = self.moe_table.lookup_s(tokens) if self.moe_table is not None else None
+        if local is not None:
+            self._count("moe", self.moe_table)
+            total = local * self.moe_layers
+        else:
+            self._src["moe"][1] += 1
+            total = self._moe_roofline(tokens, e, k, ep)
+        # token dispatch / combine between attention-DP ranks (gather + reduce-scatter, or a2a)
+        if lay.attn_dp > 1 and lay.tp > 1:
+            n = lay.tp
+            if lay.a2a_backend == "deepep":
+                per_gpu = tokens / lay.attn_dp * k * self.h * 3 * (ep - 1) / ep  # fp8 dispatch + bf16 combine
+                total += self.moe_layers * (2 * self.comm_lat + per_gpu / self.link_bw)
+            else:
+                nbytes = tokens * self.h * 2
+                total += self.moe_layers * 2 * (self.comm_lat + (n - 1) / n * nbytes / self.link_bw)
+        elif lay.tp > 1 and lay.ep == 1 and lay.attn_dp == 1:
+            pass  # moe-TP: the all-reduce after the MoE is counted with attention-TP in rank_time
+        if len(self._moe_cache) < 100000:
+            self._moe_cache[tokens] = total
+        return total
+
+    def _moe_roofline(self, tokens: int, e: int, k: int, ep: int) -> float:
         p_act = 1.0 - (1.0 - k / e) ** tokens
         active_local = e / ep * p_act  # expected distinct local experts touched per layer
         rows = tokens * k / e / p_act  # tokens per touched expert
@@ -233,26 +383,17 @@ class StepTimeModel:
             measured = tuned_speedup(self.cal, tokens)
             if measured:
                 total /= measured
-        # token dispatch / combine between attention-DP ranks (gather + reduce-scatter, or a2a)
-        lay = self.layout
-        if lay.attn_dp > 1 and lay.tp > 1:
-            n = lay.tp
-            if lay.a2a_backend == "deepep":
-                per_gpu = tokens / lay.attn_dp * k * self.h * 3 * (ep - 1) / ep  # fp8 dispatch + bf16 combine
-                total += self.moe_layers * (2 * self.comm_lat + per_gpu / self.link_bw)
-            else:
-                nbytes = tokens * self.h * 2
-                total += self.moe_layers * 2 * (self.comm_lat + (n - 1) / n * nbytes / self.link_bw)
-        if len(self._moe_cache) < 100000:
-            self._moe_cache[tokens] = total
         return total
 
     # ---- one synchronised step of all ranks -------------------------------------------------
-    def step_time(self, ranks: list[RankWork], running: int = 0) -> float:
+    def gpu_time(self, ranks: list[RankWork], overheads: bool = True) -> float:
+        """GPU time of one synchronised step of all ranks; ``overheads=False`` leaves out what no
+        operator table measures (fixed per-step time, launch costs, DP sync): the per-op sum."""
         worst = 0.0
         tokens = 0
         prefill = False
         max_bs = 0
+        seqs = 0
         for w in ranks:
             rt = self.rank_time(w)
             if rt > worst:
@@ -262,9 +403,34 @@ class StepTimeModel:
                 prefill = True
             if w.decode_reqs > max_bs:
                 max_bs = w.decode_reqs
-        t = worst + self.moe_time(tokens) + self.step_s + self.dp_sync_s + self.per_req_s * running
+            s = w.decode_reqs + w.prefill_seqs
+            if s > seqs:
+                seqs = s
+        gpu = worst + self.moe_time(tokens) + self.sampling_time(seqs)
+        if not overheads:
+            return gpu
+        gpu += self.step_overhead_time(max_bs) + self.dp_sync_s
         if prefill:
-            t += self.prefill_ov_s
+            gpu += self.prefill_ov_s
         elif max_bs > self.graph_bs:
-            t += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
-        return t
+            gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
+        return gpu
+
+    def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
+        """Wall time of one step: the GPU time, and the scheduler's CPU time hidden behind it by
+        the overlap scheduler (or added to it without)."""
+        gpu = self.gpu_time(ranks)
+        cpu = self.cpu_step_s + self.per_req_s * running
+        return max(gpu, cpu) if overlap else gpu + cpu
+
+    # ---- provenance ---------------------------------------------------------------------------
+    def source_summary(self) -> dict:
+        """Which operators came from measured tables and which from the roofline."""
+        ops = {}
+        for cat, (prof, roof) in self._src.items():
+            if prof or roof:
+                ops[cat] = "profile" if not roof else "roofline" if not prof else "mixed"
+        values = set(ops.values())
+        overall = "roofline" if values <= {"roofline"} else "profile" if values == {"profile"} else "mixed"
+        return {"overall": overall, "ops": ops, "communication": "analytic",
+                "profiles": sorted(self._files), "attention_backend": self.attention_backend}

@@ -1,0 +1,140 @@
+"""`tuner bench fidelity` on a small constructed study database and probe files: the JSON
+contract, the MAPE arithmetic, and that it fails when a prediction is off."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tuner.bench.fidelity import extra_args_to_flags, run_fidelity
+from tuner.cli import cli
+from tuner.sim import simulate_load_point
+from tuner.spec.load import load_study
+from tuner.storage import db, repo
+
+STUDY = """
+name: fid
+model: qwen3-30b-a3b
+hardware: {gpu: h200, gpus_per_node: 1, nodes: 1, host_memory_gb: 256}
+workload: coding-agent
+search_space:
+  name: one-gpu
+  engine: sglang
+  params:
+    tp-size: {values: [1]}
+    mem-fraction-static: {values: [null, 0.85]}
+slo: {p90_ttft_s: 2.0, p90_tpot_s: 0.030}
+measurement: {warmup_s: 20, duration_s: 60}
+baseline: {tp-size: 1}
+backend: sglang
+backend_options: {extra_server_args: ["--attention-backend", "triton", "--load-format", "dummy"],
+                  sglang_version: "0.5.17"}
+seed: 3
+"""
+FLAGS = {"tp-size": 1}
+USERS = (2, 6)
+
+
+def _simulated(study, users, step, trial=0):
+    return simulate_load_point(study.model, "h200", 1, {"attention-backend": "triton", "load-format": "dummy", **FLAGS},
+                               {}, study.workload_profile(), users, warmup_s=20, duration_s=60,
+                               seed=study.seed + trial + 1009 * step, host_memory_gb=256, sglang_version="0.5.17")
+
+
+def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db"):
+    (tmp_path / "studies").mkdir(exist_ok=True)
+    (tmp_path / "studies" / "fid.yaml").write_text(STUDY)
+    study = load_study(str(tmp_path / "studies" / "fid.yaml"))
+    path = tmp_path / "results" / name
+    path.parent.mkdir(exist_ok=True)
+    engine = db.get_engine(f"sqlite:///{path}")
+    db.ensure_schema(engine)
+    repo.create_study(engine, name=study.name, spec_yaml=yaml.safe_dump(study.model_dump(mode="json")),
+                      spec_hash="x", source_path=None, backend_kind=backend, target_users=8,
+                      p90_ttft_slo_s=2.0, p90_tpot_slo_s=0.03, trials_budget=1, tuner_version="test")
+    repo.start_trial(engine, study_name="fid", trial_number=0, optuna_trial_id=0, backend_kind=backend,
+                     params={}, flags=FLAGS, knobs={}, is_baseline=True)
+    for step, users in enumerate(USERS):
+        m = _simulated(study, users, step)
+        m = replace(m, p90_ttft_s=m.p90_ttft_s * ttft_scale, p50_ttft_s=m.p50_ttft_s * ttft_scale)
+        repo.add_measurement(engine, study_name="fid", trial_number=0, step=step, backend_kind=backend, metrics=m,
+                             meets_slo=m.meets(2.0, 0.03), wall_time_s=1.0)
+    repo.finish_trial(engine, "fid", 0, status="complete", capacity_users=USERS[-1])
+    engine.dispose()
+    return tmp_path / "results", study
+
+
+def test_exact_measurements_give_zero_error_and_the_json_contract(tmp_path):
+    results, _ = make_db(tmp_path)
+    res = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    for key in ("points", "mape", "verdict_agreement", "targets", "target_results", "passed", "sources"):
+        assert key in doc
+    assert doc["passed"] is True and doc["verdict_agreement"] == 1.0
+    assert doc["mape"]["p90_ttft_s"] == 0.0 and doc["mape"]["p90_tpot_s"] == 0.0
+    assert [p["users"] for p in doc["points"]] == list(USERS)
+    pt = doc["points"][0]
+    for key in ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate",
+                "meets_slo"):
+        assert key in pt["measured"] and key in pt["predicted"]
+    # the trial's flags plus the study's extra server arguments, at the version the study recorded
+    assert pt["flags"]["attention-backend"] == "triton" and pt["sglang_version"] == "0.5.17"
+    assert pt["predicted"]["step_time_source"] in ("roofline", "profile", "mixed")
+
+
+def test_a_prediction_off_by_2x_fails_and_is_flagged(tmp_path):
+    results, _ = make_db(tmp_path, ttft_scale=2.0)
+    res = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.output)
+    assert doc["passed"] is False and doc["target_results"]["p90_ttft_s"] is False
+    assert doc["mape"]["p90_ttft_s"] == pytest.approx(0.5)  # |x - 2x| / 2x
+    assert all("p90_ttft" in p["off_target"] for p in doc["points"])
+    text = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results)])
+    assert text.exit_code == 1 and "MISSED" in text.output and "! p90_ttft" in text.output
+
+
+def _main(args, capsys):
+    from tuner.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_simulated_measurements_are_not_real_data(tmp_path, capsys):
+    results, _ = make_db(tmp_path, backend="simulator")
+    code, err = _main(["bench", "fidelity", "--results", str(results)], capsys)
+    assert code == 1 and "no real measurements found" in err
+
+
+def _probe(**over):
+    doc = {"format": "tuner-probe/1", "name": "p", "model": "qwen3-30b-a3b", "gpu": "h200", "gpus": 1,
+           "sglang_version": "0.5.17", "flags": {"tp-size": 1, "attention-backend": "triton"},
+           "workload": "coding-agent", "slo": {"p90_ttft_s": 2.0, "p90_tpot_s": 0.03},
+           "points": [{"users": 2, "warmup_s": 20, "duration_s": 60, "seed": 1,
+                       "measured": {"p50_ttft_s": 0.1, "p90_ttft_s": 0.2, "p90_tpot_s": 0.02,
+                                    "throughput_tokens_per_s": 100.0, "prefix_cache_hit_rate": 0.5}}],
+           "provenance": {"note": "constructed for a test"}}
+    doc.update(over)
+    return doc
+
+
+def test_probe_files_are_read_and_bad_ones_name_file_and_key(tmp_path, capsys):
+    d = tmp_path / "probes"
+    d.mkdir()
+    (d / "a.json").write_text(json.dumps(_probe()))
+    doc = run_fidelity([tmp_path])
+    assert len(doc["points"]) == 1 and doc["points"][0]["label"] == "p@2"
+    assert doc["points"][0]["predicted"]["p90_ttft_s"] is not None
+    (d / "b.json").write_text(json.dumps(_probe(points=[{"users": 2, "duration_s": 60, "measured": {}}])))
+    code, err = _main(["bench", "fidelity", "--results", str(tmp_path)], capsys)
+    assert code == 2 and "b.json" in err and "points[0].measured.p90_ttft_s" in err
+
+
+def test_extra_server_args_become_flags():
+    assert extra_args_to_flags(["--attention-backend", "triton", "--disable-radix-cache", "--page-size=16"]) == {
+        "attention-backend": "triton", "disable-radix-cache": True, "page-size": "16"}

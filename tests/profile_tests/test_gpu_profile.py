@@ -1,0 +1,45 @@
+"""`tuner profile` with SGLang's own kernels on a real GPU (run by hand on a GPU machine with the
+SGLang kit installed: `pytest -m gpu tests/profile_tests`)."""
+
+import dataclasses
+import importlib.util
+
+import pytest
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                                 or importlib.util.find_spec("sglang") is None, reason="needs torch and SGLang")]
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tuner.profile import build_plan
+    from tuner.profile.modelcfg import write_model_dir
+    from tuner.profile.sglang_kernels import SGLangKernels
+
+    plan = build_plan("qwen3-30b-a3b", "h200", {"tp-size": 1, "attention-backend": "triton"}, quick=True)
+    d = write_model_dir(plan.model, plan.ckpt, tmp_path_factory.mktemp("model"))
+    return plan, SGLangKernels(plan.model, plan.gpu, model_dir=str(d), flags=plan.flags,
+                               kv_cache_dtype=plan.kv_cache_dtype)
+
+
+def test_every_operator_times_and_decode_attention_grows_with_context(kernels, tmp_path):
+    from tuner.profile import CudaGraphTimer, run_profile, write_profile
+    from tuner.sim.optable import load_profile
+
+    plan, k = kernels
+    small = dataclasses.replace(plan, tokens=(1, 64, 1024), batch=(1, 16), context=(1024, 16384),
+                                new_tokens=(256, 2048), prefix=(0, 8192))
+    doc = run_profile(small, k, CudaGraphTimer(repeats=5))
+    pf = load_profile(write_profile(doc, tmp_path / "qwen.json"))
+    assert {t.op for t in pf.tables} == {"gemm", "decode_attention", "extend_attention", "moe", "layer_misc",
+                                         "sampling"}
+    assert not doc["provenance"]["skipped_points"], doc["provenance"]["skipped_points"]
+    dec = next(t for t in pf.tables if t.op == "decode_attention")
+    assert dec.lookup_us(16, 16384) > dec.lookup_us(16, 1024) > 0
+    moe = next(t for t in pf.tables if t.op == "moe")
+    assert moe.lookup_us(1024) > moe.lookup_us(1) > 0

@@ -1,0 +1,213 @@
+"""`tuner profile` on the CPU (fake kernels and timer), the table format, interpolation and the
+roofline fallback, and the composition check."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tuner.catalog import get_gpu, get_model
+from tuner.cli import cli
+from tuner.errors import ConfigError
+from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
+from tuner.profile import (FakeKernels, FakeTimer, build_plan, compose, fit_step_overhead, read_whole_steps,
+                           run_profile, write_profile)
+from tuner.profile.modelcfg import hf_config
+from tuner.sim import optable
+from tuner.sim.calibrate import load_calibration
+from tuner.sim.optable import OpTables, load_profile, parse_profile
+from tuner.sim.steptime import RankWork, StepTimeModel
+
+QWEN = {"tp-size": 1, "attention-backend": "triton"}
+
+
+def fake_profile(tmp_path, flags=QWEN, model="qwen3-30b-a3b", fail_when=None, name="p.json"):
+    plan = build_plan(model, "h200", flags, sglang_version="0.5.17", quick=True)
+    timer = FakeTimer(fail_when)
+    doc = run_profile(plan, FakeKernels(), timer, provenance={"note": "fake kernels for a CPU test"})
+    return write_profile(doc, tmp_path / name), doc, timer
+
+
+def step_model(flags=QWEN, model="qwen3-30b-a3b", tables=None, version="0.5.17"):
+    m, g = get_model(model), get_gpu("h200")
+    plan = plan_memory(m, g, 1, flags, sglang_version=version)
+    return StepTimeModel(m, g, resolve_checkpoint(m, flags.get("quantization")), parse_layout(m, flags, 1),
+                         plan.bytes_per_token, load_calibration("h200"), gpus_per_node=1,
+                         kv_cache_dtype=plan.kv_cache_dtype, sglang_version=version, flags=flags,
+                         op_tables=tables if tables is not None else OpTables.empty())
+
+
+def test_fake_run_writes_a_profile_the_simulator_reads(tmp_path):
+    path, doc, timer = fake_profile(tmp_path)
+    pf = load_profile(path)
+    assert pf.gpu == "h200" and pf.sglang_version == "0.5.17" and pf.attention_backend == "triton"
+    ops = {(t.op, t.name or t.mode or t.variant) for t in pf.tables}
+    assert {("gemm", "qkv_proj"), ("gemm", "o_proj"), ("gemm", "lm_head"), ("decode_attention", None),
+            ("extend_attention", "mha"), ("moe", "default"), ("layer_misc", None), ("sampling", None)} <= ops
+    assert pf.provenance["kernels"] == "fake" and pf.provenance["timer"] == "fake"
+    assert len(timer.timed) == build_plan("qwen3-30b-a3b", "h200", QWEN, quick=True).points()
+
+
+def test_points_that_cannot_run_are_null_and_recorded(tmp_path):
+    path, doc, _ = fake_profile(tmp_path, fail_when=lambda m: m.get("op") == "decode_attention" and m["context"] > 8192)
+    table = next(t for t in load_profile(path).tables if t.op == "decode_attention")
+    assert table.us[0][-1] is None and table.lookup_us(1, 32768) is None and table.lookup_us(1, 4096) is not None
+    assert any("decode_attention" in s["point"] for s in doc["provenance"]["skipped_points"])
+
+
+def test_interpolation_is_piecewise_linear_and_none_outside_the_grid():
+    doc = {"format": "tuner-op-profile/1", "gpu": "h200", "sglang_version": "0.5.17", "attention_backend": "triton",
+           "provenance": {"note": "hand-made"},
+           "ops": [{"op": "gemm", "shape": {"n": 8, "k": 8, "dtype": "bf16"}, "axes": ["tokens"],
+                    "grid": {"tokens": [1, 100, 200]}, "us": [10, 110, 130]},
+                   {"op": "decode_attention", "shape": {"arch": "gqa"}, "axes": ["batch", "context"],
+                    "grid": {"batch": [1, 3], "context": [100, 300]}, "us": [[1, 3], [5, None]]}]}
+    pf = parse_profile(doc, "hand.json")
+    gemm, dec = pf.tables
+    assert gemm.lookup_us(50.5) == pytest.approx(60.0) and gemm.lookup_us(150) == pytest.approx(120)
+    assert gemm.lookup_us(0.5) is None and gemm.lookup_us(201) is None
+    assert dec.lookup_us(2, 100) == pytest.approx(3)  # halfway between 1 and 5
+    assert dec.lookup_us(1, 200) == pytest.approx(2)
+    assert dec.lookup_us(2, 200) is None  # one corner was not measured
+
+
+@pytest.mark.parametrize("bad,key", [
+    ({"format": "x"}, "format"),
+    ({"provenance": {}}, "provenance"),
+    ({"ops": [{"op": "nope"}]}, "ops[0].op"),
+    ({"ops": [{"op": "gemm", "shape": {}, "axes": ["tokens"], "grid": {"tokens": [2, 1]}, "us": [1, 1]}]},
+     "ops[0].grid.tokens"),
+    ({"ops": [{"op": "gemm", "shape": {}, "axes": ["tokens"], "grid": {"tokens": [1, 2]}, "us": [1]}]}, "ops[0].us"),
+    ({"ops": [{"op": "moe", "shape": {}, "axes": ["tokens"], "grid": {"tokens": [1]}, "us": [1]}]}, "ops[0].variant"),
+])
+def test_bad_profiles_name_the_key(bad, key):
+    doc = {"format": "tuner-op-profile/1", "gpu": "h200", "sglang_version": "0.5.17", "attention_backend": "triton",
+           "provenance": {"note": "x"}, "ops": []}
+    doc.update(bad)
+    with pytest.raises(ConfigError) as exc:
+        parse_profile(doc, "bad.json")
+    assert exc.value.key == key and exc.value.file == "bad.json"
+
+
+def test_tables_replace_the_roofline_where_they_cover_and_only_there(tmp_path):
+    path, _, _ = fake_profile(tmp_path)
+    pf = load_profile(path)
+    roof = step_model()
+    prof = step_model(tables=OpTables([pf]))
+    dec = next(t for t in pf.tables if t.op == "decode_attention")
+    # inside the grid: the table times the number of layers
+    assert prof.decode_attention_time(8, 8 * 4096) == pytest.approx(dec.lookup_s(8, 4096) * 48)
+    assert prof.decode_attention_time(8, 8 * 4096) != pytest.approx(roof.decode_attention_time(8, 8 * 4096))
+    # outside (context 100k > the quick grid's 32k): the roofline
+    assert prof.decode_attention_time(8, 8 * 100_000) == pytest.approx(roof.decode_attention_time(8, 8 * 100_000))
+    assert prof.source_summary()["ops"]["decode_attention"] == "mixed"
+    assert roof.source_summary()["overall"] == "roofline"
+    # a different attention backend or GPU shape finds no table
+    other = step_model(flags={"tp-size": 1, "attention-backend": "fa3"}, tables=OpTables([pf]))
+    assert other.decode_table is None and other.gemms[0][4] is not None  # GEMMs do not depend on the backend
+    assert other.moe_table is not None
+
+
+def test_a_profile_of_another_sglang_version_is_used_when_it_is_the_only_one(tmp_path):
+    path, _, _ = fake_profile(tmp_path)
+    tables = OpTables([load_profile(path)])
+    assert step_model(tables=tables, version="0.5.23").decode_table is not None
+
+
+def test_simulator_output_says_where_step_times_came_from(tmp_path, monkeypatch):
+    from tuner.sim import simulate_load_point
+    from tuner.sim.bench import CODING_AGENT
+
+    def run():
+        return simulate_load_point("qwen3-30b-a3b", "h200", 1, QWEN, {}, CODING_AGENT, 2, warmup_s=10,
+                                   duration_s=20, sglang_version="0.5.17").extra["step_time_source"]
+
+    monkeypatch.setattr(optable, "PROFILE_DIR", tmp_path / "none")
+    optable.clear_cache()
+    assert run()["overall"] == "roofline"
+    d = tmp_path / "profiles" / "h200"
+    d.mkdir(parents=True)
+    fake_profile(d)
+    monkeypatch.setattr(optable, "PROFILE_DIR", tmp_path / "profiles")
+    optable.clear_cache()
+    src = run()
+    # the quick grid stops at 4096 tokens: 8192-token prefill chunks fall back to the roofline
+    assert src["overall"] == "mixed" and src["ops"]["moe"] in ("profile", "mixed") and src["communication"] == "analytic"
+    assert src["ops"]["sampling"] == "profile"
+    assert src["profiles"] and src["ops"]["step_overhead"] == "roofline"  # no whole steps fitted yet
+    optable.clear_cache()
+
+
+def test_composition_against_whole_steps_and_the_fitted_overhead(tmp_path):
+    path, _, _ = fake_profile(tmp_path)
+    st = step_model(tables=OpTables([load_profile(path)]))
+    rows = []
+    for b in (1, 8, 64):
+        ops = st.gpu_time([RankWork(decode_reqs=b, decode_ctx_tokens=b * 4096)], overheads=False)
+        rows.append({"kind": "decode", "batch": b, "context": 4096, "seconds": ops * 1.05})
+    pre = st.gpu_time([RankWork(prefill_tokens=1024, prefill_seqs=1, prefill_ctx_units=1024 * 512,
+                                extend_items=[(1024, 0)])], overheads=False)
+    rows.append({"kind": "prefill", "batch": 1, "new_tokens": 1024, "seconds": pre * 0.98})
+    steps_file = tmp_path / "steps.jsonl"
+    steps_file.write_text("\n".join(json.dumps(r) for r in rows))
+    doc = compose(path, read_whole_steps(steps_file))
+    assert doc["within_tolerance"] and doc["mean_abs_error"] == pytest.approx((3 * 0.05 / 1.05 + 0.02 / 0.98) / 4,
+                                                                              rel=1e-3)
+    assert all(r["ops_from_roofline"] == [] for r in doc["rows"])
+    res = CliRunner().invoke(cli, ["profile", "compose", "--profile", str(path), "--whole-steps", str(steps_file)])
+    assert res.exit_code == 0 and "met" in res.output
+    # 50 % slower whole steps: the check fails
+    slow = tmp_path / "slow.jsonl"
+    slow.write_text("\n".join(json.dumps({**r, "seconds": r["seconds"] * 1.5}) for r in rows))
+    assert CliRunner().invoke(cli, ["profile", "compose", "--profile", str(path),
+                                    "--whole-steps", str(slow)]).exit_code == 1
+    # the residual becomes the profile's step_overhead table, which the simulator then uses
+    fit_step_overhead(path, read_whole_steps(steps_file))
+    pf = load_profile(path)
+    table = next(t for t in pf.tables if t.op == "step_overhead")
+    assert table.grid[0] == (1.0, 8.0, 64.0) and pf.whole_steps
+    fitted = step_model(tables=OpTables([pf]))
+    assert fitted.step_overhead_time(8) == pytest.approx(rows[1]["seconds"] - rows[1]["seconds"] / 1.05, rel=1e-4)
+
+
+def test_bench_one_batch_rows_become_a_prefill_and_a_decode_step(tmp_path):
+    f = tmp_path / "result.jsonl"
+    f.write_text(json.dumps({"run_name": "x", "batch_size": 16, "input_len": 1024, "output_len": 32,
+                             "prefill_latency": 0.2, "median_decode_latency": 0.012}) + "\n")
+    steps = read_whole_steps(f)
+    assert [(s.kind, s.batch, s.tokens, s.seconds) for s in steps] == [("prefill", 16, 1024, 0.2),
+                                                                       ("decode", 16, 1040, 0.012)]
+    (tmp_path / "bad.jsonl").write_text('{"kind": "decode", "batch": 1}\n')
+    with pytest.raises(ConfigError, match="need batch"):
+        read_whole_steps(tmp_path / "bad.jsonl")
+
+
+def test_plan_shapes_follow_the_parallelism():
+    tp1 = build_plan("deepseek-v3-5l", "h200", {"tp-size": 1})
+    tp8 = build_plan("deepseek-v3-5l", "h200", {"tp-size": 8, "attn-dp-size": 8, "ep-size": 8})
+    assert tp1.attention.q_heads == 128 and tp1.extend_modes == ("mha", "absorbed")
+    assert tp8.attention.q_heads == 128  # attention DP: every rank keeps all heads
+    assert tp8.moe.experts == 32 and tp1.moe.experts == 256
+    tp4 = build_plan("qwen3-30b-a3b", "h200", {"tp-size": 4})
+    assert tp4.attention.q_heads == 8 and tp4.attention.kv_heads == 1 and tp4.moe.n == 192
+    with pytest.raises(ConfigError):
+        build_plan("qwen3-30b-a3b", "h200", {"tp-size": 1}, ops=("gemm", "bogus"))
+
+
+def test_config_json_for_sglang_from_the_catalog():
+    q = hf_config(get_model("qwen3-30b-a3b"), get_model("qwen3-30b-a3b").checkpoint("fp8"))
+    assert q["architectures"] == ["Qwen3MoeForCausalLM"] and q["num_experts"] == 128
+    assert q["quantization_config"]["weight_block_size"] == [128, 128]
+    d = hf_config(get_model("deepseek-v3-5l"), get_model("deepseek-v3-5l").checkpoint("bf16"))
+    assert d["num_hidden_layers"] == 5 and d["kv_lora_rank"] == 512 and "quantization_config" not in d
+    with pytest.raises(ConfigError):
+        hf_config(get_model("glm-5.1"), get_model("glm-5.1").checkpoint("bf16"))
+
+
+def test_profile_cli_plan_and_show(tmp_path):
+    res = CliRunner().invoke(cli, ["profile", "plan", "--model", "qwen3-30b-a3b", "--quick", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["points"] == build_plan("qwen3-30b-a3b", "h200", QWEN, quick=True).points()
+    path, _, _ = fake_profile(tmp_path)
+    res = CliRunner().invoke(cli, ["profile", "show", str(path)])
+    assert res.exit_code == 0 and "decode_attention" in res.output and "moe default" in res.output

@@ -1,0 +1,216 @@
+"""SGLang's scheduling rules against small hand-worked traces (one rank, fixed step times)."""
+
+import pytest
+
+from tuner.sim.cache import SessionPrefixCache
+from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
+from tuner.sim.scheduler import SchedulerRules, check_version
+
+
+class FixedSteps:
+    """0.1 s per prefill step, 0.01 s per decode step; remembers what each step ran."""
+
+    def __init__(self):
+        self.log = []
+
+    def step_time(self, works, running, overlap=True):
+        w = works[0]
+        self.log.append(("prefill" if w.prefill_tokens else "decode", w.prefill_tokens, w.decode_reqs,
+                         list(w.extend_items), w.load_tokens))
+        return 0.1 if w.prefill_tokens else 0.01
+
+    def source_summary(self):
+        return {}
+
+
+def make(version="0.5.17", capacity=1000, page=1, chunk=512, max_running=10, overlap=False, host=0, **flags):
+    flags = {"disable-overlap-schedule": not overlap, **flags}
+    rules = SchedulerRules.for_version(version, page_size=page, chunked_prefill_size=chunk,
+                                       max_running_requests=max_running, attn_dp=1, flags=flags,
+                                       hierarchical_cache=host > 0)
+    rank = Rank(SessionPrefixCache(capacity, page, 0, host), rules)
+    finished = []
+    model = FixedSteps()
+    eng = ReplicaEngine([rank], model, rules, stats=Stats(), on_finish=lambda r, t: finished.append((r, t)),
+                        max_jump=1)
+    return eng, rank, finished, model
+
+
+def add(rank, session, input_len, output_len, t=0.0):
+    r = Req(0, session, 0, t, input_len, output_len)
+    rank.inflight += 1
+    rank.waiting.append(r)
+    return r
+
+
+def test_versions_resolve_to_the_rules_read_from_them():
+    assert check_version(None) == "0.5.23"
+    assert check_version("0.5.17") == "0.5.17" and check_version("0.5.17.post1") == "0.5.17"
+    assert check_version("0.5.23") == "0.5.23" and check_version("0.5.25") == "0.5.23"
+    r17 = make("0.5.17")[1].rules
+    assert r17.init_new_token_ratio == 0.7 and r17.min_new_token_ratio == pytest.approx(0.098)
+    assert r17.new_token_ratio_decay == pytest.approx((0.7 - 0.098) / 600)
+    assert not r17.ignore_eos_full_reserve and make("0.5.23")[1].rules.ignore_eos_full_reserve
+    dp = SchedulerRules.for_version("0.5.23", page_size=1, chunked_prefill_size=1024, max_running_requests=8,
+                                    attn_dp=8, flags={})
+    assert dp.init_new_token_ratio == pytest.approx(0.7 * 0.3)  # schedule_conservativeness x 0.3 under DP attention
+
+
+def test_admission_reserves_running_output_times_new_token_ratio_in_0517():
+    # A (300 in, 200 out) runs; B (300, 200) needs 300 + 200 + 1 page = 501 tokens.
+    # Free 700 (A's prompt is in the tree, locked); A still needs 199 tokens.
+    # 0.5.17 reserves 199 x 0.7 = 139.3 for A: 501 < 700 - 139.3, B is admitted at once.
+    eng, rank, _, model = make("0.5.17")
+    a = add(rank, 1, 300, 200)
+    eng.step()
+    assert model.log[-1][:2] == ("prefill", 300) and a.first_t == pytest.approx(0.1)
+    b = add(rank, 2, 300, 200)
+    eng.step()
+    assert model.log[-1][:3] == ("prefill", 300, 0)  # a prefill batch runs; A does not decode in it
+    assert b.first_t is not None and not rank.waiting
+
+
+def test_0523_reserves_the_whole_output_of_ignore_eos_requests_and_waits_for_a_finish():
+    # 0.5.23 reserves A's 199 remaining tokens in full: 700 - 199 = 501 is not > 501, so B waits,
+    # the batch is marked full, and B is not retried until A leaves (however long A decodes).
+    eng, rank, finished, model = make("0.5.23")
+    a = add(rank, 1, 300, 200)
+    eng.step()
+    b = add(rank, 2, 300, 200)
+    eng.step()
+    assert model.log[-1][0] == "decode" and rank.batch_is_full and rank.waiting == [b]
+    for _ in range(197):
+        eng.step()
+    assert rank.waiting == [b] and not finished  # A has decoded 198 of its 199 remaining tokens
+    eng.step()  # A's last token: it leaves, its KV goes into the tree, the batch is no longer full
+    assert finished and finished[0][0] is a and not rank.batch_is_full
+    eng.step()
+    assert model.log[-1][:2] == ("prefill", 300) and b.first_t is not None
+
+
+def test_new_token_ratio_decays_per_decode_step_and_resets_when_idle():
+    eng, rank, finished, _ = make("0.5.17")
+    add(rank, 1, 100, 50)
+    eng.step()  # prefill: no decay
+    assert rank.ratio.current == 0.7
+    for _ in range(10):
+        eng.step()
+    assert rank.ratio.current == pytest.approx(0.7 - 10 * (0.7 - 0.098) / 600)
+    rank.ratio.decay_steps(10_000)
+    assert rank.ratio.current == pytest.approx(0.098)  # floor: 0.7 x 0.14
+    while not finished:
+        eng.step()
+    eng.step(horizon=99.0)  # nothing to do: on_idle resets the ratio
+    assert rank.ratio.current == 0.7
+
+
+def test_chunked_prefill_pages_and_the_leftover_chunk_budget():
+    # chunk 256, page 16. A (600 in) is chunked 256 + 256 + 88; in A's last step the remaining
+    # budget (256 - ceil16(88) = 160) admits B (100 in, ceil16 = 112) whole, in the same batch.
+    eng, rank, _, model = make("0.5.17", page=16, chunk=256)
+    a = add(rank, 1, 600, 10)
+    b = add(rank, 2, 100, 10)
+    eng.step()
+    assert model.log[-1][3] == [(256, 0)] and rank.chunked is a
+    eng.step()
+    assert model.log[-1][3] == [(256, 256)]
+    eng.step()
+    assert model.log[-1][3] == [(88, 512), (100, 0)]
+    assert a.first_t == pytest.approx(0.3) and b.first_t == pytest.approx(0.3) and rank.chunked is None
+
+
+def test_retraction_frees_the_fewest_generated_longest_input_request_and_reestimates_the_ratio():
+    # Pool of 200 tokens, conservativeness 0.01 (ratio 0.007) so that A (20 in), B (30 in) and
+    # C (10 in), 100 tokens out each, are admitted one by one. After 46 decode steps 198 tokens are
+    # used; the 47th step needs 3: retract. All have 47 tokens out, so the longest input (B) goes;
+    # its 46 decode tokens are freed (not cached) and its prompt stays in the tree, unlocked: the 48
+    # free tokens already cover the 2 remaining x 20 tokens SGLang evicts for. One is enough.
+    # New ratio = (47 + 47 + 20 x 2) / (200 + 1).
+    eng, rank, _, _ = make("0.5.17", capacity=200, **{"schedule-conservativeness": 0.01})
+    a = add(rank, 1, 20, 100)
+    eng.step()
+    b = add(rank, 2, 30, 100)
+    eng.step()
+    c = add(rank, 3, 10, 100)
+    eng.step()
+    assert len(rank.running) == 3 and rank.cache.free() == 140
+    for _ in range(46):
+        eng.step()
+    assert eng.stats.retractions == 0 and rank.cache.free() == 2
+    eng.step()
+    assert eng.stats.retractions == 1 and rank.waiting == [b] and b.retractions == 1
+    assert set(rank.running.values()) == {a, c}
+    assert b.prefill_len == 30 + 47 and b.generated == 47
+    assert rank.ratio.current == pytest.approx((47 + 47 + 40) / 201)
+    assert rank.cache.free() == 200 - 20 - 10 - 30 - 2 * 47  # A and C: 47 decode KV slots each after this step
+    assert rank.cache.evictable == 30 and rank.cache.match(b) == (30, 0)
+    eng.step()  # B needs 47 + 53 + 1 = 101 > 46 + 30 - 106 x 0.667: waits, batch full
+    assert rank.batch_is_full and rank.waiting == [b]
+
+
+def test_overlap_scheduler_frees_a_finished_request_one_step_late():
+    eng, rank, finished, _ = make("0.5.17", overlap=True)
+    a = add(rank, 1, 100, 3)
+    eng.step()  # prefill: token 1 at 0.1 s
+    eng.step()  # token 2 at 0.11
+    eng.step()  # token 3 (last) at 0.12; the next batch was formed before this result was seen
+    assert not finished and len(rank.running) == 1
+    eng.step()
+    assert finished and finished[0][1] == pytest.approx(0.12)  # the client saw the last token at 0.12
+    # its KV (prompt + the two tokens decoded after the first) went into the tree
+    assert rank.cache.alloc_tokens == 0 and rank.cache.branch[1] == 100 + 2
+
+
+def test_prefill_runs_before_decode_unless_mixed_chunk():
+    eng, rank, _, model = make("0.5.17")
+    add(rank, 1, 100, 50)
+    eng.step()
+    add(rank, 2, 100, 50)
+    eng.step()
+    assert model.log[-1][:3] == ("prefill", 100, 0)
+    eng2, rank2, _, model2 = make("0.5.17", **{"enable-mixed-chunk": True})
+    add(rank2, 1, 100, 50)
+    eng2.step()
+    add(rank2, 2, 100, 50)
+    eng2.step()
+    assert model2.log[-1][:3] == ("prefill", 100, 1)  # the running request decodes inside the prefill batch
+
+
+def test_max_running_requests_marks_the_batch_full():
+    eng, rank, _, _ = make("0.5.17", max_running=2)
+    for s in range(3):
+        add(rank, s, 50, 20)
+    eng.step()
+    assert len(rank.running) == 2 and len(rank.waiting) == 1 and rank.batch_is_full
+
+
+def test_hicache_loads_back_host_hits_of_at_least_ten_tokens():
+    eng, rank, finished, model = make("0.5.17", capacity=1000, host=4000)
+    a = add(rank, 1, 400, 2)
+    while not finished:
+        eng.step()
+    rank.cache.evict(1000)  # the device copy is gone, the host copy stays (write-through)
+    assert rank.cache.match(Req(0, 1, 0, 0, 600, 1)) == (0, 401)  # prompt + the token decoded after the first
+    add(rank, 1, 600, 2)
+    eng.step()
+    assert model.log[-1][1] == 199 and model.log[-1][4] == 401  # 401 loaded (400 + 1 output), 199 computed
+    # a host hit under 10 tokens is recomputed instead
+    eng2, rank2, fin2, model2 = make("0.5.17", capacity=1000, host=4000)
+    add(rank2, 1, 8, 1)
+    while not fin2:
+        eng2.step()
+    rank2.cache.evict(1000)
+    add(rank2, 1, 30, 1)
+    eng2.step()
+    assert model2.log[-1][1] == 30 and model2.log[-1][4] == 0
+
+
+def test_lpm_orders_by_longest_cached_prefix():
+    eng, rank, finished, model = make("0.5.17", **{"schedule-policy": "lpm"}, max_running=1)
+    add(rank, 1, 300, 1)
+    while not finished:
+        eng.step()
+    add(rank, 2, 200, 1)  # no cached prefix
+    add(rank, 1, 400, 1)  # 300 cached
+    eng.step()
+    assert model.log[-1][3] == [(100, 300)]  # session 1 first although it came second

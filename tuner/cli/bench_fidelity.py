@@ -1,0 +1,43 @@
+"""`tuner bench fidelity`: the simulator's predictions against committed real measurements."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tuner.cli._common import emit_json, json_option
+
+
+@click.command(name="fidelity")
+@click.option("--results", "results_dirs", multiple=True, default=("results",), show_default=True,
+              help="Directory (or file) with real measurements: study databases (*.db) and probe files "
+                   "(*.probe.json, probes/*.json). Repeat for several.")
+@click.option("--backend-kind", "backend_kinds", multiple=True, default=("sglang",), show_default=True,
+              help="Measurement backends counted as real (tuner_measurements.backend_kind).")
+@click.option("--sglang-version", default=None,
+              help="Simulate this SGLang version instead of the one each trial recorded.")
+@click.option("--calibration", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Calibration YAML to use on top of the GPU's (to try a refit before committing it).")
+@json_option
+def fidelity(results_dirs, backend_kinds, sglang_version, calibration, as_json):
+    """Predicted against measured P50/P90 TTFT, P90 TPOT, throughput and hit rate per load point,
+    the MAPE of each, and whether the SLO verdicts agree.
+
+    Exits 1 when a target is missed (P90 TTFT MAPE <= 20%, P90 TPOT MAPE <= 10%, verdicts agree
+    on >= 95% of points) or a point cannot be predicted; the points off target are marked with !.
+    """
+    from tuner.bench.fidelity import format_report, run_fidelity
+
+    def progress(i, n, point):
+        if not as_json:
+            click.echo(f"[{i + 1}/{n}] simulating {point.label}", err=True)
+
+    doc = run_fidelity(results_dirs, backends=tuple(backend_kinds), sglang_version=sglang_version,
+                       calibration=calibration, progress=progress)
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(format_report(doc))
+    if not doc["passed"]:
+        sys.exit(1)

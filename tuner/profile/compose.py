@@ -1,0 +1,165 @@
+"""Composition check: does the per-operator sum of a profile add up to whole forward steps?
+
+Whole steps come from SGLang's one-batch benchmark (``python -m sglang.bench_one_batch ...
+--result-filename FILE``: JSON lines with ``batch_size``, ``input_len``, ``output_len``,
+``prefill_latency`` and ``median_decode_latency``) or from timed server steps (JSON lines
+``{"kind": "decode", "batch": B, "context": C, "seconds": S}`` or ``{"kind": "prefill", "batch": B,
+"new_tokens": N, "prefix": P, "seconds": S}``). Each step is predicted by the simulator's own
+step-time model restricted to this one profile, without the overheads no table measures, and the
+relative error is reported. ``fit_step_overhead`` stores what the operators do not explain (the
+decode residual per batch size) in the profile as its ``step_overhead`` table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ConfigError
+
+TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class WholeStep:
+    kind: str  # prefill | decode
+    batch: int
+    tokens: int  # prefill: new tokens per request; decode: context per request
+    prefix: int
+    seconds: float
+    source: str
+
+
+def read_whole_steps(path: str | Path) -> list[WholeStep]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    rows = []
+    try:
+        data = json.loads(text)
+        rows = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"line {n}: not JSON: {exc}", file=str(path)) from None
+    out: list[WholeStep] = []
+    for i, r in enumerate(rows):
+        where = f"row {i + 1}"
+        if not isinstance(r, dict):
+            raise ConfigError(f"{where}: expected an object", file=str(path))
+        if "prefill_latency" in r or "median_decode_latency" in r:  # SGLang bench_one_batch
+            try:
+                bs, inp, outp = int(r["batch_size"]), int(r["input_len"]), int(r.get("output_len", 1))
+            except (KeyError, TypeError, ValueError):
+                raise ConfigError(f"{where}: bench_one_batch rows need batch_size, input_len, output_len",
+                                  file=str(path)) from None
+            if r.get("prefill_latency"):
+                out.append(WholeStep("prefill", bs, inp, 0, float(r["prefill_latency"]), "bench_one_batch"))
+            if r.get("median_decode_latency") and outp > 1:
+                out.append(WholeStep("decode", bs, inp + outp // 2, 0, float(r["median_decode_latency"]),
+                                     "bench_one_batch"))
+            continue
+        kind = r.get("kind")
+        try:
+            if kind == "decode":
+                out.append(WholeStep("decode", int(r["batch"]), int(r["context"]), 0, float(r["seconds"]),
+                                     "server"))
+            elif kind == "prefill":
+                out.append(WholeStep("prefill", int(r["batch"]), int(r["new_tokens"]), int(r.get("prefix", 0)),
+                                     float(r["seconds"]), "server"))
+            else:
+                raise ConfigError(f"{where}: kind must be decode or prefill (or give bench_one_batch rows)",
+                                  file=str(path))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{where}: {kind} rows need batch, {'context' if kind == 'decode' else 'new_tokens'}"
+                              f" and seconds", file=str(path)) from None
+    if not out:
+        raise ConfigError("no whole steps in the file", file=str(path))
+    return out
+
+
+def _step_model(profile_path: str | Path):
+    from tuner.catalog import get_gpu, get_model
+    from tuner.planner import parse_layout, plan_memory
+    from tuner.sim.calibrate import load_calibration
+    from tuner.sim.optable import OpTables, load_profile
+    from tuner.sim.simulate import build_step_model
+
+    pf = load_profile(profile_path)
+    doc = json.loads(Path(profile_path).read_text())
+    if not pf.model:
+        raise ConfigError("the profile names no model; composition needs one", file=str(profile_path), key="model")
+    model, gpu = get_model(pf.model), get_gpu(pf.gpu)
+    flags = dict(doc.get("flags") or {"tp-size": pf.parallel.get("tp_size", 1)})
+    gpus = int(flags.get("tp-size", 1)) * int(flags.get("dp-size", 1))
+    plan = plan_memory(model, gpu, gpus, flags, sglang_version=pf.sglang_version)
+    layout = parse_layout(model, flags, gpus)
+    st = build_step_model(model, gpu, plan, layout, flags, {}, load_calibration(gpu.name), gpus, pf.sglang_version,
+                          op_tables=OpTables([pf]))
+    return st, pf, doc
+
+
+def _work(step: WholeStep):
+    from tuner.sim.steptime import RankWork
+
+    if step.kind == "decode":
+        return [RankWork(decode_reqs=step.batch, decode_ctx_tokens=step.batch * step.tokens)]
+    n, p = step.tokens, step.prefix
+    return [RankWork(prefill_tokens=step.batch * n, prefill_seqs=step.batch,
+                     prefill_ctx_units=step.batch * n * (p + n / 2), extend_items=[(n, p)] * step.batch)]
+
+
+def compose(profile_path: str | Path, steps: list[WholeStep]) -> dict:
+    """Per-op sum against whole steps: one row per step, the mean absolute error, and whether it
+    is within 10 %."""
+    st, pf, _ = _step_model(profile_path)
+    rows = []
+    for s in steps:
+        st._src = {c: [0, 0] for c in st._src}
+        predicted = st.gpu_time(_work(s), overheads=False)
+        summary = st.source_summary()
+        rows.append({"kind": s.kind, "batch": s.batch, "tokens": s.tokens, "prefix": s.prefix,
+                     "measured_s": s.seconds, "per_op_sum_s": predicted,
+                     "error": (predicted - s.seconds) / s.seconds, "source": s.source,
+                     "ops_from_roofline": sorted(k for k, v in summary["ops"].items() if v != "profile")})
+    def mean_abs(kind=None):
+        vals = [abs(r["error"]) for r in rows if kind is None or r["kind"] == kind]
+        return sum(vals) / len(vals) if vals else None
+
+    overall = mean_abs()
+    return {"profile": str(profile_path), "rows": rows, "mean_abs_error": overall,
+            "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"),
+            "tolerance": TOLERANCE, "within_tolerance": overall is not None and overall <= TOLERANCE}
+
+
+def fit_step_overhead(profile_path: str | Path, steps: list[WholeStep]) -> dict:
+    """Store the decode residual (whole step minus per-op sum, per batch size) and the whole steps
+    in the profile; returns the updated document (written back to ``profile_path``)."""
+    from tuner.sim.optable import clear_cache, parse_profile
+
+    from .runner import write_profile
+
+    st, pf, doc = _step_model(profile_path)
+    resid: dict[int, list[float]] = {}
+    for s in steps:
+        if s.kind != "decode":
+            continue
+        r = s.seconds - st.gpu_time(_work(s), overheads=False)
+        resid.setdefault(s.batch, []).append(max(r, 1e-6))
+    doc["ops"] = [o for o in doc["ops"] if o["op"] != "step_overhead"]
+    if resid:
+        batches = sorted(resid)
+        doc["ops"].append({"op": "step_overhead", "shape": {"model": pf.model, "tp": pf.parallel.get("tp_size", 1)},
+                           "axes": ["batch"], "grid": {"batch": batches},
+                           "us": [round(sum(resid[b]) / len(resid[b]) * 1e6, 3) for b in batches]})
+    doc["whole_steps"] = [s.__dict__ for s in steps]
+    parse_profile(doc, profile_path)
+    write_profile(doc, profile_path)
+    clear_cache()
+    return doc

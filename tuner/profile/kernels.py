@@ -1,0 +1,64 @@
+"""Operators to time: the interface, and a fake for CPU tests. The real implementation, which
+calls SGLang 0.5.17's own kernels on a GPU, is ``tuner.profile.sglang_kernels``."""
+
+from __future__ import annotations
+
+from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape
+
+from .timing import Runnable
+
+
+class Kernels:
+    """Builds a ``Runnable`` per operator and size. Implementations allocate what the operator
+    reads (weights, KV buffers, indices) and free it when the runnable is dropped."""
+
+    name = "kernels"
+
+    def describe(self) -> dict:
+        return {"kernels": self.name}
+
+    def gemm(self, g: Gemm, tokens: int) -> Runnable:
+        raise NotImplementedError
+
+    def decode_attention(self, shape: AttentionShape, batch: int, context: int) -> Runnable:
+        raise NotImplementedError
+
+    def extend_attention(self, shape: AttentionShape, mode: str, new_tokens: int, prefix: int) -> Runnable:
+        raise NotImplementedError
+
+    def moe(self, shape: MoEShape, variant: str, tokens: int) -> Runnable:
+        raise NotImplementedError
+
+    def layer_misc(self, hidden: int, arch: str, moe: bool, shape: AttentionShape, tokens: int,
+                   dense_inter: int) -> Runnable:
+        raise NotImplementedError
+
+    def sampling(self, vocab: int, batch: int) -> Runnable:
+        raise NotImplementedError
+
+
+class FakeKernels(Kernels):
+    """No GPU work: each runnable carries only what it would time (with ``FakeTimer``)."""
+
+    name = "fake"
+
+    def _run(self, **meta) -> Runnable:
+        return Runnable(calls=[lambda: None], meta=meta)
+
+    def gemm(self, g, tokens):
+        return self._run(op="gemm", n=g.n, k=g.k, tokens=tokens)
+
+    def decode_attention(self, shape, batch, context):
+        return self._run(op="decode_attention", batch=batch, context=context)
+
+    def extend_attention(self, shape, mode, new_tokens, prefix):
+        return self._run(op="extend_attention", mode=mode, new_tokens=new_tokens, prefix=prefix)
+
+    def moe(self, shape, variant, tokens):
+        return self._run(op="moe", variant=variant, tokens=tokens)
+
+    def layer_misc(self, hidden, arch, moe, shape, tokens, dense_inter):
+        return self._run(op="layer_misc", tokens=tokens)
+
+    def sampling(self, vocab, batch):
+        return self._run(op="sampling", batch=batch)

@@ -1,0 +1,273 @@
+"""Measured operator times: the profile table format, loading, and interpolation.
+
+Profiles are JSON files under ``tuner/sim/profiles/<gpu>/`` written by ``tuner profile`` on a GPU
+(format ``tuner-op-profile/1``, documented in docs/calibration.md, "Profile tables"). A file holds
+the operators one GPU ran for one configuration (model, parallelism, dtypes) under one SGLang
+version and attention / MoE backend, with its provenance. Each operator is indexed by its own
+shape key (``tuner.sim.opshapes``), so a GEMM or attention table measured for one model serves
+every configuration whose GPUs see the same shape.
+
+Values are microseconds per call (one layer for per-layer operators). Lookups interpolate
+piecewise-linearly on each axis between grid points; outside the measured grid they return
+``None`` and the step-time model falls back to its roofline for that operator.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError
+
+FORMAT = "tuner-op-profile/1"
+PROFILE_DIR = Path(__file__).parent / "profiles"
+OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
+AXES = {
+    "gemm": ("tokens",),
+    "decode_attention": ("batch", "context"),
+    "extend_attention": ("new_tokens", "prefix"),
+    "moe": ("tokens",),
+    "layer_misc": ("tokens",),
+    "sampling": ("batch",),
+    "step_overhead": ("batch",),
+}
+
+
+def _interp(xs: list[float], ys: list, x: float) -> float | None:
+    """Piecewise-linear in x; None outside the grid or next to a point that was not measured."""
+    if x < xs[0] or x > xs[-1]:
+        return None
+    i = bisect.bisect_left(xs, x)
+    if xs[i] == x:
+        return ys[i]
+    y0, y1 = ys[i - 1], ys[i]
+    if y0 is None or y1 is None:
+        return None
+    x0, x1 = xs[i - 1], xs[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """One operator's measured times over its grid."""
+
+    op: str
+    shape: dict
+    axes: tuple[str, ...]
+    grid: tuple[tuple[float, ...], ...]
+    us: tuple  # nested lists, one level per axis
+    mode: str | None = None  # extend_attention: mha | absorbed
+    variant: str | None = None  # moe: default | tuned
+    name: str | None = None  # gemm: which linear layer it was measured as
+    source: "ProfileFile | None" = field(default=None, compare=False, repr=False)
+
+    def lookup_us(self, *x: float) -> float | None:
+        if len(self.axes) == 1:
+            return _interp(list(self.grid[0]), list(self.us), x[0])
+        xs, ys = list(self.grid[0]), list(self.grid[1])
+        a, b = x
+        if a < xs[0] or a > xs[-1] or b < ys[0] or b > ys[-1]:
+            return None
+        i = bisect.bisect_left(xs, a)
+        if xs[i] == a:  # on a grid row: only that row
+            return _interp(ys, list(self.us[i]), b)
+        rows = [i - 1, i]
+        vals = [_interp(ys, list(self.us[r]), b) for r in rows]
+        if vals[0] is None or vals[1] is None:
+            return None
+        x0, x1 = xs[rows[0]], xs[rows[1]]
+        return vals[0] + (vals[1] - vals[0]) * (a - x0) / (x1 - x0)
+
+    def lookup_s(self, *x: float) -> float | None:
+        v = self.lookup_us(*x)
+        return None if v is None else v * 1e-6
+
+
+@dataclass(frozen=True)
+class ProfileFile:
+    path: str
+    gpu: str
+    device_name: str
+    sglang_version: str
+    attention_backend: str
+    moe_runner_backend: str
+    model: str | None
+    parallel: dict
+    provenance: dict
+    tables: tuple[OpTable, ...]
+    whole_steps: tuple[dict, ...]
+
+
+def _err(path, key, detail) -> ConfigError:
+    return ConfigError(detail, file=str(path), key=key)
+
+
+def _check_grid(path, where, axes, grid, us):
+    if not isinstance(grid, dict):
+        raise _err(path, f"{where}.grid", f"must map each axis ({', '.join(axes)}) to a list of values")
+    out = []
+    for ax in axes:
+        vals = grid.get(ax)
+        if not isinstance(vals, list) or not vals or not all(isinstance(v, (int, float)) for v in vals):
+            raise _err(path, f"{where}.grid.{ax}", "must be a non-empty list of numbers")
+        if any(b <= a for a, b in zip(vals, vals[1:])):
+            raise _err(path, f"{where}.grid.{ax}", "values must be strictly increasing")
+        out.append(tuple(float(v) for v in vals))
+    def ok(v):  # null: a point that could not be measured (e.g. out of memory)
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)
+
+    if len(axes) == 1:
+        if not isinstance(us, list) or len(us) != len(out[0]) or not all(ok(v) for v in us):
+            raise _err(path, f"{where}.us", f"must be {len(out[0])} positive numbers or null (one per {axes[0]})")
+        return tuple(out), tuple(None if v is None else float(v) for v in us)
+    if not isinstance(us, list) or len(us) != len(out[0]):
+        raise _err(path, f"{where}.us", f"must be {len(out[0])} rows (one per {axes[0]})")
+    rows = []
+    for r, row in enumerate(us):
+        if not isinstance(row, list) or len(row) != len(out[1]) or not all(ok(v) for v in row):
+            raise _err(path, f"{where}.us[{r}]",
+                       f"must be {len(out[1])} positive numbers or null (one per {axes[1]})")
+        rows.append(tuple(None if v is None else float(v) for v in row))
+    return tuple(out), tuple(rows)
+
+
+def parse_profile(doc: Any, path: str | Path) -> ProfileFile:
+    """Validate one profile document; ConfigError names the file and the key."""
+    if not isinstance(doc, dict):
+        raise _err(path, None, "a profile must be a JSON object")
+    if doc.get("format") != FORMAT:
+        raise _err(path, "format", f"expected {FORMAT!r}, got {doc.get('format')!r}")
+    for key in ("gpu", "sglang_version", "attention_backend"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            raise _err(path, key, "required string")
+    ops = doc.get("ops")
+    if not isinstance(ops, list):
+        raise _err(path, "ops", "must be a list of operator tables")
+    prov = doc.get("provenance")
+    if not isinstance(prov, dict) or not prov:
+        raise _err(path, "provenance", "required: where and how the times were measured")
+    holder: list[OpTable] = []
+    pf = ProfileFile(path=str(path), gpu=doc["gpu"].lower(), device_name=str(doc.get("device_name", "")),
+                     sglang_version=doc["sglang_version"], attention_backend=doc["attention_backend"],
+                     moe_runner_backend=str(doc.get("moe_runner_backend", "triton")), model=doc.get("model"),
+                     parallel=dict(doc.get("parallel") or {}), provenance=prov, tables=(),
+                     whole_steps=tuple(doc.get("whole_steps") or ()))
+    for i, entry in enumerate(ops):
+        where = f"ops[{i}]"
+        if not isinstance(entry, dict):
+            raise _err(path, where, "must be an object")
+        op = entry.get("op")
+        if op not in OPS:
+            raise _err(path, f"{where}.op", f"unknown operator {op!r}; valid: {', '.join(OPS)}")
+        axes = AXES[op]
+        if tuple(entry.get("axes") or ()) != axes:
+            raise _err(path, f"{where}.axes", f"{op} tables have axes {list(axes)}")
+        shape = entry.get("shape")
+        if not isinstance(shape, dict):
+            raise _err(path, f"{where}.shape", "must be an object")
+        grid, us = _check_grid(path, where, axes, entry.get("grid"), entry.get("us"))
+        mode = entry.get("mode")
+        if op == "extend_attention" and mode not in ("mha", "absorbed"):
+            raise _err(path, f"{where}.mode", "extend_attention needs mode mha or absorbed")
+        variant = entry.get("variant")
+        if op == "moe" and variant not in ("default", "tuned"):
+            raise _err(path, f"{where}.variant", "moe needs variant default or tuned")
+        holder.append(OpTable(op=op, shape=dict(shape), axes=axes, grid=grid, us=us, mode=mode, variant=variant,
+                              name=entry.get("name"), source=None))
+    tables = tuple(OpTable(**{**t.__dict__, "source": pf}) for t in holder)
+    object.__setattr__(pf, "tables", tables)
+    return pf
+
+
+def load_profile(path: str | Path) -> ProfileFile:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read profile: {exc}", file=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON: {exc}", file=str(path)) from None
+    return parse_profile(doc, path)
+
+
+def _shape_matches(have: dict, want: dict) -> bool:
+    return all(have.get(k) == v for k, v in want.items())
+
+
+def _version_distance(a: str, b: str) -> tuple:
+    from .scheduler import version_tuple
+
+    va, vb = version_tuple(a), version_tuple(b)
+    return (va[:2] != vb[:2], abs(va[2] - vb[2]))
+
+
+class OpTables:
+    """Every profile of one GPU, indexed for lookups by operator and shape."""
+
+    def __init__(self, files: list[ProfileFile]):
+        self.files = files
+        self.by_op: dict[str, list[OpTable]] = {}
+        for f in files:
+            for t in f.tables:
+                self.by_op.setdefault(t.op, []).append(t)
+
+    @classmethod
+    def empty(cls) -> "OpTables":
+        return cls([])
+
+    def find(self, op: str, shape: dict, *, sglang_version: str, attention_backend: str | None = None,
+             moe_runner_backend: str | None = None, mode: str | None = None,
+             variant: str | None = None) -> OpTable | None:
+        """The best table for this operator and shape: same SGLang version if one exists, else the
+        nearest version; attention tables also need the same attention backend, MoE tables the
+        same MoE runner backend."""
+        best, best_d = None, None
+        for t in self.by_op.get(op, ()):
+            if mode is not None and t.mode != mode:
+                continue
+            if variant is not None and t.variant != variant:
+                continue
+            if attention_backend is not None and op.endswith("attention") and \
+                    t.source.attention_backend != attention_backend:
+                continue
+            if moe_runner_backend is not None and op == "moe" and t.source.moe_runner_backend != moe_runner_backend:
+                continue
+            if not _shape_matches(t.shape, shape):
+                continue
+            d = _version_distance(t.source.sglang_version, sglang_version)
+            if best_d is None or d < best_d:
+                best, best_d = t, d
+        return best
+
+
+@lru_cache(maxsize=16)
+def _load_dir(directory: str) -> tuple[ProfileFile, ...]:
+    d = Path(directory)
+    if not d.is_dir():
+        return ()
+    return tuple(load_profile(p) for p in sorted(d.glob("*.json")))
+
+
+def tables_for_gpu(gpu: str, extra_dirs: tuple[str, ...] = ()) -> OpTables:
+    """Profiles committed under ``tuner/sim/profiles/<gpu>/`` plus any in ``extra_dirs``."""
+    files: list[ProfileFile] = []
+    for d in (str(PROFILE_DIR / gpu.lower()), *extra_dirs):
+        files.extend(f for f in _load_dir(str(d)) if f.gpu == gpu.lower())
+    return OpTables(files)
+
+
+def profiles_fingerprint(gpu: str) -> tuple:
+    """What the committed profiles of a GPU are right now (paths and modification times): part of
+    the key under which step-time models are reused."""
+    d = PROFILE_DIR / gpu.lower()
+    if not d.is_dir():
+        return ()
+    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(d.glob("*.json")))
+
+
+def clear_cache() -> None:
+    _load_dir.cache_clear()
