@@ -140,7 +140,10 @@ def extra_args_to_flags(args: Iterable[str]) -> dict[str, Any]:
 def _version_from_trial(trial, spec_options: dict) -> str | None:
     tele = trial.telemetry or {}
     info = tele.get("server_info") or {}
-    for v in (info.get("version"), (tele.get("server") or {}).get("sglang_version"), tele.get("sglang_version"),
+    if isinstance(info, list):  # one snapshot per server process
+        info = next((i for i in info if isinstance(i, dict)), {})
+    for v in ((tele.get("plan") or {}).get("sglang_version"), info.get("version"),
+              (tele.get("server") or {}).get("sglang_version"), tele.get("sglang_version"),
               spec_options.get("sglang_version")):
         if v:
             return str(v).split("-")[0]
