@@ -141,10 +141,9 @@ def test_sim_evaluator_deploys_and_measures():
 
     study = SimpleNamespace(
         model="glm-5.1", hardware=SimpleNamespace(gpu="h200", gpus_per_node=8, nodes=1, host_memory_gb=2048),
-        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=200))
+        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=50))
     ev = SimEvaluator()
-    req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"},
-                       fidelity=0.25)
+    req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"})
     assert ev.kind == "simulator" and ev.gpus_needed(req) == 0
     with ev.deploy(req) as dep:
         assert dep.predicted_kv_capacity_tokens_total == plan_memory("glm-5.1", "h200", 8, FP4_DP8).kv_capacity_tokens_total

@@ -59,7 +59,7 @@ def test_runner_prunes_trials_that_cannot_beat_the_baseline(tmp_path):
     # every configuration of the tiny space reaches max_users (16): once the baseline has, no other
     # trial can exceed it, so each stops after its first load point with that point as lower bound
     outcome, trials, storage = _run(tmp_path, "prune", 3)
-    base, rest = trials[0], [t for t in trials[1:] if not (t.telemetry or {}).get("not_launched")]
+    base, rest = trials[0], [t for t in trials[1:] if t.launched]
     assert base.status == "complete" and base.capacity_users == 16
     assert rest and all(t.status == "pruned" for t in rest)
     assert all(t.capacity_users == 4 and t.failure_reason.startswith("stopped early") for t in rest)
@@ -91,9 +91,10 @@ def test_planner_screened_configurations_are_counted_and_not_launched(tmp_path):
                                      "quantization": {"values": [None, "modelopt_fp4"]}})
     # bf16 GLM-5.1 does not fit on 8xH200: the planner settles those configurations without launching
     outcome, trials, storage = _run(tmp_path, "screen", 3, space=space, prune=False)
-    screened = [t for t in trials if (t.failure_reason or "").startswith("planner:")]
+    screened = [t for t in trials if t.screened_by_planner]
     assert screened and outcome.prescreened == len(screened)
-    assert all(t.telemetry.get("not_launched") and not t.measured_kv_capacity_tokens for t in screened)
+    assert all(not t.launched and t.failure_reason.startswith("planner:") and not t.measured_kv_capacity_tokens
+               for t in screened)
     r = run_cli(["study", "status", "screen", "--storage", storage, "--json"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     status = json.loads(r.stdout)

@@ -26,6 +26,7 @@ from tuner.backends.process import LaunchSpec, free_port
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang_flags import FlagSet, load_flagset, parse_extra_args
 from tuner.errors import ConfigError, TrialError
+from tuner.lifecycle import FailureClass
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ def checkpoint_for(model, quantization: str | None, options: Mapping[str, Any] |
         return str(override), match
     if match is None:
         have = sorted(str(c.sglang_quantization) for c in model.checkpoints.values())
-        raise TrialError("infeasible", f"{model.name} has no checkpoint for --quantization {quantization}; "
+        raise TrialError(FailureClass.INFEASIBLE, f"{model.name} has no checkpoint for --quantization {quantization}; "
                          f"catalog has {', '.join(have)}")
     return match.hf_id, match
 
@@ -227,13 +228,13 @@ class SGLangBackend(ProcessBackend):
         knobs = dict(request.knobs or {})
         topo = plan_topology(flags, knobs)
         if topo.dp_size > 1 and topo.attn_dp_size > 1:
-            raise TrialError("infeasible", "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
+            raise TrialError(FailureClass.INFEASIBLE, "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
         if topo.tp_size % topo.attn_dp_size:
-            raise TrialError("infeasible", f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
+            raise TrialError(FailureClass.INFEASIBLE, f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
         need = self.gpus_needed(request)
         gpu_ids = tuple(request.gpu_ids)
         if gpu_ids and len(gpu_ids) < need:
-            raise TrialError("infeasible", f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
+            raise TrialError(FailureClass.INFEASIBLE, f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
 
         model = get_model(study.model)
         model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options)

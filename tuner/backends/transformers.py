@@ -41,6 +41,7 @@ from typing import Any, Mapping
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import ConfigError, TrialError
+from tuner.lifecycle import FailureClass
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,7 @@ class TransformersBackend(ProcessBackend):
         if flags.get("device") == "cpu" and flags.get("continuous-batching") and \
                 flags.get("cb-num-blocks") is None and flags.get("cb-max-memory-percent") is None:
             # on CPU the paged cache is sized from host RAM (and zero-filled): most of the machine
-            raise TrialError("infeasible", "continuous batching on CPU needs cb-num-blocks or "
+            raise TrialError(FailureClass.INFEASIBLE, "continuous batching on CPU needs cb-num-blocks or "
                              "cb-max-memory-percent, else its KV cache takes most of the host memory")
         model_dir = resolve_model_dir(request.study, options)
         facts = model_facts(model_dir)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
 from tuner.cli._common import emit_json, json_option, storage_option
+from tuner.cli.study_report import report
+from tuner.lifecycle import TrialStatus
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, names
 
 
 @click.group()
@@ -21,14 +23,14 @@ def study():
 
 
 def _backend_choice():
-    return click.Choice(["auto", "simulator", "sglang", "transformers", "serve-sim"])
+    return click.Choice(names(BackendKind, AUTO_BACKEND))
 
 
 def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
     from tuner.evaluation.registry import get_evaluator, resolve_auto
 
     kind = requested or spec.backend
-    if kind == "auto":
+    if kind == AUTO_BACKEND:
         kind, reason = resolve_auto(spec)
     else:
         reason = "chosen explicitly"
@@ -41,7 +43,7 @@ def _check_extra_server_args(spec) -> None:
     """User-supplied `sglang serve` arguments are checked against the real flag set before any
     trial starts (exit 2), whichever backend runs the study."""
     extra = (spec.backend_options or {}).get("extra_server_args")
-    if extra is None or spec.space().engine != "sglang":
+    if extra is None or spec.space().engine != Engine.SGLANG:
         return
     from tuner.backends.sglang_flags import parse_extra_args
     from tuner.errors import ConfigError
@@ -52,22 +54,20 @@ def _check_extra_server_args(spec) -> None:
         raise ConfigError(exc.detail, file=spec.source_path, key=exc.key or "backend_options.extra_server_args") from None
 
 
-def _run(runner, spec, budget, as_json, prelude: list[str]):
+def _run(runner, spec, budget, as_json):
     from tuner.study.progress import StudyProgress
 
     progress = StudyProgress(spec.name, budget, enabled=not as_json)
     runner.on_event = progress.event
     with progress:
-        for line in prelude:
-            progress.line(line)
         outcome = runner.run(budget)
     if as_json:
         emit_json(outcome.to_dict())
     else:
         _print_outcome(outcome, runner.storage_url)
-    if outcome.stopped_reason and "max-failures" in outcome.stopped_reason:
+    if outcome.stop.exit_code:
         click.echo(f"Error: {outcome.stopped_reason}", err=True)
-        sys.exit(1)
+        sys.exit(outcome.stop.exit_code)
 
 
 def _print_outcome(o, storage):
@@ -104,32 +104,64 @@ def _print_outcome(o, storage):
                    "present), then launch its K best configurations right after the baseline.")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search to the end, even when it can no longer beat the best trial.")
+@click.option("--dry-run", is_flag=True,
+              help="Launch nothing and write nothing: print, for each trial the sampler would run, the "
+                   "server command line, environment, --config YAML and MoE tile files (SGLang, "
+                   "transformers and serve-sim backends; no GPU needed).")
 @json_option
 def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, warm_k, no_pruning,
-          as_json):
+          dry_run, as_json):
     """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
     from tuner.spec.load import load_study
     from tuner.storage import db
     from tuner.study.runner import StudyRunner
 
     spec = load_study(name)
+    if dry_run:
+        _dry_run(spec, backend, trials or spec.trials, seed, warm_k, as_json)
+        return
     db.parse_url(storage)
     kind, reason = _resolve_backend(spec, backend)
-    initial, prelude = [], []
+    initial = []
     if warm_k:
         from tuner.study.warm_start import simulated_top_k
 
         sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
                                                     ray_address=ray_address, parallel=parallel)
-        prelude.append(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
-                       + (" (reused)" if reused else ""))
-        click.echo(prelude[-1], err=True)
+        click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
+                   + (" (reused)" if reused else ""), err=True)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
                          ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
                          prune=not no_pruning, initial_configs=initial)
-    runner.create()
+    runner.create(trials or spec.trials)
     click.echo(f"backend: {kind} ({reason})", err=True)
-    _run(runner, spec, trials or spec.trials, as_json, [])
+    _run(runner, spec, trials or spec.trials, as_json)
+
+
+def _dry_run(spec, backend, budget, seed, warm_k, as_json):
+    """`study start --dry-run`: the servers each trial would launch; nothing launched or written."""
+    from tuner.errors import ConfigError
+    from tuner.evaluation.registry import get_evaluator
+    from tuner.study.dryrun import dry_run, summary_lines
+
+    if warm_k:
+        raise ConfigError("--warm-start-from-simulator runs and stores a simulated study, and --dry-run writes "
+                          "nothing: run the warm start without --dry-run", key="--dry-run")
+    kind = backend or spec.backend
+    if kind == AUTO_BACKEND:  # a dry run shows the real servers: the engine's own
+        kind = BackendKind.SGLANG if spec.space().engine == Engine.SGLANG else BackendKind.TRANSFORMERS
+    server_backend = getattr(get_evaluator(kind), "backend", None)
+    if server_backend is None:
+        raise ConfigError(f"backend {kind!r} launches no server processes, so a dry run has nothing to show; "
+                          f"use --backend {BackendKind.SGLANG} (or transformers, serve-sim)", key="--backend")
+    _check_extra_server_args(spec)
+    trials = dry_run(spec, server_backend, budget, seed=seed)
+    if as_json:
+        emit_json({"study": spec.name, "backend": kind, "sampler": spec.sampler, "budget": budget,
+                   "trials": [t.to_dict() for t in trials]})
+        return
+    for line in summary_lines(spec, kind, trials):
+        click.echo(line)
 
 
 @study.command()
@@ -156,11 +188,9 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, a
     runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
                          parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures)
     recovered = runner.recover_interrupted()
-    prelude = [f"marked {len(recovered)} interrupted trial(s): {recovered}"] if recovered else []
-    if not as_json:
-        for line in prelude:
-            click.echo(line, err=True)
-    _run(runner, spec, trials or row.trials_budget, as_json, [])
+    if recovered and not as_json:
+        click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
+    _run(runner, spec, trials or row.trials_budget, as_json)
 
 
 @study.command()
@@ -195,7 +225,7 @@ def status(name, storage, as_json):
             cfg = " ".join(f"{k}={v}" for k, v in t["params"].items() if v is not None) + ", SGLang defaults otherwise"
         else:
             cfg = "baseline + " + " ".join(f"{k}={v}" for k, v in diff.items()) if diff else "baseline"
-        detail = cfg if t["status"] == "complete" else f"{t['failure_class']}: {t['failure_reason']}"
+        detail = cfg if t["status"] == TrialStatus.COMPLETE else f"{t['failure_class']}: {t['failure_reason']}"
         at = t.get("at_capacity") or {}
         table.add_row(str(t["number"]) + (" B" if t["is_baseline"] else ""), t["status"],
                       "" if t["capacity_users"] is None else str(t["capacity_users"]),
@@ -217,9 +247,8 @@ def _search_facts(summary: dict, storage: str, name: str) -> dict:
     from tuner.study.runner import load_existing
 
     trials = summary["trials"]
-    facts = {"prescreened": sum(1 for t in trials if not t["launched"]
-                                and str(t.get("failure_reason") or "").startswith("planner:")),
-             "pruned": sum(1 for t in trials if t["status"] == "pruned")}
+    facts = {"prescreened": sum(1 for t in trials if t["screened_by_planner"]),
+             "pruned": sum(1 for t in trials if t["status"] == TrialStatus.PRUNED)}
     try:
         facts["cost"] = study_cost(load_existing(storage, name), trials)
     except Exception as exc:  # the estimate is informative; status must still print
@@ -269,9 +298,4 @@ def export(name, output, trial_number, storage):
         click.echo(n, err=True)
 
 
-# Extra study subcommands living in their own modules (loaded only if present).
-for _mod, _attr in (("tuner.cli.study_report", "report"),):
-    try:
-        study.add_command(getattr(importlib.import_module(_mod), _attr))
-    except ImportError:
-        pass
+study.add_command(report)

@@ -36,7 +36,6 @@ class TrialRequest:
     workdir: str = "."
     seed: int = 0
     gpu_ids: tuple[int, ...] = ()  # GPUs Ray assigned to this trial (empty for the simulator)
-    fidelity: float = 1.0  # fraction of the study's measurement window (multi-fidelity search)
 
 
 class Deployment(ABC):

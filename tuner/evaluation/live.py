@@ -116,10 +116,9 @@ class LiveDeployment(Deployment):
     def _replay_kwargs(self, users: int) -> dict[str, Any]:
         study = self.request.study
         m = study.measurement
-        fid = max(0.0, min(1.0, float(self.request.fidelity or 1.0)))
         return dict(
-            warmup_s=float(m.warmup_s) * fid,
-            duration_s=max(1.0, float(m.duration_s) * fid),
+            warmup_s=float(m.warmup_s),
+            duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,
             model=self.plan.served_model,

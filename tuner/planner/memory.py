@@ -12,6 +12,7 @@ from typing import Any
 
 from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tuner.errors import ConfigError
+from tuner.lifecycle import FailureClass
 
 from .parallel import ParallelLayout, flag_bool, flag_float, flag_int, parse_layout
 from .weights import weight_bytes_per_gpu
@@ -61,6 +62,7 @@ class MemoryPlan:
     hicache_host_tokens_per_pool: int
     hicache_host_gb_total: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    failure_class: FailureClass | None = None  # why it does not fit (None when it fits)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -257,6 +259,7 @@ def plan_memory(
     psize = page_size(model, gpu, flags)
 
     fits, reason = True, "ok"
+    failure = None
     rest = pre_load * mfs - weights  # = free_after_load - pre_load*(1-mfs)
     tokens = 0
     if weights > pre_load:
@@ -264,11 +267,13 @@ def plan_memory(
             f"weights need {weights / 1e9:.1f} GB per GPU but only {pre_load / 1e9:.1f} GB are free: "
             "CUDA out of memory while loading the model"
         )
+        failure = FailureClass.OOM
     elif rest <= 0:
         fits, reason = False, (
             f"Not enough memory for the KV cache: weights {weights / 1e9:.1f} GB per GPU exceed "
             f"mem-fraction-static {mfs} x {pre_load / 1e9:.1f} GB"
         )
+        failure = FailureClass.OOM
     else:
         tokens = int(rest // cell) // psize * psize
         cap = flags.get("max-total-tokens")
@@ -279,6 +284,7 @@ def plan_memory(
             tokens = min(tokens, cap) // psize * psize
         if tokens <= 0:
             fits, reason = False, "Not enough memory for the KV cache (less than one page)"
+            failure = FailureClass.OOM
 
     context_len = model.max_context_tokens
     user_mrr = flags.get("max-running-requests")
@@ -289,6 +295,7 @@ def plan_memory(
     per_rank = max(per_rank, 0)
     if fits and per_rank < 1:
         fits, reason = False, "KV pool too small to run a single request"
+        failure = FailureClass.INFEASIBLE
     chunked = chunked_total // layout.attn_dp if chunked_total > 0 else chunked_total
 
     hicache = flag_bool(flags, "enable-hierarchical-cache") or flag_bool(flags, "enable-hicache")
@@ -314,10 +321,12 @@ def plan_memory(
                     f"HiCache needs {host_gb_total:.0f} GB of host memory but {fraction:.0%} of "
                     f"{host_memory_gb * nodes:.0f} GB is {allowed:.0f} GB: not enough host memory"
                 )
+                failure = FailureClass.OOM
 
     return MemoryPlan(
         fits=fits,
         reason=reason,
+        failure_class=failure,
         model=model.name,
         gpu=gpu.name,
         quantization=quant,

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import numpy as np
 
-POLICIES = ("round_robin", "random", "power_of_two", "cache_aware", "total_requests", "total_tokens")
+from tuner.errors import ConfigError
+from tuner.vocabulary import RouterPolicy, names
+
+# sglang_router's policies, then SGLang's in-server balancing methods (--load-balance-method)
+POLICIES = (*names(RouterPolicy), "total_requests", "total_tokens")
 
 
 class Router:
     def __init__(self, policy: str, n: int, system_prefix_tokens: int, seed: int = 0,
                  cache_threshold: float = 0.3, balance_abs: int = 64, balance_rel: float = 1.5):
         if policy not in POLICIES:
-            from tuner.errors import ConfigError
-
             raise ConfigError(f"unknown routing policy {policy!r}; valid: {', '.join(POLICIES)}",
                               key="router-policy")
         self.policy, self.n = policy, n

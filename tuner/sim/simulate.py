@@ -20,6 +20,7 @@ import numpy as np
 
 from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
+from tuner.lifecycle import FailureClass
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import speculative_draft_layers
 from tuner.planner.parallel import flag_bool, flag_float
@@ -100,11 +101,9 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration)
     try:
         plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb)
     except ConfigError as exc:
-        raise TrialError("infeasible", str(exc)) from None
+        raise TrialError(FailureClass.INFEASIBLE, str(exc)) from None
     if not plan.fits:
-        reason = plan.reason.lower()
-        cls = "oom" if "out of memory" in reason or "not enough memory" in reason else "infeasible"
-        raise TrialError(cls, plan.reason)
+        raise TrialError(plan.failure_class, plan.reason)
     layout = parse_layout(model, flags, gpus * nodes)
     cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
         gpu.name, calibration)

@@ -7,11 +7,12 @@ name the file and the key path, with a did-you-mean for misspelt keys.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tuner.spec import expr
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, Sampler, literal
 from tuner.workload.session import WorkloadProfile
 
 
@@ -82,7 +83,7 @@ class ParamSpec(_Strict):
 class SearchSpaceSpec(_Strict):
     name: str = ""
     description: str = ""
-    engine: Literal["sglang", "transformers"] = "sglang"
+    engine: literal(Engine) = Engine.SGLANG.value
     params: dict[str, ParamSpec]
     constraints: list[str] = Field(default_factory=list, description="must all hold for a configuration to run")
 
@@ -156,8 +157,8 @@ class StudySpec(_Strict):
     measurement: MeasurementSpec = MeasurementSpec()
     baseline: dict[str, Any] = Field(default_factory=dict, description="flags of trial 0 (SGLang defaults + these)")
     trials: int = Field(default=30, ge=1)
-    sampler: Literal["default", "tpe", "random", "gp", "grid"] = "default"
-    backend: Literal["auto", "simulator", "sglang", "transformers", "serve-sim"] = "auto"
+    sampler: literal(Sampler) = Sampler.DEFAULT.value
+    backend: literal(BackendKind, AUTO_BACKEND) = AUTO_BACKEND
     backend_options: dict[str, Any] = Field(default_factory=dict)
     seed: int = 0
     # filled in by the loader: the resolved profile and search space, and where they came from

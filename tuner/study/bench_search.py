@@ -17,12 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.lifecycle import TrialStatus
+from tuner.spec.load import load_search_space, load_study
 from tuner.spec.schema import StudySpec
 from tuner.study import cost as cost_mod
 from tuner.study import space as space_mod
 from tuner.study.bench_table import Table, config_key, require_entry, stderr_progress
 from tuner.study.fidelity import replay_pruned
+from tuner.study.proposer import baseline_values, max_asks
 from tuner.study.samplers import make_sampler, mark_feasible, seed_configs
+from tuner.study.warm_start import top_k_configs
 
 RESULTS_DIR = Path("results/search")
 BENCH_SAMPLERS = ("default", "tpe", "random")
@@ -41,8 +45,6 @@ class BenchSetup:
 def resolve_study(name: str, space: str | None = None, max_grid: int = MAX_GRID_POINTS) -> tuple[StudySpec, str]:
     """The study with the space to benchmark: ``space`` if given; else the study's own if its grid
     has at most ``max_grid`` points, else ``<space name>-bench`` when that file exists."""
-    from tuner.spec.load import load_search_space, load_study
-
     study = load_study(name)
     note = ""
     if space is None:
@@ -75,8 +77,6 @@ def with_calibration(study: StudySpec, calibration: dict | None) -> StudySpec:
 def setup(study: StudySpec, *, results_dir: Path = RESULTS_DIR, tag: str = "", workers: int | None = None,
           quiet: bool = False) -> BenchSetup:
     """Enumerate the grid and make sure every configuration (and the baseline) is in the table."""
-    from tuner.study.runner import baseline_values
-
     grid = space_mod.enumerate_grid(study.space(), space_mod.env_for(study))
     if not grid:
         raise ConfigError("the search space has no configuration that meets its constraints", key="search_space")
@@ -121,7 +121,7 @@ def trials_to_reach(best_by_trial: list[int], target: float) -> int | None:
 
 def run_sampler(bs: BenchSetup, sampler: str, seed: int, budget: int, *, enqueue: list[dict] | None = None,
                 table: Table | None = None, pruning: bool = True, lazy: bool = False) -> SamplerRun:
-    """The runner's loop (tuner.study.runner.StudyRunner._start_next) against the table.
+    """The runner's proposals (tuner.study.proposer) and tells (tuner.study.ledger) against the table.
 
     With ``pruning`` a launched trial that the runner would stop early is told its lower bound (as
     the runner tells Optuna). With ``lazy`` a configuration missing from the table is measured now."""
@@ -135,7 +135,7 @@ def run_sampler(bs: BenchSetup, sampler: str, seed: int, budget: int, *, enqueue
     seen: dict[str, int] = {}
     best = 0
     first = True
-    while len(run.launched) < budget and run.asks < 20 * budget + 50:
+    while len(run.launched) < budget and run.asks < max_asks(budget):
         run.asks += 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -168,13 +168,13 @@ def run_sampler(bs: BenchSetup, sampler: str, seed: int, budget: int, *, enqueue
             ostudy.tell(otrial, 0.0)
             continue
         cap = int(entry["capacity_users"])
-        if pruning and run.launched and entry["status"] == "complete":
+        if pruning and run.launched and entry["status"] == TrialStatus.COMPLETE:
             _, cap, _ = replay_pruned(study, entry["steps"], best)  # the lower bound where pruned
         seen[key] = cap
         run.launched.append(entry)
         best = max(best, cap)
         run.best_by_trial.append(best)
-        mark_feasible(otrial, entry["status"] == "complete")
+        mark_feasible(otrial, entry["status"] == TrialStatus.COMPLETE)
         ostudy.tell(otrial, float(cap))
     return run
 
@@ -281,8 +281,6 @@ REALITY_CANDIDATES = 60  # the simulator's best configurations also measured in 
 
 def top_configs(bs: BenchSetup, run: SamplerRun, k: int) -> list[dict]:
     """The k best distinct configurations a simulated run launched (what the runner enqueues)."""
-    from tuner.study.warm_start import top_k_configs
-
     rows = [{"params": e["values"], "capacity_users": e["capacity_users"], "status": e["status"]}
             for e in run.launched[1:]]
     return top_k_configs(bs.study, rows, k)

@@ -24,15 +24,14 @@ import yaml
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
+from tuner.evaluation.sim import SimEvaluator
+from tuner.lifecycle import FailureClass, TrialStatus
+from tuner.sim.calibrate import load_calibration
 from tuner.spec.schema import StudySpec
 from tuner.study import space as space_mod
+from tuner.study.proposer import config_key, planner_verdict
 
 TABLE_VERSION = 1
-
-
-def config_key(values: dict) -> str:
-    """The runner's duplicate key: unset (None) knobs drop out, so equal launches share a key."""
-    return repr(sorted((k, v) for k, v in values.items() if v is not None))
 
 
 def table_hash(study: StudySpec) -> str:
@@ -41,26 +40,16 @@ def table_hash(study: StudySpec) -> str:
                                                   "name"})
     dump["table_version"] = TABLE_VERSION
     # the simulator's calibration files change measurements too (e.g. a refit from kernel timings)
-    from tuner.sim.calibrate import load_calibration
-
     dump["calibration_resolved"] = load_calibration(study.hardware.gpu, (study.backend_options or {}).get("calibration"))
     return hashlib.sha256(yaml.safe_dump(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prescreen(study: StudySpec, flags: dict) -> tuple[bool, str, int | None]:
-    from tuner.study.runner import _prescreen
-
-    return _prescreen(study, flags)
-
-
 def measure_config(study: StudySpec, values: dict) -> dict:
     """One configuration as the runner would settle it: planner pre-screen, deploy, capacity search."""
-    from tuner.evaluation.sim import SimEvaluator
-
     flags, knobs = space_mod.split(values, study.space().engine)
-    fits, reason, kv = prescreen(study, flags)
+    fits, reason, kv = planner_verdict(study, flags)
     if not fits:
-        return {"status": "infeasible", "prescreened": True, "capacity_users": 0, "steps": [], "reason": reason,
+        return {"status": TrialStatus.INFEASIBLE.value, "prescreened": True, "capacity_users": 0, "steps": [], "reason": reason,
                 "kv_capacity_tokens": kv}
     request = TrialRequest(study=study, trial_number=0, flags=flags, knobs=knobs, seed=study.seed)
     search = CapacitySearch.for_study(study)
@@ -70,10 +59,11 @@ def measure_config(study: StudySpec, values: dict) -> dict:
             metrics = deployment.measure(users)
             search.record(users, search.meets(metrics))
     except TrialError as exc:
-        status = "infeasible" if exc.failure_class in ("infeasible", "oom") else "failed"
+        status = (TrialStatus.INFEASIBLE if exc.failure_class in (FailureClass.INFEASIBLE, FailureClass.OOM)
+                  else TrialStatus.FAILED).value
         return {"status": status, "prescreened": False, "capacity_users": 0, "steps": [list(s) for s in search.steps],
                 "reason": f"{exc.failure_class}: {exc.reason}", "kv_capacity_tokens": kv}
-    return {"status": "complete", "prescreened": False, "capacity_users": search.capacity_users,
+    return {"status": TrialStatus.COMPLETE.value, "prescreened": False, "capacity_users": search.capacity_users,
             "steps": [[u, bool(p)] for u, p in search.steps], "reason": None, "kv_capacity_tokens": kv}
 
 

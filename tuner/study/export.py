@@ -11,6 +11,7 @@ from pathlib import Path
 
 import tuner
 from tuner.errors import ConfigError, StudyNotFoundError
+from tuner.lifecycle import TrialStatus
 from tuner.study.summary import study_summary
 
 DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
@@ -23,7 +24,7 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
         return summary["best"]
     for t in summary["trials"]:
         if t["number"] == trial_number:
-            if t["status"] != "complete":
+            if t["status"] != TrialStatus.COMPLETE:
                 raise ConfigError(f"trial {trial_number} did not complete ({t['status']}); nothing to export",
                                   key="--trial")
             return t
