@@ -30,22 +30,32 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner", "kernels", "tinymodels"),
     ("config", "storage"),
     ("catalog", "workload"),
-    ("lifecycle", "vocabulary"),
     ("errors",),
+    ("lifecycle",),
+    ("vocabulary",),
     ("__init__",),  # the version string only
 ]
 
 # Imports inside functions are kept only for these: heavy libraries (seconds of start-up, or GPU
 # stacks that a CPU machine may lack) and the command modules the CLI loads on demand.
 HEAVY_LIBRARIES = frozenset({
-    "optuna", "ray", "torch", "triton", "transformers", "sglang", "aiohttp", "pandas", "sqlalchemy",
-    "scipy", "pynvml", "playwright", "uvloop", "psycopg",
+    "optuna", "ray", "torch", "triton", "transformers", "tokenizers", "sglang", "aiohttp", "pandas",
+    "sqlalchemy", "numpy", "scipy", "pynvml", "playwright", "uvloop", "psycopg",
 })
-# where a tuner-internal import inside a function is command loading (or a worker process entry)
+# Command modules import what a command runs inside the command (`tuner --help` loads no more).
 COMMAND_LOADING = ("cli",)
 # Packages whose owners keep their own import style (GPU kernels: torch/triton at import time
 # would break CPU machines, so that package loads lazily throughout).
 EXEMPT_FROM_LOCAL_IMPORT_RULE = ("kernels",)
+
+# Modules that still import inside functions against the rule, with how many such imports they may
+# keep (the test lets the numbers only shrink): the process backends, the live evaluator, the
+# dashboard, the serving simulator's server and the study loader.
+LOCAL_IMPORTS_TO_MOVE: dict[str, int] = {
+    "backends/moe_configs.py": 4, "backends/serve_sim.py": 5, "backends/sglang.py": 3,
+    "backends/transformers.py": 4, "evaluation/live.py": 7, "report/dashboard.py": 2, "sim/server.py": 1,
+    "config/load.py": 4, "spec/load.py": 4,
+}
 
 # The trial-status vocabulary, as it was spelt before the enum existed (for counting literals in
 # any tree, old or new). The enum in tuner/lifecycle.py is the source of truth.
@@ -136,11 +146,9 @@ def imports(mods: list[Module]) -> list[Import]:
 
 def local_import_breaks_rule(imp: Import) -> bool:
     """An import inside a function that is neither a heavy library nor command loading."""
-    if not imp.in_function or imp.unit in EXEMPT_FROM_LOCAL_IMPORT_RULE:
+    if not imp.in_function or imp.unit in EXEMPT_FROM_LOCAL_IMPORT_RULE or imp.unit in COMMAND_LOADING:
         return False
-    if imp.target_unit is not None:
-        return imp.unit not in COMMAND_LOADING
-    return imp.target.split(".")[0] not in HEAVY_LIBRARIES
+    return imp.target_unit is not None or imp.target.split(".")[0] not in HEAVY_LIBRARIES
 
 
 def layer_violations(imps: list[Import]) -> list[str]:

@@ -236,7 +236,7 @@ def status(name, storage, as_json):
                       + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
     cost = s.get("cost") or {}
     console.print(f"{s['prescreened']} configuration(s) screened out by the planner (not launched), "
-                  f"{s['pruned']} trial(s) pruned"
+                  f"{s[TrialStatus.PRUNED]} trial(s) pruned"
                   + (f"; estimated real cost {cost['gpu_hours']:.1f} GPU-hours ({cost['launched_trials']} launches, "
                      f"{cost['load_points']} load points)" if "gpu_hours" in cost else ""))
 
@@ -248,7 +248,7 @@ def _search_facts(summary: dict, storage: str, name: str) -> dict:
 
     trials = summary["trials"]
     facts = {"prescreened": sum(1 for t in trials if t["screened_by_planner"]),
-             "pruned": sum(1 for t in trials if t["status"] == TrialStatus.PRUNED)}
+             TrialStatus.PRUNED.value: summary["counts"].get(TrialStatus.PRUNED, 0)}
     try:
         facts["cost"] = study_cost(load_existing(storage, name), trials)
     except Exception as exc:  # the estimate is informative; status must still print

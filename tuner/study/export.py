@@ -9,10 +9,18 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import yaml
+
 import tuner
+from tuner.backends.moe_configs import prepare_trial_moe_dir
+from tuner.backends.router import plan_topology
+from tuner.backends.sglang import checkpoint_for, config_to_argv, config_yaml_dict, render_config_yaml
+from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, StudyNotFoundError
 from tuner.lifecycle import TrialStatus
+from tuner.study.runner import load_existing
 from tuner.study.summary import study_summary
+from tuner.vocabulary import Engine
 
 DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
 
@@ -34,8 +42,6 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
 def export_study(storage: str, name: str, *, output: str | None = None,
                  trial_number: int | None = None) -> tuple[str, list[str]]:
     """(YAML text, notes for the user). Writes ``output`` (and tuned MoE files beside it) if given."""
-    from tuner.study.runner import load_existing
-
     summary = study_summary(storage, name)
     spec = load_existing(storage, name)
     trial = _pick(summary, trial_number)
@@ -56,18 +62,12 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     if base and base.get("capacity_users") is not None and not trial["is_baseline"]:
         header.append(f"baseline (trial {base['number']}): {base['capacity_users']} users")
 
-    if engine != "sglang":
-        import yaml
-
+    if engine != Engine.SGLANG:
         body = yaml.safe_dump({**trial["flags"]}, sort_keys=True)
         header.append(f"engine: {engine} (these are its server flags)")
         text = "".join(f"# {h}\n" for h in header) + body
         _write(output, text)
         return text, notes
-
-    from tuner.backends.router import plan_topology
-    from tuner.backends.sglang import checkpoint_for, render_config_yaml
-    from tuner.catalog import get_gpu, get_model
 
     model = get_model(spec.model)
     flags = dict(trial["flags"])
@@ -79,8 +79,6 @@ def export_study(storage: str, name: str, *, output: str | None = None,
         gpu = get_gpu(spec.hardware.gpu)
         source = Path(spec.backend_options.get("moe_config_dir", DEFAULT_TUNED_MOE_DIR.format(gpu=gpu.name)))
         if output and source.is_dir():
-            from tuner.backends.moe_configs import prepare_trial_moe_dir
-
             moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
                                                       include_shipped=False)
             moe_dir = moe_root.resolve()
@@ -95,8 +93,6 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     else:
         header.append("MoE tile configs: SGLang's shipped/default tiles (no SGLANG_MOE_CONFIG_DIR)")
     header.append("launch: " + shlex.join(launch))
-    from tuner.backends.sglang import config_to_argv, config_yaml_dict
-
     full = config_to_argv(config_yaml_dict(flags, model_path=model_path))
     header.append("equivalent: " + shlex.join(["sglang", "serve", *full]))
     topo = plan_topology(flags, knobs)

@@ -156,7 +156,7 @@ class Ledger:
         else:
             mark_feasible(trial, outcome.status.measured)
             if outcome.status is TrialStatus.PRUNED:
-                trial.set_user_attr("pruned", outcome.reason)
+                trial.set_user_attr(TrialStatus.PRUNED.value, outcome.reason)  # why it was pruned
             elif outcome.reason:
                 trial.set_user_attr("failure", f"{outcome.failure_class}: {outcome.reason}")
             self.optuna.tell_value(trial, outcome.objective_value)

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from tuner.workload.client import StreamingClient
+from tuner.workload.fasthttp import new_event_loop
 from tuner.workload.loadgen_server import LoadgenProcess, ServerConfig
 
 
@@ -73,8 +74,6 @@ def bench_client(
     stop_after_failure: bool = True,
 ) -> dict:
     """Run the concurrency steps against a fresh server process; the `tuner bench client` document."""
-    from tuner.workload.loadgen_server import new_event_loop
-
     try:
         import uvloop  # noqa: F401
 
