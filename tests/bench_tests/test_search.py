@@ -8,10 +8,10 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.study_tests._tiny import write_tiny_study
+from tuner.bench.search import SamplerRun, run_sampler, setup, trials_to_reach
+from tuner.bench.table import Table, config_key, table_hash
 from tuner.spec.load import load_study
 from tuner.study import cost
-from tuner.study.bench_search import SamplerRun, run_sampler, setup, trials_to_reach
-from tuner.study.bench_table import Table, config_key, table_hash
 
 
 def test_trials_to_reach_counts_launched_trials_one_based():

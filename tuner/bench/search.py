@@ -1,6 +1,6 @@
 """`tuner bench search`: how few trials each sampler needs to find the best configuration.
 
-Every configuration of the space is measured once on the simulator (``bench_table``); then each
+Every configuration of the space is measured once on the simulator (``tuner.bench.table``); then each
 sampler runs the runner's ask/tell loop against that table -- the same ``suggest``, constraint,
 planner pre-screen, duplicate and ``mark_feasible`` code paths -- so what is benchmarked is what
 ``tuner study start`` runs. A trial counts when the runner would launch it (the baseline
@@ -16,13 +16,13 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuner.bench.table import Table, config_key, require_entry, stderr_progress
 from tuner.errors import ConfigError
 from tuner.lifecycle import TrialStatus
 from tuner.spec.load import load_search_space, load_study
 from tuner.spec.schema import StudySpec
 from tuner.study import cost as cost_mod
 from tuner.study import space as space_mod
-from tuner.study.bench_table import Table, config_key, require_entry, stderr_progress
 from tuner.study.fidelity import replay_pruned
 from tuner.study.proposer import baseline_values, max_asks
 from tuner.study.samplers import make_sampler, mark_feasible, seed_configs
