@@ -103,7 +103,12 @@ def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr(calmod, "CALIBRATION_DIR", src)
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"16": {"default_us": 30, "found_us": 20}}))
-    calmod.main(["--summary", str(summary), "--gpu", "h200"])
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibration", "refit", "--summary", str(summary), "--gpu", "h200"])
+    assert r.exit_code == 0, r.output
     assert load_calibration("h200")["moe_tuned_speedup"] == {16: 1.5}
 
 
