@@ -27,8 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("study",),
     ("evaluation",),
     ("backends", "sim"),
-    ("planner", "kernels", "tinymodels"),
-    ("config", "storage"),
+    ("planner", "kernels", "models"),
+    ("spec", "storage"),
     ("catalog", "workload"),
     ("errors",),
     ("lifecycle",),
@@ -54,7 +54,7 @@ EXEMPT_FROM_LOCAL_IMPORT_RULE = ("kernels",)
 LOCAL_IMPORTS_TO_MOVE: dict[str, int] = {
     "backends/moe_configs.py": 4, "backends/serve_sim.py": 5, "backends/sglang.py": 3,
     "backends/transformers.py": 4, "evaluation/live.py": 7, "report/dashboard.py": 2, "sim/server.py": 1,
-    "config/load.py": 4, "spec/load.py": 4,
+    "spec/load.py": 4,
 }
 
 # The trial-status vocabulary, as it was spelt before the enum existed (for counting literals in
@@ -71,7 +71,7 @@ STATUS_WORD_OTHER_MEANINGS = {
 
 
 # earlier names of packages, so that an older tree can be measured against the same map
-FORMER_NAMES = {"spec": "config", "models": "tinymodels"}
+FORMER_NAMES: dict[str, str] = {}
 
 
 def layer_of(name: str) -> int | None:
