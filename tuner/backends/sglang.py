@@ -12,6 +12,8 @@ adds what is specific to this launch::
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import shutil
 import sys
@@ -25,6 +27,7 @@ from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang_flags import FlagSet, load_flagset, parse_extra_args
+from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
 from tuner.lifecycle import FailureClass
 
@@ -111,8 +114,6 @@ def config_to_argv(config: Mapping[str, Any], flagset: FlagSet | None = None) ->
 
     Kept here so tests can prove the YAML reproduces the intended command line.
     """
-    import json
-
     fs = flagset or load_flagset()
     args: list[str] = []
     for key, value in config.items():
@@ -203,8 +204,6 @@ class SGLangBackend(ProcessBackend):
     kind = "sglang"
 
     def availability(self) -> tuple[bool, str]:
-        import importlib.util
-
         try:
             found = importlib.util.find_spec("sglang") is not None
         except (ImportError, ValueError):
@@ -219,8 +218,6 @@ class SGLangBackend(ProcessBackend):
         return int(f.get("tp-size") or 1) * int(f.get("dp-size") or 1) * int(f.get("pp-size") or 1)
 
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
-        from tuner.catalog import get_gpu, get_model
-
         study = request.study
         options = dict(getattr(study, "backend_options", None) or {})
         fs = load_flagset()

@@ -22,6 +22,7 @@ without ``ignore_eos`` (it answers 422 to unknown fields); with the local models
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -40,8 +41,10 @@ from typing import Any, Mapping
 
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import LaunchSpec, free_port
-from tuner.errors import ConfigError, TrialError
+from tuner.errors import BackendUnavailableError, ConfigError, TrialError
 from tuner.lifecycle import FailureClass
+from tuner.models.tiny import TinyModelSpec, make_tiny_model, spec_field_names
+from tuner.models.tokenizer import words_text
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +230,6 @@ def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
         raise ConfigError(f"model directory {model_dir} has no config.json (the transformers engine serves a "
                           "local model dir; make one with `tuner model make-tiny DIR` or set "
                           "backend_options.make_tiny)", key="model")
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model, spec_field_names
-
     unknown = sorted(set(spec_opts) - set(spec_field_names()))
     if unknown:
         raise ConfigError(f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(spec_field_names())}",
@@ -269,8 +270,6 @@ class TransformersBackend(ProcessBackend):
     kind = "transformers"
 
     def availability(self) -> tuple[bool, str]:
-        import importlib.util
-
         version = transformers_version()
         if version is None:
             return False, "transformers is not installed (pip install 'transformers[serving]')"
@@ -295,8 +294,6 @@ class TransformersBackend(ProcessBackend):
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
         ok, why = self.availability()
         if not ok:
-            from tuner.errors import BackendUnavailableError
-
             raise BackendUnavailableError(why)
         options = self._options(request)
         flags = dict(request.flags)
@@ -418,8 +415,6 @@ def warmup(base_url: str, model: str | None, prompt_tokens: int, max_tokens: int
     With ``exact`` (a tuner tiny model: one token per word, unreachable EOS) the streamed chunks,
     the usage's completion tokens and its prompt tokens must equal what was asked for.
     """
-    from tuner.models.tokenizer import words_text
-
     res = stream_completion(base_url, model, words_text(range(1, prompt_tokens + 1)), max_tokens)
     if res["error"] is not None or res["chunks"] == 0:
         raise TrialError("crash", f"warm-up request failed: {res['error'] or 'no tokens streamed'}",

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -24,8 +25,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tuner.backends import gpu
 from tuner.backends.base import LaunchPlan, ProcessBackend
 from tuner.backends.process import ProcessStack
+from tuner.backends.sglang import SGLangBackend
+from tuner.backends.transformers import TransformersBackend
 from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.workload.metrics import LoadPointMetrics
@@ -56,8 +60,6 @@ class LiveEvaluator(Evaluator):
     def deploy(self, request: TrialRequest) -> "LiveDeployment":
         trial_dir = trial_dir_for(request)
         last: TrialError | None = None
-        from tuner.backends import gpu
-
         for attempt in range(PORT_RETRIES + 1):
             plan = self.backend.build_plan(request, trial_dir)
             before_mib = gpu.memory_used_mib(request.gpu_ids)  # what close() must return to
@@ -92,8 +94,6 @@ def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
 class LiveDeployment(Deployment):
     def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack,
                  gpu_before_start_mib: dict | None = None):
-        from tuner.backends import gpu
-
         self.backend = backend
         self.request = request
         self.plan = plan
@@ -223,8 +223,6 @@ class LiveDeployment(Deployment):
         if self._closed:
             return
         self._closed = True
-        from tuner.backends import gpu
-
         report: dict[str, Any] = {"gpu_summary": self.sampler.stop()}
         pids = self.stack.pids
         survivors = self.stack.close()
@@ -262,8 +260,6 @@ class _ReplayThread(threading.Thread):
         self._cancelled = threading.Event()
 
     def run(self):
-        import asyncio
-
         coro_fn = getattr(self.replay, "replay_closed_loop", None)
         try:
             if coro_fn is None:
@@ -329,13 +325,9 @@ class _HealthWatch:
 
 class SGLangEvaluator(LiveEvaluator):
     def __init__(self):
-        from tuner.backends.sglang import SGLangBackend
-
         super().__init__(SGLangBackend())
 
 
 class TransformersEvaluator(LiveEvaluator):
     def __init__(self):
-        from tuner.backends.transformers import TransformersBackend
-
         super().__init__(TransformersBackend())
