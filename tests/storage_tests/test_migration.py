@@ -125,3 +125,10 @@ def test_the_upgrade_runs_on_postgresql():
         assert rows[1].telemetry == {}
     finally:
         drop()
+
+
+def test_the_dashboard_refuses_an_old_database_and_names_the_upgrade(v1, tmp_path):
+    path, url = v1
+    r = run_cli(["dashboard", "--storage", url, "--port", "0"], cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and f"Upgrade it once with `tuner db upgrade --storage {url}`" in r.stderr
+    assert db.schema_version(db.get_engine(url, create=False)) == 1, "read-only: nothing written"

@@ -26,5 +26,6 @@ def dashboard(storage, host, port, runs_dir):
     from tuner.report.dashboard import serve
     from tuner.storage import db
 
-    db.get_engine(storage, create=False, readonly=True)  # fail now on a wrong or missing database
+    # fail now on a wrong or missing database, or one of an older schema (it names the upgrade)
+    db.require_current(db.get_engine(storage, create=False, readonly=True), storage, readonly=True)
     serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=lambda s: click.echo(s, err=True))

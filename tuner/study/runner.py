@@ -153,12 +153,12 @@ class StudyRunner:
         proposer = Proposer(self.study, optuna, budget,
                             tried=[TriedTrial(t.params, TrialStatus(t.status), t.capacity_users) for t in existing],
                             initial_configs=self.initial_configs, prescreen=self.prescreen)
+        self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
+                                "budget": budget, "done": ledger.counters.launched})
         loop = TrialLoop(self.study, proposer, ledger, self._make_executor(), backend_kind=self.backend_kind,
                          budget=budget, gpus_needed=get_evaluator(self.backend_kind).gpus_needed,
                          workdir=f"{self.workdir}/{self.study.name}", seed=self.seed, parallel=self.parallel,
                          max_failures=self.max_failures, prune=self.prune)
-        self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
-                                "budget": budget, "done": ledger.counters.launched})
         stop_heartbeat = threading.Event()
         threading.Thread(target=_heartbeat_loop, args=(optuna, loop, stop_heartbeat), daemon=True).start()
         try:
