@@ -188,8 +188,9 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                           logging_level=logging.WARNING, configure_logging=True)
-            if address:
-                kwargs["address"] = address
+            # "local" starts a Ray of our own: without it ray.init() joins any cluster this machine
+            # started last (ray start, another program's Ray), whose nodes and lifetime are not ours
+            kwargs["address"] = address or "local"
             # workers import tuner from the same place the driver does
             kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": _pythonpath()}}
             try:
