@@ -4,9 +4,10 @@
 never from a sibling in its own layer. The README's layout section lists the same map and
 ``test_layers.py`` keeps both true.
 
-Run ``python -m tests.arch_tests.structure [TUNER_PACKAGE_DIR] [--json]`` for the figures: packages
-with their size, the largest functions, imports inside functions (and which of them break the
-rule), bare trial-status literals outside ``tuner/lifecycle.py``, and imports against the map.
+Run ``python -m tests.arch_tests.structure [TUNER_PACKAGE_DIR] [--json] [--functions PACKAGE]`` for
+the figures: packages with their size and largest function, the largest functions overall (or of
+one package), imports inside functions (and which of them break the rule), bare trial-status
+literals outside ``tuner/lifecycle.py``, and imports against the map.
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ STATUS_WORD_OTHER_MEANINGS = {
 
 # earlier names of packages, so that an older tree can be measured against the same map
 FORMER_NAMES: dict[str, str] = {}
+
+
+def layer_number(name: str) -> str:
+    """The number the README shows (0 at the bottom); the entry and version modules have none."""
+    i = layer_of(name)
+    if i is None or LAYERS[i] in (("__main__",), ("__init__",)):
+        return "-" if i is not None else "?"
+    return str(len(LAYERS) - 2 - i)
 
 
 def layer_of(name: str) -> int | None:
@@ -249,21 +258,27 @@ def status_literals(mods: list[Module], *, enum_module: str = "lifecycle.py") ->
 class Report:
     packages: dict[str, dict] = field(default_factory=dict)
     largest_functions: list[dict] = field(default_factory=list)
+    largest_function_by_package: dict[str, dict] = field(default_factory=dict)
     imports_in_functions: dict = field(default_factory=dict)
     status_literals_outside_enum: int = 0
     status_literals_by_module: dict[str, int] = field(default_factory=dict)
     layer_violations: list[str] = field(default_factory=list)
 
 
-def report(package_dir: Path = PACKAGE_DIR, top: int = 5) -> Report:
+def report(package_dir: Path = PACKAGE_DIR, top: int = 5, package: str | None = None) -> Report:
     mods = modules(package_dir)
     r = Report()
     for m in mods:
         p = r.packages.setdefault(m.unit, {"modules": 0, "lines": 0})
         p["modules"] += 1
         p["lines"] += m.lines
+    fns = functions(mods)
+    chosen = [f for f in fns if package is None or f.module.startswith(package + "/")]
     r.largest_functions = [{"function": f.name, "module": f.module, "line": f.lineno, "lines": f.lines}
-                           for f in functions(mods)[:top]]
+                           for f in chosen[:top]]
+    for f in fns:  # sorted largest first
+        unit = f.module.split("/")[0] if "/" in f.module else f.module[:-3]
+        r.largest_function_by_package.setdefault(unit, {"function": f.name, "module": f.module, "lines": f.lines})
     imps = imports(mods)
     local = [i for i in imps if i.in_function]
     r.imports_in_functions = {
@@ -284,9 +299,9 @@ def report(package_dir: Path = PACKAGE_DIR, top: int = 5) -> Report:
 def _print(r: Report) -> None:
     print(f"packages ({len(r.packages)}):")
     for name, p in sorted(r.packages.items(), key=lambda kv: (layer_of(kv[0]) is None, layer_of(kv[0]) or 0)):
-        layer = layer_of(name)
-        print(f"  {'?' if layer is None else len(LAYERS) - 1 - layer:>2}  {name:<12} {p['modules']:>3} modules "
-              f"{p['lines']:>6} lines")
+        big = r.largest_function_by_package.get(name)
+        print(f"  {layer_number(name):>2}  {name:<12} {p['modules']:>3} modules {p['lines']:>6} lines"
+              + (f"   largest function {big['lines']:>3} lines: {big['module']} {big['function']}" if big else ""))
     print("largest functions:")
     for f in r.largest_functions:
         print(f"  {f['lines']:>4} lines  {f['module']}:{f['line']} {f['function']}")
@@ -305,7 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]
-    r = report(Path(args[0]) if args else PACKAGE_DIR)
+    package = None
+    if "--functions" in args:
+        i = args.index("--functions")
+        package = args[i + 1]
+        del args[i:i + 2]
+    r = report(Path(args[0]) if args else PACKAGE_DIR, top=8 if package else 5, package=package)
     if as_json:
         print(json.dumps(r.__dict__, indent=2))
     else:

@@ -35,3 +35,15 @@ def test_a_grid_larger_than_the_budget_is_refused_before_anything_is_written(tmp
     with pytest.raises(ConfigError, match="budget of 5 trials leaves 4 after the baseline; set trials to at least 7"):
         runner.create()
     assert not db.has_schema(runner.engine)
+
+
+def test_tuner_validate_checks_the_grid_against_the_budget(tmp_path):
+    from tests.conftest import run_cli
+    from tests.study_tests._tiny import write_tiny_study
+
+    ok = write_tiny_study(tmp_path, name="fits", sampler="grid", trials=7)
+    small = write_tiny_study(tmp_path, name="small", sampler="grid", trials=6)
+    r = run_cli(["validate", str(ok), str(small)], cwd=tmp_path)
+    assert r.returncode == 2
+    assert f"ok      {ok} (study)" in r.stdout
+    assert "small.yaml: sampler: sampler 'grid': the space has 6 configurations but a budget of 6 trials" in r.stderr

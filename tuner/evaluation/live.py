@@ -32,6 +32,7 @@ from tuner.backends.sglang import SGLangBackend
 from tuner.backends.transformers import TransformersBackend
 from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.lifecycle import FailureClass
 from tuner.workload.metrics import LoadPointMetrics
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class LiveEvaluator(Evaluator):
                 _start(stack, plan)
             except TrialError as exc:
                 stack.close()
-                if exc.failure_class == "port_in_use" and attempt < PORT_RETRIES:
+                if exc.failure_class == FailureClass.PORT_IN_USE and attempt < PORT_RETRIES:
                     log.warning("trial %d: %s; retrying with new ports", request.trial_number, exc.reason)
                     last = exc
                     continue
