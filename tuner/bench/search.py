@@ -23,7 +23,7 @@ from tuner.spec.load import load_search_space, load_study
 from tuner.spec.schema import StudySpec
 from tuner.study import cost as cost_mod
 from tuner.study import space as space_mod
-from tuner.study.fidelity import replay_pruned
+from tuner.study.pruning import replay_pruned
 from tuner.study.proposer import baseline_values, max_asks
 from tuner.study.samplers import make_sampler, mark_feasible, seed_configs
 from tuner.study.warm_start import top_k_configs

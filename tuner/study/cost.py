@@ -22,7 +22,7 @@ from tuner.lifecycle import TrialStatus
 from tuner.planner import plan_memory
 from tuner.spec.schema import StudySpec
 from tuner.study import space as space_mod
-from tuner.study.fidelity import replay_pruned
+from tuner.study.pruning import replay_pruned
 
 STORAGE_READ_GB_PER_S = 5.0  # local NVMe RAID per node, cold page cache
 GRAPH_CAPTURE_S_PER_BATCH = 0.8  # deep MoE models; about 30 s for the default capture list

@@ -19,7 +19,7 @@ from tuner.lifecycle import Operation, Outcome, StopReason
 from tuner.spec.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.proposer import Proposal, Proposer, max_asks
-from tuner.study.fidelity import prune_reason, should_prune
+from tuner.study.pruning import prune_reason, should_prune
 
 RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
 

@@ -60,7 +60,7 @@ class StudyOutcome:
     baseline_capacity_users: int | None
     wall_time_s: float
     stopped_reason: str | None = None  # the sentence for the user (None: the budget was spent)
-    trials_pruned: int = 0  # launched, stopped early: could not beat the best (tuner.study.fidelity)
+    trials_pruned: int = 0  # launched, stopped early: could not beat the best (tuner.study.pruning)
     enqueued: int = 0  # configurations enqueued behind the baseline (planner seeds, warm start, grid)
     stop: StopReason = StopReason.BUDGET_SPENT  # decides the study's status and the CLI's exit code
 
@@ -75,7 +75,7 @@ class StudyRunner:
                  workdir: str = "results/runs", prescreen: bool = True, prune: bool = True,
                  initial_configs: list[dict] | None = None):
         self.study = study
-        self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.fidelity)
+        self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.pruning)
         self.initial_configs = list(initial_configs or [])  # launched right after the baseline
         self.storage_url = storage_url
         self.backend_kind = str(backend_kind)  # a tuner.vocabulary.BackendKind value

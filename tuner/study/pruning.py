@@ -1,4 +1,4 @@
-"""Multi-fidelity: stop a trial's capacity search once it cannot beat the incumbent.
+"""Pruning: stop a trial's capacity search once it cannot beat the incumbent.
 
 After each load point the capacity search knows an interval [capacity_users, upper_bound()]
 for the trial's capacity. Once ``upper_bound()`` is no higher than the best capacity any finished

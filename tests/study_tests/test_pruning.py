@@ -8,7 +8,7 @@ from tests.study_tests._tiny import TINY_SPACE, write_tiny_study
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.spec.load import load_study
 from tuner.storage import db, repo
-from tuner.study.fidelity import replay_pruned, should_prune
+from tuner.study.pruning import replay_pruned, should_prune
 from tuner.study.runner import StudyRunner
 from tuner.study.warm_start import top_k_configs
 
