@@ -11,8 +11,8 @@ from tuner.backends.router import ROUTER_POLICIES
 from tuner.cli.study import start
 from tuner.evaluation import registry
 from tuner.sim.router import POLICIES
-from tuner.spec.knobs import ENGINES, SGLANG_KNOBS
-from tuner.spec.schema import SearchSpaceSpec, StudySpec
+from tuner.config.knobs import ENGINES, SGLANG_KNOBS
+from tuner.config.schema import SearchSpaceSpec, StudySpec
 from tuner.study import samplers
 from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, RouterPolicy, Sampler, names
 

@@ -74,7 +74,7 @@ def test_real_server_streams_exactly_max_tokens(tmp_path):
     from tuner.models.tiny import TinyModelSpec, make_tiny_model
     from tuner.models.tokenizer import words_text
     from tuner.backends.transformers import stream_completion
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     model = tmp_path / "m"
     make_tiny_model(model, TinyModelSpec(arch="qwen3_moe", words=300))
@@ -101,7 +101,7 @@ def test_cpu_continuous_batching_needs_a_cache_bound(tmp_path):
     from tuner.backends.transformers import TransformersBackend
     from tuner.errors import TrialError
     from tuner.evaluation.base import TrialRequest
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     ok, _ = TransformersBackend().availability()
     if not ok:

@@ -10,7 +10,7 @@ from tests.conftest import run_cli
 from tests.study_tests._tiny import write_tiny_study
 from tuner.bench.search import SamplerRun, run_sampler, setup, trials_to_reach
 from tuner.bench.table import Table, config_key, table_hash
-from tuner.spec.load import load_study
+from tuner.config.load import load_study
 from tuner.study import cost
 
 

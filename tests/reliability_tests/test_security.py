@@ -101,7 +101,7 @@ def test_valid_extra_arguments_stay_one_argv_element_each(tmp_path):
     """A value with shell syntax is accepted as a value and passed as a single argument."""
     from tuner.backends.sglang import SGLangBackend
     from tuner.evaluation.base import TrialRequest
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     evil = f"info; touch {tmp_path}/pwned"
     study = load_study(str(_study_with(tmp_path, {"extra_server_args": ["--log-level", evil]})))

@@ -17,7 +17,7 @@ from tests.study_tests._tiny import write_tiny_study
 
 
 def tiny_study(tmp_path: Path, **kw):
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     return load_study(str(write_tiny_study(tmp_path, **kw)))
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.study_tests._tiny import TINY_SPACE, write_tiny_study
 from tuner.evaluation.capacity import CapacitySearch
-from tuner.spec.load import load_study
+from tuner.config.load import load_study
 from tuner.storage import db, repo
 from tuner.study.pruning import replay_pruned, should_prune
 from tuner.study.runner import StudyRunner

@@ -19,8 +19,8 @@ from pathlib import Path
 from tuner.bench.table import Table, config_key, require_entry, stderr_progress
 from tuner.errors import ConfigError
 from tuner.lifecycle import TrialStatus
-from tuner.spec.load import load_search_space, load_study
-from tuner.spec.schema import StudySpec
+from tuner.config.load import load_search_space, load_study
+from tuner.config.schema import StudySpec
 from tuner.study import cost as cost_mod
 from tuner.study import space as space_mod
 from tuner.study.pruning import replay_pruned

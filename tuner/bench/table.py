@@ -27,7 +27,7 @@ from tuner.evaluation.capacity import CapacitySearch
 from tuner.evaluation.sim import SimEvaluator
 from tuner.lifecycle import FailureClass, TrialStatus
 from tuner.sim.calibrate import load_calibration
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.study import space as space_mod
 from tuner.study.proposer import config_key, planner_verdict
 

@@ -112,7 +112,7 @@ def _print_outcome(o, storage):
 def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, warm_k, no_pruning,
           dry_run, as_json):
     """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
     from tuner.storage import db
     from tuner.study.runner import StudyRunner
 

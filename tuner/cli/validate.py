@@ -18,7 +18,7 @@ def validate(paths, as_json):
     The kind of each file is recognised from its keys. A study with `sampler: grid` is also checked
     for a grid that fits its trial budget. Exit code 2 if any file is invalid.
     """
-    from tuner.spec.load import load_study, validate_file
+    from tuner.config.load import load_study, validate_file
     from tuner.errors import ConfigError
     from tuner.study.samplers import grid_configs
     from tuner.vocabulary import Sampler

@@ -20,7 +20,7 @@ from __future__ import annotations
 from tuner.catalog import get_gpu, get_model
 from tuner.lifecycle import TrialStatus
 from tuner.planner import plan_memory
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.study import space as space_mod
 from tuner.study.pruning import replay_pruned
 

@@ -27,7 +27,7 @@ from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.live import trial_dir_for
 from tuner.lifecycle import FailureClass, Outcome
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.proposer import Decision, Proposer, max_asks

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.lifecycle import Operation, Outcome, StopReason
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.proposer import Proposal, Proposer, max_asks
 from tuner.study.pruning import prune_reason, should_prune

@@ -25,7 +25,7 @@ from tuner.catalog import get_gpu, get_model
 from tuner.errors import TrialError, UserError
 from tuner.lifecycle import Outcome, TrialStatus
 from tuner.planner import plan_memory
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.study import space as space_mod
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.samplers import grid_configs, seed_configs

@@ -31,8 +31,8 @@ from tuner.backends.process import PID_FILE_SUFFIX, reap_pids
 from tuner.errors import StudyNotFoundError, UserError
 from tuner.evaluation.registry import get_evaluator
 from tuner.lifecycle import StopReason, TrialStatus
-from tuner.spec.load import spec_hash
-from tuner.spec.schema import StudySpec
+from tuner.config.load import spec_hash
+from tuner.config.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.study.executor import InProcessExecutor, RayExecutor
 from tuner.study.ledger import Counters, Ledger

@@ -12,7 +12,7 @@ from typing import Callable
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.planner import plan_memory
-from tuner.spec.schema import ParamSpec, StudySpec
+from tuner.config.schema import ParamSpec, StudySpec
 from tuner.study import space as space_mod
 from tuner.vocabulary import Engine, Sampler, names
 

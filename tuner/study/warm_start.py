@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tuner.lifecycle import TrialStatus
-from tuner.spec.schema import StudySpec
+from tuner.config.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.study import space as space_mod
 from tuner.study.runner import StudyRunner

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.spec import expr
-from tuner.spec.load import load_search_space, load_study, spec_hash, validate_file
+from tuner.config import expr
+from tuner.config.load import load_search_space, load_study, spec_hash, validate_file
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Study and search-space specifications (the YAML users edit), validated with pydantic v2.
 
-Every model forbids unknown keys; ``tuner.spec.load`` turns pydantic's errors into messages that
+Every model forbids unknown keys; ``tuner.config.load`` turns pydantic's errors into messages that
 name the file and the key path, with a did-you-mean for misspelt keys.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tuner.spec import expr
+from tuner.config import expr
 from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, Sampler, literal
 from tuner.workload.session import WorkloadProfile
 
@@ -166,10 +166,10 @@ class StudySpec(_Strict):
 
     def workload_profile(self) -> WorkloadProfile:
         if not isinstance(self.workload, WorkloadProfile):
-            raise RuntimeError("study workload was not resolved; load it with tuner.spec.load.load_study")
+            raise RuntimeError("study workload was not resolved; load it with tuner.config.load.load_study")
         return self.workload
 
     def space(self) -> SearchSpaceSpec:
         if not isinstance(self.search_space, SearchSpaceSpec):
-            raise RuntimeError("study search space was not resolved; load it with tuner.spec.load.load_study")
+            raise RuntimeError("study search space was not resolved; load it with tuner.config.load.load_study")
         return self.search_space

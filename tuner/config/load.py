@@ -11,9 +11,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import ConfigError
-from tuner.spec import expr
-from tuner.spec.knobs import SGLANG_KNOBS
-from tuner.spec.schema import SearchSpaceSpec, StudySpec
+from tuner.config import expr
+from tuner.config.knobs import SGLANG_KNOBS
+from tuner.config.schema import SearchSpaceSpec, StudySpec
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # repo root for a source checkout
 
