@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("study",),
     ("evaluation",),
     ("backends", "sim"),
-    ("planner", "kernels", "models"),
+    ("planner", "kernels", "tinymodels"),
     ("config", "storage"),
     ("catalog", "workload"),
     ("errors",),
@@ -67,7 +67,7 @@ STATUS_WORD_OTHER_MEANINGS = {
 
 
 # earlier names of packages, so that an older tree can be measured against the same map
-FORMER_NAMES = {"spec": "config"}
+FORMER_NAMES = {"spec": "config", "models": "tinymodels"}
 
 
 def layer_number(name: str) -> str:

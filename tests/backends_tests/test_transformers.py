@@ -71,8 +71,8 @@ def test_real_server_streams_exactly_max_tokens(tmp_path):
     from tuner.backends.process import pid_alive
     from tuner.evaluation.base import TrialRequest
     from tuner.evaluation.live import TransformersEvaluator
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model
-    from tuner.models.tokenizer import words_text
+    from tuner.tinymodels.tiny import TinyModelSpec, make_tiny_model
+    from tuner.tinymodels.tokenizer import words_text
     from tuner.backends.transformers import stream_completion
     from tuner.config.load import load_study
 

@@ -17,7 +17,7 @@ checks that the token counts the server streams equal what was asked for.
 
 The load goes to ``/v1/completions`` with text prompts (the server refuses token-id prompts) and
 without ``ignore_eos`` (it answers 422 to unknown fields); with the local models of
-``tuner.models`` every prompt word is one token and outputs always run to ``max_tokens``.
+``tuner.tinymodels`` every prompt word is one token and outputs always run to ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import BackendUnavailableError, ConfigError, TrialError
 from tuner.lifecycle import FailureClass
-from tuner.models.tiny import TinyModelSpec, make_tiny_model, spec_field_names
-from tuner.models.tokenizer import words_text
+from tuner.tinymodels.tiny import TinyModelSpec, make_tiny_model, spec_field_names
+from tuner.tinymodels.tokenizer import words_text
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def flag_args(values: Mapping[str, Any], flags: Mapping[str, ServeFlag] | None =
 def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
     """The study's ``model`` as a directory; relative paths are taken from the study's root
     (the folder above ``studies/``). With ``backend_options.make_tiny`` a missing directory is
-    created by ``tuner.models.tiny`` (built aside and renamed: concurrent trials are safe)."""
+    created by ``tuner.tinymodels.tiny`` (built aside and renamed: concurrent trials are safe)."""
     raw = Path(str(study.model)).expanduser()
     if not raw.is_absolute():
         root = Path.cwd()

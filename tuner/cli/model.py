@@ -41,7 +41,7 @@ def make_tiny(directory, device, as_json, **kw):
     Every prompt word `w<i>` is one token, and generation always runs to max_tokens (the
     end-of-sequence id has no logit). Nothing is fetched from a hub.
     """
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model
+    from tuner.tinymodels.tiny import TinyModelSpec, make_tiny_model
 
     spec = TinyModelSpec(
         arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"],

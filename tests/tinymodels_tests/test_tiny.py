@@ -11,8 +11,8 @@ pytest.importorskip("transformers")
 
 from tests.conftest import run_cli  # noqa: E402
 from tuner.errors import ConfigError  # noqa: E402
-from tuner.models.tiny import TinyModelSpec, build_config, make_tiny_model  # noqa: E402
-from tuner.models.tokenizer import words_text  # noqa: E402
+from tuner.tinymodels.tiny import TinyModelSpec, build_config, make_tiny_model  # noqa: E402
+from tuner.tinymodels.tokenizer import words_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")

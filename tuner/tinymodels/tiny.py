@@ -2,7 +2,7 @@
 
 ``make_tiny_model(out_dir, TinyModelSpec(arch="qwen3_moe", layers=2, ...))`` writes a directory
 that ``transformers serve`` (or any ``from_pretrained``) loads: config, seeded random weights
-(safetensors), the word-level tokenizer of ``tuner.models.tokenizer`` and a generation config.
+(safetensors), the word-level tokenizer of ``tuner.tinymodels.tokenizer`` and a generation config.
 
 Why the outputs are always ``max_tokens`` long: the end-of-sequence id is ``words``, one past the
 model's ``vocab_size``, so no logit exists for it and generation can only stop at the length limit.
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.models.tokenizer import save_tokenizer
+from tuner.tinymodels.tokenizer import save_tokenizer
 
 ARCHS = ("qwen3_moe", "deepseek_v3", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
