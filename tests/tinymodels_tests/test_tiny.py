@@ -11,14 +11,14 @@ pytest.importorskip("transformers")
 
 from tests.conftest import run_cli  # noqa: E402
 from tuner.errors import ConfigError  # noqa: E402
-from tuner.tinymodels.tiny import TinyModelSpec, build_config, make_tiny_model  # noqa: E402
+from tuner.tinymodels.tiny import TinyModelShape, build_config, make_tiny_model  # noqa: E402
 from tuner.tinymodels.tokenizer import words_text  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory):
     out = tmp_path_factory.mktemp("m") / "qwen3_moe"
-    summary = make_tiny_model(out, TinyModelSpec(arch="qwen3_moe", words=500, seed=3))
+    summary = make_tiny_model(out, TinyModelShape(arch="qwen3_moe", words=500, seed=3))
     return out, summary
 
 
@@ -54,9 +54,9 @@ def test_same_seed_same_weights(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    a = make_tiny_model(tmp_path / "a", TinyModelSpec(arch="llama", seed=5))
-    b = make_tiny_model(tmp_path / "b", TinyModelSpec(arch="llama", seed=5))
-    c = make_tiny_model(tmp_path / "c", TinyModelSpec(arch="llama", seed=6))
+    a = make_tiny_model(tmp_path / "a", TinyModelShape(arch="llama", seed=5))
+    b = make_tiny_model(tmp_path / "b", TinyModelShape(arch="llama", seed=5))
+    c = make_tiny_model(tmp_path / "c", TinyModelShape(arch="llama", seed=6))
     wa, wb, wc = (load_file(f"{s['dir']}/model.safetensors") for s in (a, b, c))
     key = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(wa[key], wb[key])
@@ -64,7 +64,7 @@ def test_same_seed_same_weights(tmp_path):
 
 
 def test_deepseek_v3_is_mla_moe():
-    cfg = build_config(TinyModelSpec(arch="deepseek_v3", layers=3, dense_layers=1, kv_lora_rank=24))
+    cfg = build_config(TinyModelShape(arch="deepseek_v3", layers=3, dense_layers=1, kv_lora_rank=24))
     assert cfg.model_type == "deepseek_v3"
     assert cfg.kv_lora_rank == 24 and cfg.first_k_dense_replace == 1
     assert cfg.num_key_value_heads == cfg.num_attention_heads
@@ -72,9 +72,9 @@ def test_deepseek_v3_is_mla_moe():
 
 def test_bad_spec_names_the_key():
     with pytest.raises(ConfigError, match="arch.*valid: qwen3_moe, deepseek_v3, llama"):
-        TinyModelSpec(arch="gpt9").validate()
+        TinyModelShape(arch="gpt9").validate()
     with pytest.raises(ConfigError, match="kv_heads"):
-        TinyModelSpec(arch="llama", heads=4, kv_heads=3).validate()
+        TinyModelShape(arch="llama", heads=4, kv_heads=3).validate()
 
 
 def test_cli_make_tiny(tmp_path):

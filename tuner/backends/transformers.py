@@ -43,7 +43,7 @@ from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices
 from tuner.backends.process import LaunchSpec, free_port
 from tuner.errors import BackendUnavailableError, ConfigError, TrialError
 from tuner.lifecycle import FailureClass
-from tuner.tinymodels.tiny import TinyModelSpec, make_tiny_model, spec_field_names
+from tuner.tinymodels.tiny import TinyModelShape, make_tiny_model, spec_field_names
 from tuner.tinymodels.tokenizer import words_text
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
         raise ConfigError(f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(spec_field_names())}",
                           key="backend_options.make_tiny")
     tmp = model_dir.with_name(f".{model_dir.name}.{os.getpid()}.{time.monotonic_ns()}")
-    make_tiny_model(tmp, TinyModelSpec(**spec_opts), device=str(options.get("make_tiny_device", "cpu")))
+    make_tiny_model(tmp, TinyModelShape(**spec_opts), device=str(options.get("make_tiny_device", "cpu")))
     try:
         os.rename(tmp, model_dir)
     except OSError:  # another trial made it first

@@ -1,6 +1,6 @@
 """Random-weight local models of real architectures, for end-to-end runs without downloads.
 
-``make_tiny_model(out_dir, TinyModelSpec(arch="qwen3_moe", layers=2, ...))`` writes a directory
+``make_tiny_model(out_dir, TinyModelShape(arch="qwen3_moe", layers=2, ...))`` writes a directory
 that ``transformers serve`` (or any ``from_pretrained``) loads: config, seeded random weights
 (safetensors), the word-level tokenizer of ``tuner.tinymodels.tokenizer`` and a generation config.
 
@@ -24,7 +24,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
-class TinyModelSpec:
+class TinyModelShape:
     """Shape of the model. Fields that an architecture does not use are ignored for it."""
 
     arch: str = "qwen3_moe"
@@ -74,7 +74,7 @@ class TinyModelSpec:
                               key="dense_layers")
 
 
-def build_config(spec: TinyModelSpec):
+def build_config(spec: TinyModelShape):
     """The transformers config object of ``spec`` (no weights)."""
     spec.validate()
     common = dict(
@@ -132,7 +132,7 @@ def build_config(spec: TinyModelSpec):
     )
 
 
-def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec, *, device: str = "cpu") -> dict:
+def make_tiny_model(out_dir: str | Path, spec: TinyModelShape, *, device: str = "cpu") -> dict:
     """Build, randomly initialise (seeded) and save the model; return a summary dict.
 
     ``device`` is where the weights are initialised ("cuda" makes multi-billion-parameter models in
@@ -181,4 +181,4 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec, *, device: str = "
 
 
 def spec_field_names() -> list[str]:
-    return [f.name for f in fields(TinyModelSpec)]
+    return [f.name for f in fields(TinyModelShape)]
