@@ -33,7 +33,7 @@ from typing import Any
 
 import tuner
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
+from tuner.backends.process import ServerLaunch, free_port
 from tuner.catalog import get_model
 from tuner.errors import ConfigError
 from tuner.planner import parse_layout
@@ -135,7 +135,7 @@ class ServeSimBackend(ProcessBackend):
             env["CUDA_VISIBLE_DEVICES"] = cuda
         if fault == "port_in_use":
             _squat(request.trial_number, port)
-        spec = LaunchSpec(
+        spec = ServerLaunch(
             name="serve-sim",
             argv=argv,
             port=port,

@@ -24,7 +24,7 @@ import yaml
 
 from tuner.backends import moe_configs
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
+from tuner.backends.process import ServerLaunch, free_port
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang_flags import FlagSet, load_flagset, parse_extra_args
 from tuner.catalog import get_gpu, get_model
@@ -277,7 +277,7 @@ class SGLangBackend(ProcessBackend):
 
         command = server_command(options)
         user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
-        servers: list[LaunchSpec] = []
+        servers: list[ServerLaunch] = []
         used_ports: list[int] = []
         per = topo.tp_size * int(flags.get("pp-size") or 1)
         for i in range(topo.replicas_as_processes):
@@ -288,7 +288,7 @@ class SGLangBackend(ProcessBackend):
             # each replica needs its own distributed-init port
             overrides = {"nccl-port": free_port(host, avoid=used_ports)} if topo.replicas_as_processes > 1 else {}
             used_ports.extend(overrides.values())
-            servers.append(LaunchSpec(
+            servers.append(ServerLaunch(
                 name=f"sglang{i}" if topo.replicas_as_processes > 1 else "sglang",
                 argv=sglang_argv(config_path, model_path, host, port, command=command,
                                  extra_args=extra, override_flags=overrides),
@@ -298,7 +298,7 @@ class SGLangBackend(ProcessBackend):
         router = None
         if topo.uses_router:
             rport = free_port(host, avoid=used_ports)
-            router = LaunchSpec(
+            router = ServerLaunch(
                 name="router",
                 argv=router_argv([s.base_url for s in servers], topo.router_policy, host, rport,
                                  dp_aware=topo.dp_aware, python=options.get("router_python"),

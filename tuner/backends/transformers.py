@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
+from tuner.backends.process import ServerLaunch, free_port
 from tuner.errors import BackendUnavailableError, ConfigError, TrialError
 from tuner.lifecycle import FailureClass
 from tuner.tinymodels.tiny import TinyModelShape, make_tiny_model, spec_field_names
@@ -325,7 +325,7 @@ class TransformersBackend(ProcessBackend):
             env.update(cuda_visible_devices(request.gpu_ids))
         if options.get("threads"):
             env["OMP_NUM_THREADS"] = str(int(options["threads"]))
-        spec = LaunchSpec(
+        spec = ServerLaunch(
             name="transformers",
             argv=argv,
             port=port,
