@@ -32,7 +32,7 @@ class Checkpoint(BaseModel):
     unquantized: tuple[ModuleKind, ...] = ()
 
 
-class ModelSpec(BaseModel):
+class ModelDescription(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     display_name: str
@@ -125,9 +125,9 @@ def _raw(kind: str) -> dict:
 
 
 @lru_cache(maxsize=None)
-def models() -> dict[str, ModelSpec]:
+def models() -> dict[str, ModelDescription]:
     raw = _raw("models")
-    out: dict[str, ModelSpec] = {}
+    out: dict[str, ModelDescription] = {}
     for name, entry in raw.items():
         entry = dict(entry)
         base = entry.pop("same_as", None)
@@ -135,7 +135,7 @@ def models() -> dict[str, ModelSpec]:
             merged = dict(raw[base])
             merged.update(entry)
             entry = merged
-        out[name] = ModelSpec(name=name, **entry)
+        out[name] = ModelDescription(name=name, **entry)
     return out
 
 
@@ -150,7 +150,7 @@ def _suggest(name: str, valid) -> str:
     return f"{hint}; valid: {', '.join(sorted(valid))}"
 
 
-def get_model(name: str) -> ModelSpec:
+def get_model(name: str) -> ModelDescription:
     table = models()
     key = name.lower()
     if key not in table:
