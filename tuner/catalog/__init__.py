@@ -86,7 +86,7 @@ class ModelDescription(BaseModel):
         return self.checkpoints[quantization]
 
 
-class GPUSpec(BaseModel):
+class GPUDescription(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     display_name: str
@@ -140,8 +140,8 @@ def models() -> dict[str, ModelDescription]:
 
 
 @lru_cache(maxsize=None)
-def gpus() -> dict[str, GPUSpec]:
-    return {name: GPUSpec(name=name, **entry) for name, entry in _raw("gpus").items()}
+def gpus() -> dict[str, GPUDescription]:
+    return {name: GPUDescription(name=name, **entry) for name, entry in _raw("gpus").items()}
 
 
 def _suggest(name: str, valid) -> str:
@@ -158,7 +158,7 @@ def get_model(name: str) -> ModelDescription:
     return table[key]
 
 
-def get_gpu(name: str) -> GPUSpec:
+def get_gpu(name: str) -> GPUDescription:
     table = gpus()
     key = name.lower()
     if key not in table:

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.catalog import GPUSpec, ModelDescription, get_gpu, get_model
+from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError
 from tuner.lifecycle import FailureClass
 
@@ -106,7 +106,7 @@ def _prefill_capture_sizes(chunked: int) -> int:
 
 
 def default_mem_fraction_static(
-    model: ModelDescription, gpu: GPUSpec, layout: ParallelLayout, flags: dict[str, Any]
+    model: ModelDescription, gpu: GPUDescription, layout: ParallelLayout, flags: dict[str, Any]
 ) -> tuple[float, float, int, int]:
     """SGLang's ``handle_gpu_memory_settings``: (mem_fraction_static, reserved MiB,
     chunked_prefill_size before the attention-DP division, decode max_bs)."""
@@ -147,7 +147,7 @@ def default_mem_fraction_static(
     return round((gpu_mem - reserved) / gpu_mem, 3), reserved, chunked, max_bs
 
 
-def kv_cache_dtype(model: ModelDescription, gpu: GPUSpec, flags: dict[str, Any]) -> str:
+def kv_cache_dtype(model: ModelDescription, gpu: GPUDescription, flags: dict[str, Any]) -> str:
     value = str(flags.get("kv-cache-dtype") or "auto")
     if value not in KV_DTYPES:
         raise ConfigError(f"unknown kv-cache-dtype {value!r}; valid: {', '.join(KV_DTYPES)}", key="kv-cache-dtype")
@@ -175,7 +175,7 @@ def speculative_draft_layers(model: ModelDescription, flags: dict[str, Any]) -> 
     return 0
 
 
-def kv_cell_bytes(model: ModelDescription, gpu: GPUSpec, layout: ParallelLayout, dtype: str, draft_layers: int) -> int:
+def kv_cell_bytes(model: ModelDescription, gpu: GPUDescription, layout: ParallelLayout, dtype: str, draft_layers: int) -> int:
     """Bytes of KV per token on one GPU (``_compute_cell_size``)."""
     layers = model.num_layers
     if model.attention == "dsa":
@@ -199,7 +199,7 @@ def kv_cell_bytes(model: ModelDescription, gpu: GPUSpec, layout: ParallelLayout,
     return int(math.ceil(cell + cell * draft_layers / layers))
 
 
-def page_size(model: ModelDescription, gpu: GPUSpec, flags: dict[str, Any]) -> int:
+def page_size(model: ModelDescription, gpu: GPUDescription, flags: dict[str, Any]) -> int:
     if model.attention == "dsa":
         return 64
     user = flags.get("page-size")
@@ -214,7 +214,7 @@ def page_size(model: ModelDescription, gpu: GPUSpec, flags: dict[str, Any]) -> i
 
 def plan_memory(
     model: ModelDescription | str,
-    gpu: GPUSpec | str,
+    gpu: GPUDescription | str,
     gpus: int,
     flags: dict[str, Any],
     *,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.catalog import GPUSpec, ModelDescription, get_gpu, get_model
+from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
 from tuner.lifecycle import FailureClass
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
@@ -37,7 +37,7 @@ DRAIN_LIMIT_S = 600.0
 MULTI_REPLICA_JUMP_S = 0.05
 
 
-def build_step_model(model: ModelDescription, gpu: GPUSpec, plan, layout, flags: dict, knobs: dict, cal: dict,
+def build_step_model(model: ModelDescription, gpu: GPUDescription, plan, layout, flags: dict, knobs: dict, cal: dict,
                      gpus_per_node: int) -> StepTimeModel:
     tiles = (knobs or {}).get("moe-tile-configs") or "default"
     if tiles not in ("default", "tuned"):
@@ -118,7 +118,7 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration)
 
 def simulate_load_point(
     model: ModelDescription | str,
-    gpu: GPUSpec | str,
+    gpu: GPUDescription | str,
     gpus: int,
     flags: dict[str, Any],
     knobs: dict[str, Any] | None,

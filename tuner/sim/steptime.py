@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.catalog import Checkpoint, GPUSpec, ModelDescription
+from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.planner.parallel import ParallelLayout
 from tuner.planner.weights import BYTES_PER_PARAM, weight_bytes_per_gpu
 
@@ -40,7 +40,7 @@ class RankWork:
 
 
 class StepTimeModel:
-    def __init__(self, model: ModelDescription, gpu: GPUSpec, ckpt: Checkpoint, layout: ParallelLayout,
+    def __init__(self, model: ModelDescription, gpu: GPUDescription, ckpt: Checkpoint, layout: ParallelLayout,
                  cell_bytes: int, calibration: dict, *, gpus_per_node: int, moe_tiles: str = "default",
                  cuda_graph_max_bs: int = 512, decode_graph: bool = True, with_mtp: bool = False):
         self.m, self.gpu, self.layout, self.cal = model, gpu, layout, calibration
