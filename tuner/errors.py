@@ -1,10 +1,12 @@
-"""Exception tree. No tuner imports here.
+"""Exception tree. It imports only the failure classes (tuner.lifecycle) a TrialError carries.
 
 UserError and its subclasses print ``Error: <what>`` and exit 2 (bad input) or 1.
 TrialError is a failed trial: recorded, never fatal to a study.
 """
 
 from __future__ import annotations
+
+from tuner.lifecycle import FailureClass
 
 
 class TunerError(Exception):
@@ -53,12 +55,14 @@ class BackendUnavailableError(UserError):
 class TrialError(TunerError):
     """A trial failed: the server could not start, crashed, hung or ran out of memory.
 
-    ``failure_class`` is one of FAILURE_CLASSES.
+    ``failure_class`` is a FailureClass (or its value).
     """
 
-    def __init__(self, failure_class: str, reason: str, *, log_path: str | None = None):
-        if failure_class not in FAILURE_CLASSES:
-            raise ValueError(f"unknown failure class {failure_class!r}")
+    def __init__(self, failure_class: FailureClass | str, reason: str, *, log_path: str | None = None):
+        try:
+            failure_class = FailureClass(failure_class)
+        except ValueError:
+            raise ValueError(f"unknown failure class {failure_class!r}") from None
         self.failure_class = failure_class
         self.reason = reason
         self.log_path = log_path
@@ -71,16 +75,3 @@ class TrialError(TunerError):
 def _rebuild_trial_error(failure_class, reason, log_path):
     return TrialError(failure_class, reason, log_path=log_path)
 
-
-FAILURE_CLASSES = (
-    "infeasible",  # planner predicts it cannot fit / invalid combination
-    "oom",  # out of memory at start or during the run
-    "exit_at_start",  # server process exited before it became ready
-    "startup_timeout",  # server did not become ready in time
-    "crash",  # server died during the replay
-    "hang",  # server stopped producing tokens
-    "port_in_use",  # the server's port was taken
-    "replay_invalid",  # too many request errors for the measurement to count
-    "interrupted",  # the tuner process died mid-trial (found on resume)
-    "internal",  # a bug in tuner itself
-)

@@ -15,7 +15,7 @@ import pytest
 
 from tuner.backends.base import LaunchPlan, ProcessBackend
 from tuner.backends.process import (
-    LaunchSpec, ProcessStack, ServerProcess, classify_log, free_port, identify, pid_alive, reap_pids,
+    ServerLaunch, ProcessStack, ServerProcess, classify_log, free_port, identify, pid_alive, reap_pids,
 )
 from tuner.errors import TrialError
 from tuner.evaluation.base import TrialRequest
@@ -27,14 +27,14 @@ FAKE = str(Path(__file__).with_name("fake_server.py"))
 
 def spec(tmp_path, mode="ok", *, after=1.0, timeout=10.0, extra=(), port=None, name="fake"):
     port = port or free_port()
-    return LaunchSpec(
+    return ServerLaunch(
         name=name, argv=[sys.executable, FAKE, "--port", str(port), "--mode", mode, "--after", str(after), *extra],
         port=port, log_path=str(tmp_path / f"{name}-{mode}.log"), ready_paths=("/ready", "/health"),
         startup_timeout_s=timeout, ready_poll_interval_s=0.05, ready_request_timeout_s=2.0,
     )
 
 
-def start_failure(s: LaunchSpec) -> TrialError:
+def start_failure(s: ServerLaunch) -> TrialError:
     server = ServerProcess(s)
     try:
         server.start()
@@ -117,7 +117,7 @@ def test_classify_log_patterns():
 
 def test_argv_must_be_a_list(tmp_path):
     with pytest.raises(ValueError):
-        ServerProcess(LaunchSpec("x", "python -m http.server", 1, str(tmp_path / "x.log")))
+        ServerProcess(ServerLaunch("x", "python -m http.server", 1, str(tmp_path / "x.log")))
 
 
 # ---- reap by recorded PID -----------------------------------------------------------------
@@ -128,7 +128,7 @@ def _sleeper(tag: str) -> subprocess.Popen:
 
 
 def test_reap_kills_only_the_recorded_process():
-    ours = ServerProcess(LaunchSpec("s", [sys.executable, "-c", "import time; time.sleep(60)", "fake_server"],
+    ours = ServerProcess(ServerLaunch("s", [sys.executable, "-c", "import time; time.sleep(60)", "fake_server"],
                                     free_port(), "/dev/null", ready_paths=()))
     ours.start()
     stranger = _sleeper("fake_server")  # same name, not started by us

@@ -77,7 +77,7 @@ def test_config_yaml_refuses_boolean_optional_and_unknown():
 
 
 def test_every_flag_tuner_can_emit_is_a_real_sglang_flag():
-    from tuner.spec.knobs import SGLANG_KNOBS
+    from tuner.config.knobs import SGLANG_KNOBS
 
     fs = load_flagset()
     assert fs.version == "0.5.23"

@@ -71,13 +71,13 @@ def test_real_server_streams_exactly_max_tokens(tmp_path):
     from tuner.backends.process import pid_alive
     from tuner.evaluation.base import TrialRequest
     from tuner.evaluation.live import TransformersEvaluator
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model
-    from tuner.models.tokenizer import words_text
+    from tuner.tinymodels.tiny import TinyModelShape, make_tiny_model
+    from tuner.tinymodels.tokenizer import words_text
     from tuner.backends.transformers import stream_completion
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     model = tmp_path / "m"
-    make_tiny_model(model, TinyModelSpec(arch="qwen3_moe", words=300))
+    make_tiny_model(model, TinyModelShape(arch="qwen3_moe", words=300))
     study = load_study("studies/tiny-cpu.yaml").model_copy(update={"model": str(model)})
     req = TrialRequest(study=study, trial_number=0, flags={"continuous-batching": True, "cb-num-blocks": 64},
                        workdir=str(tmp_path / "run"))
@@ -101,7 +101,7 @@ def test_cpu_continuous_batching_needs_a_cache_bound(tmp_path):
     from tuner.backends.transformers import TransformersBackend
     from tuner.errors import TrialError
     from tuner.evaluation.base import TrialRequest
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     ok, _ = TransformersBackend().availability()
     if not ok:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tuner.bench.fidelity import extra_args_to_flags, run_fidelity
 from tuner.cli import cli
 from tuner.sim import simulate_load_point
-from tuner.spec.load import load_study
+from tuner.config.load import load_study
 from tuner.storage import db, repo
 
 STUDY = """

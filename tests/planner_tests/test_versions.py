@@ -104,7 +104,7 @@ def test_start_up_out_of_memory_in_the_triton_graph_state_is_predicted():
 def test_simulator_reports_the_start_up_oom_as_an_oom_trial():
     from tuner.errors import TrialError
     from tuner.sim import simulate_load_point
-    from tuner.sim.bench import CODING_AGENT
+    from tuner.bench.simulator_cost import CODING_AGENT
 
     with pytest.raises(TrialError) as exc:
         simulate_load_point("deepseek-v3-5l", "h200", 1, DS5, {}, CODING_AGENT, 2, warmup_s=5, duration_s=5,

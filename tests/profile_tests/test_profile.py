@@ -116,7 +116,7 @@ def test_a_profile_of_another_sglang_version_is_used_when_it_is_the_only_one(tmp
 
 def test_simulator_output_says_where_step_times_came_from(tmp_path, monkeypatch):
     from tuner.sim import simulate_load_point
-    from tuner.sim.bench import CODING_AGENT
+    from tuner.bench.simulator_cost import CODING_AGENT
 
     def run():
         return simulate_load_point("qwen3-30b-a3b", "h200", 1, QWEN, {}, CODING_AGENT, 2, warmup_s=10,

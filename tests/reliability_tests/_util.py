@@ -162,10 +162,11 @@ def free_port() -> int:
 
 
 def trial_rows(db: Path, study: str) -> dict[int, dict]:
-    rows = query(db, "SELECT trial_number, status, failure_class, failure_reason, capacity_users, pids, telemetry "
-                     "FROM tuner_trials WHERE study_name=? ORDER BY trial_number", (study,))
+    rows = query(db, "SELECT trial_number, status, failure_class, failure_reason, capacity_users, pids, telemetry, "
+                     "launched FROM tuner_trials WHERE study_name=? ORDER BY trial_number", (study,))
     return {r[0]: {"status": r[1], "failure_class": r[2], "failure_reason": r[3], "capacity_users": r[4],
-                   "pids": json.loads(r[5] or "[]"), "telemetry": json.loads(r[6] or "{}")} for r in rows}
+                   "pids": json.loads(r[5] or "[]"), "telemetry": json.loads(r[6] or "{}"), "launched": bool(r[7])}
+            for r in rows}
 
 
 def tuner_run(args: list[str], cwd: Path) -> tuple[int, str, str]:

@@ -122,7 +122,7 @@ def kill_and_resume(tmp, *, ray_address: str | None = None, cluster_mark: str | 
         assert not lost, f"measurements lost: {lost}"
 
         # the budget counts the interrupted trial; the study went on to it
-        launched = [t for t in after.values() if not t["telemetry"].get("not_launched")]
+        launched = [t for t in after.values() if t["launched"]]
         assert len(launched) == BUDGET
         assert outcome["best_capacity_users"] is not None
         assert query(db, "SELECT status FROM tuner_studies WHERE name=?", (name,))[0][0] == "finished"

@@ -101,12 +101,12 @@ def test_gpu_trials_are_placed_on_free_gpus_of_the_right_node(cluster, tmp_path)
         r = run_tuner(["study", "start", str(study), "--storage", f"sqlite:///{db}", "--ray-address", c.address,
                        "--parallel", "4", "--json"], cwd=tmp_path, env=tuner_env(mark), timeout=240)
         assert r.returncode == 0, r.stderr[-3000:]
-        rows = query(db, "SELECT trial_number, status, params, gpu_ids, telemetry, started_at, finished_at "
+        rows = query(db, "SELECT trial_number, status, params, gpu_ids, telemetry, started_at, finished_at, launched "
                          "FROM tuner_trials WHERE study_name='gpus'")
         placed = []
-        for number, status, params, gpu_ids, telemetry, started, finished in rows:
+        for number, status, params, gpu_ids, telemetry, started, finished, launched in rows:
             tel, params, gpu_ids = json.loads(telemetry or "{}"), json.loads(params), json.loads(gpu_ids or "[]")
-            if tel.get("not_launched"):
+            if not launched:
                 continue
             assert status in ("complete", "pruned"), (number, status, tel)
             tp = params["tp-size"]

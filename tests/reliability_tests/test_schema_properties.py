@@ -25,8 +25,8 @@ from pydantic import BaseModel, ValidationError
 from tests.reliability_tests._util import TINY_WORKLOAD
 from tuner import limits, paths, safeyaml
 from tuner.errors import ConfigError
-from tuner.spec import expr
-from tuner.spec.schema import (
+from tuner.config import expr
+from tuner.config.schema import (
     CapacitySpec, HardwareSpec, MeasurementSpec, ParamSpec, SearchSpaceSpec, SLOSpec, StudySpec,
 )
 from tuner.workload.session import LogNormal, WorkloadProfile

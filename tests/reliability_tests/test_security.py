@@ -53,17 +53,17 @@ def test_the_scan_finds_a_shell_call(tmp_path):
 
 
 def test_server_process_refuses_a_command_string():
-    from tuner.backends.process import LaunchSpec, ServerProcess
+    from tuner.backends.process import ServerLaunch, ServerProcess
 
     with pytest.raises(ValueError, match="argv must be a non-empty list"):
-        ServerProcess(LaunchSpec(name="x", argv="sglang serve --port 1; rm -rf /", port=1, log_path="/dev/null"))
+        ServerProcess(ServerLaunch(name="x", argv="sglang serve --port 1; rm -rf /", port=1, log_path="/dev/null"))
 
 
 def test_shell_metacharacters_reach_the_server_as_plain_arguments(tmp_path):
-    from tuner.backends.process import LaunchSpec, ServerProcess
+    from tuner.backends.process import ServerLaunch, ServerProcess
 
     evil = [f"a; touch {tmp_path}/pwned1", f"$(touch {tmp_path}/pwned2)", f"`touch {tmp_path}/pwned3`", "*"]
-    spec = LaunchSpec(name="echo", argv=[sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))",
+    spec = ServerLaunch(name="echo", argv=[sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))",
                                          *evil], port=free_port(), log_path=str(tmp_path / "echo.log"))
     server = ServerProcess(spec).start()
     server.proc.wait(timeout=30)
@@ -101,7 +101,7 @@ def test_valid_extra_arguments_stay_one_argv_element_each(tmp_path):
     """A value with shell syntax is accepted as a value and passed as a single argument."""
     from tuner.backends.sglang import SGLangBackend
     from tuner.evaluation.base import TrialRequest
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     evil = f"info; touch {tmp_path}/pwned"
     study = load_study(str(_study_with(tmp_path, {"extra_server_args": ["--log-level", evil]})))

@@ -20,7 +20,7 @@ def small_spec(tmp: Path, name: str = "rep", trials: int = 8) -> Path:
 
 
 def make_runner(tmp: Path, storage: str, name: str = "rep", trials: int = 8):
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
     from tuner.study.runner import StudyRunner
 
     fake_backend.register()

@@ -4,7 +4,7 @@ import pytest
 
 from tuner.errors import TrialError
 from tuner.sim import simulate_load_point
-from tuner.sim.bench import CODING_AGENT
+from tuner.bench.simulator_cost import CODING_AGENT
 
 # the coding-agent shape of the brief (5k prefix, 8k first turn, ~1.2k new tokens per turn up to
 # 20k, 300 output, 15 turns up to 40, 10 s think time), shared with the CPU-cost benchmark

@@ -114,7 +114,12 @@ def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr(calmod, "CALIBRATION_DIR", src)
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"16": {"default_us": 30, "found_us": 20}}))
-    calmod.main(["--summary", str(summary), "--gpu", "h200"])
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibration", "refit", "--summary", str(summary), "--gpu", "h200"])
+    assert r.exit_code == 0, r.output
     assert load_calibration("h200")["moe_tuned_speedup"] == {16: 1.5}
 
 
@@ -152,10 +157,9 @@ def test_sim_evaluator_deploys_and_measures():
 
     study = SimpleNamespace(
         model="glm-5.1", hardware=SimpleNamespace(gpu="h200", gpus_per_node=8, nodes=1, host_memory_gb=2048),
-        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=200))
+        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=50))
     ev = SimEvaluator()
-    req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"},
-                       fidelity=0.25)
+    req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"})
     assert ev.kind == "simulator" and ev.gpus_needed(req) == 0
     with ev.deploy(req) as dep:
         assert dep.predicted_kv_capacity_tokens_total == plan_memory("glm-5.1", "h200", 8, FP4_DP8).kv_capacity_tokens_total

@@ -8,39 +8,14 @@ Each PostgreSQL test gets a database of its own, created on the server and dropp
 from __future__ import annotations
 
 import json
-import os
-import uuid
 
 import pytest
 import yaml
 
 from tests.conftest import REPO, run_cli
+from tests.storage_tests.pg import PG_URL, fresh_pg_database, needs_pg
 from tuner.storage import db, repo
 from tuner.workload.metrics import RequestRecord, aggregate
-
-PG_URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
-needs_pg = pytest.mark.skipif(not PG_URL, reason="TUNER_TEST_POSTGRES_URL is not set (tests/run.sh starts a "
-                                                 "PostgreSQL server on loopback and sets it)")
-
-
-def _fresh_pg_database():
-    """(url of a new empty database, drop function)."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    admin = make_url(PG_URL)
-    name = f"tuner_{uuid.uuid4().hex[:12]}"
-    conninfo = dict(host=admin.host, port=admin.port or 5432, user=admin.username, password=admin.password,
-                    dbname=admin.database)
-    with psycopg.connect(**conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop():
-        db.get_engine.cache_clear()
-        with psycopg.connect(**conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return admin.set(database=name).render_as_string(hide_password=False), drop
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=needs_pg)])
@@ -48,7 +23,7 @@ def storage_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/tuner.db"
         return
-    url, drop = _fresh_pg_database()
+    url, drop = fresh_pg_database()
     try:
         yield url
     finally:

@@ -3,7 +3,7 @@ with the reason; it never fails the study."""
 
 from __future__ import annotations
 
-from tuner.spec.schema import SearchSpaceSpec
+from tuner.config.schema import SearchSpaceSpec
 from tuner.study import space as space_mod
 
 ENV = {"gpus": 8, "gpus_per_node": 8, "nodes": 1}

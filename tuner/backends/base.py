@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.backends.process import LaunchSpec
+from tuner.backends.process import ServerLaunch
 
 
 @dataclass
@@ -37,8 +37,8 @@ class LaunchPlan:
     plan wrote (config YAML, MoE config dir), for the trial record.
     """
 
-    servers: list[LaunchSpec]
-    router: LaunchSpec | None = None
+    servers: list[ServerLaunch]
+    router: ServerLaunch | None = None
     api: str = "completions"  # replay API: "completions" or "chat"
     served_model: str | None = None  # "model" field of requests (None: server default)
     vocab_size: int = 32000  # token ids the replay may draw
@@ -54,7 +54,7 @@ class LaunchPlan:
         return front.base_url
 
     @property
-    def all_specs(self) -> list[LaunchSpec]:
+    def all_specs(self) -> list[ServerLaunch]:
         return [*self.servers, *([self.router] if self.router else [])]
 
 

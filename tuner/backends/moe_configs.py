@@ -29,10 +29,18 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import ConfigError
+from tuner.kernels.configfile import moe_config_filename, read_configs
+from tuner.kernels.shapes import moe_shape
+from tuner.kernels.sglang_layout import parse_gemm_config_filename
+from tuner.kernels.configfile import read_configs
+from tuner.kernels.sglang_env import installed_sglang, sglang_at
+from tuner.kernels.gemm_shapes import gemm_shapes
+from tuner.kernels.sglang_layout import gemm_config_filename
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +81,6 @@ def config_file_name(E: int, N: int, device_name: str, dtype: str | None = None,
                      block_shape: Iterable[int] | None = None, per_channel_quant: bool = False,
                      down: bool = False) -> str:
     """SGLang 0.5.23's ``get_config_file_name`` (one implementation, in tuner.kernels.configfile)."""
-    from tuner.kernels.configfile import moe_config_filename
-
     return moe_config_filename(E, N, device_name, dtype, tuple(block_shape) if block_shape else None,
                                per_channel_quant, down)
 
@@ -103,8 +109,6 @@ def trial_config_keys(model, gpu, weight_format: str, *, tp_size: int, ep_size: 
     """
     if weight_format not in _TRITON_WEIGHT_DTYPE:
         return []  # e.g. nvfp4 runs flashinfer/cutlass MoE kernels, not the Triton ones
-    from tuner.kernels.shapes import moe_shape
-
     dtype, block = _TRITON_WEIGHT_DTYPE[weight_format]
     shape = moe_shape(model.name, tp_size, ep_size, dtype or "bf16", block,
                       disable_shared_experts_fusion=not shared_experts_fusion)
@@ -129,8 +133,6 @@ def installed_sglang_config_root() -> Path | None:
 
 def installed_triton_version() -> str | None:
     try:
-        from importlib.metadata import version
-
         return version("triton")
     except Exception:
         return None
@@ -159,8 +161,6 @@ def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
     ``required`` keys missing from the tuned files are logged (SGLang then uses shipped or default
     tiles for them), so a "tuned" trial that tunes nothing is visible in the log.
     """
-    from tuner.kernels.configfile import read_configs
-
     source = Path(tuned_source)
     if not source.is_dir():
         raise ConfigError(f"tuned MoE config directory {str(source)!r} does not exist",
@@ -217,7 +217,6 @@ def env_for(moe_dir: Path | None, gemm_site: Path | None = None,
 
 
 def _tuned_gemm_files(source: Path) -> list[Path]:
-    from tuner.kernels.sglang_layout import parse_gemm_config_filename
 
     return [p for p in sorted(source.rglob("*.json")) if parse_gemm_config_filename(p.name)]
 
@@ -229,8 +228,6 @@ def prepare_trial_gemm_overlay(trial_dir: str | Path, tuned_source: str | Path, 
     Returns (None, []) when ``tuned_source`` holds no GEMM files. ``sglang_package`` is the installed
     ``.../sglang`` directory (default: the one importable here).
     """
-    from tuner.kernels.configfile import read_configs
-    from tuner.kernels.sglang_env import installed_sglang, sglang_at
 
     source = Path(tuned_source)
     tuned = _tuned_gemm_files(source) if source.is_dir() else []
@@ -322,8 +319,6 @@ def trial_gemm_file_names(model, gpu, weight_format: str, *, tp_size: int, attn_
     """The block-fp8 GEMM config files a trial's linear layers look up; [] unless fp8-block weights."""
     if weight_format != "fp8_block":
         return []
-    from tuner.kernels.gemm_shapes import gemm_shapes
-    from tuner.kernels.sglang_layout import gemm_config_filename
 
     shapes = gemm_shapes(model, tp_size, attn_tp_size=attn_tp_size,
                          disable_shared_experts_fusion=not shared_experts_fusion)

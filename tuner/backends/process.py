@@ -268,7 +268,7 @@ def reap_pids(
 
 
 @dataclass
-class LaunchSpec:
+class ServerLaunch:
     """How to start one server and how to tell it is ready.
 
     ``env`` is merged over the current environment (``None`` values remove a variable).
@@ -296,7 +296,7 @@ class LaunchSpec:
 class ServerProcess:
     """One started server. Use ``start()``, ``wait_ready()``, ``check_alive()``, ``stop()``."""
 
-    def __init__(self, spec: LaunchSpec):
+    def __init__(self, spec: ServerLaunch):
         if isinstance(spec.argv, str) or not spec.argv:
             raise ValueError("argv must be a non-empty list of strings")
         self.spec = spec
@@ -563,7 +563,7 @@ class ProcessStack:
         self.servers: list[ServerProcess] = []
         self.closed = False
 
-    def start(self, spec: LaunchSpec, *, wait: bool = True) -> ServerProcess:
+    def start(self, spec: ServerLaunch, *, wait: bool = True) -> ServerProcess:
         server = ServerProcess(spec)
         self.servers.append(server)
         server.start()

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tuner.errors import ConfigError
+from tuner.vocabulary import RouterPolicy, names
 
-ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+ROUTER_POLICIES = names(RouterPolicy)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ One launch::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -30,9 +31,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import tuner
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
+from tuner.backends.process import ServerLaunch, free_port
+from tuner.catalog import get_model
 from tuner.errors import ConfigError
+from tuner.planner import parse_layout
 
 DEFAULT_STARTUP_TIMEOUT_S = 60.0
 SERVER_FAULTS = ("exit_at_start", "crash_after_s", "hang", "hang_after_s", "oom", "slow_start_s")
@@ -85,8 +89,6 @@ def _release_squatters(except_trial: int) -> None:
 
 
 def _tuner_root() -> str:
-    import tuner
-
     return str(Path(tuner.__file__).resolve().parent.parent)
 
 
@@ -94,8 +96,6 @@ class ServeSimBackend(ProcessBackend):
     kind = "serve-sim"
 
     def availability(self) -> tuple[bool, str]:
-        import importlib.util
-
         if importlib.util.find_spec("aiohttp") is None:
             return False, "aiohttp is not installed"
         return True, "simulator-timed HTTP server (tuner serve-sim)"
@@ -103,16 +103,11 @@ class ServeSimBackend(ProcessBackend):
     def gpus_needed(self, request) -> int:
         if not options_of(request.study).get("request_gpus"):
             return 0
-        from tuner.catalog import get_model
-        from tuner.planner import parse_layout
-
         layout = parse_layout(get_model(request.study.model), dict(request.flags),
                               request.study.hardware.total_gpus)
         return layout.tp * layout.dp
 
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
-        from tuner.catalog import get_model
-
         study = request.study
         opts = options_of(study)
         fault = fault_for(opts, request.trial_number)
@@ -140,7 +135,7 @@ class ServeSimBackend(ProcessBackend):
             env["CUDA_VISIBLE_DEVICES"] = cuda
         if fault == "port_in_use":
             _squat(request.trial_number, port)
-        spec = LaunchSpec(
+        spec = ServerLaunch(
             name="serve-sim",
             argv=argv,
             port=port,

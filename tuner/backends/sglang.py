@@ -19,6 +19,8 @@ model's rendered ``config.json`` and SGLang starts with ``--load-format dummy --
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -30,12 +32,19 @@ import yaml
 
 from tuner.backends import moe_configs
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
+from tuner.backends.process import ServerLaunch, free_port
 from tuner.backends.router import plan_topology, router_argv
 from tuner.catalog.sglang_flags import (
     DEFAULT_SGLANG_VERSION, FlagSet, load_flagset, parse_extra_args, resolve_version,
 )
+from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
+from tuner.lifecycle import FailureClass
+import importlib.metadata
+from tuner.config.knobs import SGLANG_KNOBS
+from tuner.backends.sglang_log import describe_death, startup_report
+from tuner.backends.sglang_log import startup_report
+from tuner.catalog.hf import write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +61,6 @@ LOAD_FORMATS = ("auto", "dummy")  # what backend_options.load_format may say
 def installed_sglang_version() -> str | None:
     """``sglang.__version__`` of the Python that launches servers here, read from its metadata
     (importing sglang would pull its torch); None where SGLang is not installed."""
-    import importlib.metadata
 
     try:
         return importlib.metadata.version("sglang")
@@ -156,7 +164,6 @@ def config_yaml_dict(flags: Mapping[str, Any], *, model_path: str | None = None,
 
 def flag_argv(info, value: Any) -> list[str]:
     """Command-line arguments for one flag and value (switches only when true)."""
-    import json
 
     if info.kind == "store_true" or (info.kind == "custom_action" and info.type == "bool"):
         return [info.cli] if value is True else []
@@ -197,8 +204,6 @@ def config_to_argv(config: Mapping[str, Any], flagset: FlagSet | None = None) ->
 
     Kept here so tests can prove the YAML reproduces the intended command line.
     """
-    import json
-
     fs = flagset or load_flagset()
     args: list[str] = []
     for key, value in config.items():
@@ -265,7 +270,7 @@ def checkpoint_for(model, quantization: str | None, options: Mapping[str, Any] |
         return str(override), match
     if match is None:
         have = sorted(str(c.sglang_quantization) for c in model.checkpoints.values())
-        raise TrialError("infeasible", f"{model.name} has no checkpoint for --quantization {quantization}; "
+        raise TrialError(FailureClass.INFEASIBLE, f"{model.name} has no checkpoint for --quantization {quantization}; "
                          f"catalog has {', '.join(have)}")
     return match.hf_id, match
 
@@ -290,8 +295,6 @@ class SGLangBackend(ProcessBackend):
     kind = "sglang"
 
     def availability(self) -> tuple[bool, str]:
-        import importlib.util
-
         try:
             found = importlib.util.find_spec("sglang") is not None
         except (ImportError, ValueError):
@@ -306,8 +309,6 @@ class SGLangBackend(ProcessBackend):
         return int(f.get("tp-size") or 1) * int(f.get("dp-size") or 1) * int(f.get("pp-size") or 1)
 
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
-        from tuner.catalog import get_gpu, get_model
-
         study = request.study
         options = dict(getattr(study, "backend_options", None) or {})
         version = sglang_version_for(options)
@@ -323,13 +324,13 @@ class SGLangBackend(ProcessBackend):
         knobs = dict(request.knobs or {})
         topo = plan_topology(flags, knobs)
         if topo.dp_size > 1 and topo.attn_dp_size > 1:
-            raise TrialError("infeasible", "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
+            raise TrialError(FailureClass.INFEASIBLE, "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
         if topo.tp_size % topo.attn_dp_size:
-            raise TrialError("infeasible", f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
+            raise TrialError(FailureClass.INFEASIBLE, f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
         need = self.gpus_needed(request)
         gpu_ids = tuple(request.gpu_ids)
         if gpu_ids and len(gpu_ids) < need:
-            raise TrialError("infeasible", f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
+            raise TrialError(FailureClass.INFEASIBLE, f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
 
         model = get_model(study.model)
         load_format = load_format_of(options)
@@ -344,7 +345,6 @@ class SGLangBackend(ProcessBackend):
         files: dict[str, str] = {}
         launch_args: list[str] = []
         if load_format == "dummy":
-            from tuner.catalog.hf import write_model_dir
 
             fmt = checkpoint.weight_format if checkpoint is not None else "bf16"
             model_dir = write_model_dir(model, fmt, trial_dir / "model")
@@ -399,7 +399,7 @@ class SGLangBackend(ProcessBackend):
 
         command = server_command(options)
         user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
-        servers: list[LaunchSpec] = []
+        servers: list[ServerLaunch] = []
         used_ports: list[int] = []
         per = topo.tp_size * int(flags.get("pp-size") or 1)
         for i in range(topo.replicas_as_processes):
@@ -410,7 +410,7 @@ class SGLangBackend(ProcessBackend):
             # each replica needs its own distributed-init port
             overrides = {"nccl-port": free_port(host, avoid=used_ports)} if topo.replicas_as_processes > 1 else {}
             used_ports.extend(overrides.values())
-            servers.append(LaunchSpec(
+            servers.append(ServerLaunch(
                 name=f"sglang{i}" if topo.replicas_as_processes > 1 else "sglang",
                 argv=sglang_argv(config_path, model_path, host, port, command=command,
                                  extra_args=[*launch_args, *cli_flags, *extra], override_flags=overrides),
@@ -420,7 +420,7 @@ class SGLangBackend(ProcessBackend):
         router = None
         if topo.uses_router:
             rport = free_port(host, avoid=used_ports)
-            router = LaunchSpec(
+            router = ServerLaunch(
                 name="router",
                 argv=router_argv([s.base_url for s in servers], topo.router_policy, host, rport,
                                  dp_aware=topo.dp_aware, python=options.get("router_python"),
@@ -442,20 +442,17 @@ class SGLangBackend(ProcessBackend):
         return [s.base_url + "/metrics" for s in plan.servers]
 
     def startup_failure_detail(self, log_text: str) -> str:
-        from tuner.backends.sglang_log import describe_death, startup_report
 
         return describe_death(startup_report(log_text, exited=True))
 
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
         """KV capacity from every server's ``/server_info`` (domain.md §C5), and what each
         server's log says about its start-up (weights, KV pool, CUDA-graph capture times)."""
-        from tuner.backends.sglang_log import startup_report
 
         infos = [try_get_json(s.base_url + "/server_info", 60.0) for s in plan.servers]
         startup = []
         for spec, info in zip(plan.servers, infos):
             if info is not None and spec.log_path:  # the whole snapshot beside the log, for the record
-                import json
 
                 try:
                     Path(spec.log_path).with_suffix(".server_info.json").write_text(
@@ -552,7 +549,6 @@ def check_study_flags(spec, *, version: str | None = None) -> str:
     ``server_flags`` and ``extra_server_args``; raises ConfigError (exit 2) naming the file, the
     key and what the version offers instead. Returns the version checked against.
     """
-    from tuner.spec.knobs import SGLANG_KNOBS
 
     options = dict(spec.backend_options or {})
     file = spec.source_path

@@ -17,11 +17,12 @@ checks that the token counts the server streams equal what was asked for.
 
 The load goes to ``/v1/completions`` with text prompts (the server refuses token-id prompts) and
 without ``ignore_eos`` (it answers 422 to unknown fields); with the local models of
-``tuner.models`` every prompt word is one token and outputs always run to ``max_tokens``.
+``tuner.tinymodels`` every prompt word is one token and outputs always run to ``max_tokens``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -39,8 +40,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
-from tuner.backends.process import LaunchSpec, free_port
-from tuner.errors import ConfigError, TrialError
+from tuner.backends.process import ServerLaunch, free_port
+from tuner.errors import BackendUnavailableError, ConfigError, TrialError
+from tuner.lifecycle import FailureClass
+from tuner.tinymodels.tiny import TinyModelShape, make_tiny_model, spec_field_names
+from tuner.tinymodels.tokenizer import words_text
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +214,7 @@ def flag_args(values: Mapping[str, Any], flags: Mapping[str, ServeFlag] | None =
 def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
     """The study's ``model`` as a directory; relative paths are taken from the study's root
     (the folder above ``studies/``). With ``backend_options.make_tiny`` a missing directory is
-    created by ``tuner.models.tiny`` (built aside and renamed: concurrent trials are safe)."""
+    created by ``tuner.tinymodels.tiny`` (built aside and renamed: concurrent trials are safe)."""
     raw = Path(str(study.model)).expanduser()
     if not raw.is_absolute():
         root = Path.cwd()
@@ -226,14 +230,12 @@ def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
         raise ConfigError(f"model directory {model_dir} has no config.json (the transformers engine serves a "
                           "local model dir; make one with `tuner model make-tiny DIR` or set "
                           "backend_options.make_tiny)", key="model")
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model, spec_field_names
-
     unknown = sorted(set(spec_opts) - set(spec_field_names()))
     if unknown:
         raise ConfigError(f"unknown field(s) {', '.join(unknown)}; valid: {', '.join(spec_field_names())}",
                           key="backend_options.make_tiny")
     tmp = model_dir.with_name(f".{model_dir.name}.{os.getpid()}.{time.monotonic_ns()}")
-    make_tiny_model(tmp, TinyModelSpec(**spec_opts), device=str(options.get("make_tiny_device", "cpu")))
+    make_tiny_model(tmp, TinyModelShape(**spec_opts), device=str(options.get("make_tiny_device", "cpu")))
     try:
         os.rename(tmp, model_dir)
     except OSError:  # another trial made it first
@@ -268,8 +270,6 @@ class TransformersBackend(ProcessBackend):
     kind = "transformers"
 
     def availability(self) -> tuple[bool, str]:
-        import importlib.util
-
         version = transformers_version()
         if version is None:
             return False, "transformers is not installed (pip install 'transformers[serving]')"
@@ -294,8 +294,6 @@ class TransformersBackend(ProcessBackend):
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
         ok, why = self.availability()
         if not ok:
-            from tuner.errors import BackendUnavailableError
-
             raise BackendUnavailableError(why)
         options = self._options(request)
         flags = dict(request.flags)
@@ -305,7 +303,7 @@ class TransformersBackend(ProcessBackend):
         if flags.get("device") == "cpu" and flags.get("continuous-batching") and \
                 flags.get("cb-num-blocks") is None and flags.get("cb-max-memory-percent") is None:
             # on CPU the paged cache is sized from host RAM (and zero-filled): most of the machine
-            raise TrialError("infeasible", "continuous batching on CPU needs cb-num-blocks or "
+            raise TrialError(FailureClass.INFEASIBLE, "continuous batching on CPU needs cb-num-blocks or "
                              "cb-max-memory-percent, else its KV cache takes most of the host memory")
         model_dir = resolve_model_dir(request.study, options)
         facts = model_facts(model_dir)
@@ -327,7 +325,7 @@ class TransformersBackend(ProcessBackend):
             env.update(cuda_visible_devices(request.gpu_ids))
         if options.get("threads"):
             env["OMP_NUM_THREADS"] = str(int(options["threads"]))
-        spec = LaunchSpec(
+        spec = ServerLaunch(
             name="transformers",
             argv=argv,
             port=port,
@@ -417,8 +415,6 @@ def warmup(base_url: str, model: str | None, prompt_tokens: int, max_tokens: int
     With ``exact`` (a tuner tiny model: one token per word, unreachable EOS) the streamed chunks,
     the usage's completion tokens and its prompt tokens must equal what was asked for.
     """
-    from tuner.models.tokenizer import words_text
-
     res = stream_completion(base_url, model, words_text(range(1, prompt_tokens + 1)), max_tokens)
     if res["error"] is not None or res["chunks"] == 0:
         raise TrialError("crash", f"warm-up request failed: {res['error'] or 'no tokens streamed'}",

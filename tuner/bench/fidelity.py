@@ -36,6 +36,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.errors import ConfigError, TrialError, UserError
+import yaml
+from tuner.config.schema import StudySpec
+from tuner.workload.profiles import load_profile
+from tuner.workload.session import WorkloadProfile
+from tuner.sim import simulate_load_point
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +156,7 @@ def _version_from_trial(trial, spec_options: dict) -> str | None:
 
 
 def points_from_database(path: Path, backends: tuple[str, ...] = REAL_BACKENDS) -> list[LoadPoint]:
-    import yaml
 
-    from tuner.spec.schema import StudySpec
     from tuner.storage import repo
     from tuner.storage.db import get_engine, has_schema
 
@@ -202,8 +205,6 @@ def _req(doc: dict, key: str, kind, path: Path, where: str = ""):
 
 
 def points_from_probe(path: Path) -> list[LoadPoint]:
-    from tuner.workload.profiles import load_profile
-    from tuner.workload.session import WorkloadProfile
 
     try:
         doc = json.loads(path.read_text())
@@ -262,7 +263,6 @@ def _meets(values: dict, p: LoadPoint) -> bool | None:
 
 
 def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibration=None) -> PointResult:
-    from tuner.sim import simulate_load_point
 
     res = PointResult(point=p, measured_meets=_meets(p.measured, p))
     try:

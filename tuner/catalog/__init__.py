@@ -9,114 +9,17 @@ from __future__ import annotations
 import difflib
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
 
 from tuner.errors import ConfigError
 
 _DATA = Path(__file__).parent
 
-ModuleKind = Literal[
-    "attention", "dense_mlp", "shared_expert", "routed_experts", "embedding", "lm_head",
-    "router", "indexer", "mtp", "norms",
-]
-
-
-class Checkpoint(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    hf_id: str
-    sglang_quantization: str | None
-    weight_format: Literal["bf16", "fp8_block", "nvfp4"]
-    unquantized: tuple[ModuleKind, ...] = ()
-
-
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    display_name: str
-    hf_id: str
-    architecture: str
-    attention: Literal["mla", "dsa", "gqa"]
-    hidden_size: int
-    num_layers: int
-    first_k_dense: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int | None = None  # gqa
-    q_lora_rank: int | None = None  # mla / dsa
-    kv_lora_rank: int | None = None
-    qk_nope_head_dim: int | None = None
-    qk_rope_head_dim: int | None = None
-    v_head_dim: int | None = None
-    intermediate_size: int
-    moe_intermediate_size: int
-    n_routed_experts: int
-    n_shared_experts: int
-    experts_per_token: int
-    index_n_heads: int | None = None  # dsa
-    index_head_dim: int | None = None
-    index_topk: int | None = None
-    mtp_layers: int = 0
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    max_context_tokens: int
-    unverified: bool = False
-    checkpoints: dict[str, Checkpoint]
-    hf_config_json: str | None = None  # the config.json it was read from (None: a catalog entry)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_routed_experts > 0
-
-    @property
-    def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_k_dense if self.is_moe else 0
-
-    @property
-    def is_mla(self) -> bool:
-        return self.attention in ("mla", "dsa")
-
-    def checkpoint(self, quantization: str) -> Checkpoint:
-        if quantization not in self.checkpoints:
-            raise ConfigError(
-                f"model {self.name!r} has no {quantization!r} checkpoint; valid: {sorted(self.checkpoints)}",
-                key="quantization",
-            )
-        return self.checkpoints[quantization]
-
-
-class GPUSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    display_name: str
-    torch_name: str
-    memory_mib: int
-    torch_total_memory_bytes: int | None = None
-    memory_bandwidth_gbps: float
-    bf16_tflops: float
-    fp8_tflops: float
-    fp4_tflops: float | None = None
-    sm_count: int
-    sm_version: int
-    l2_cache_mib: float
-    interconnect: str
-    interconnect_gbps: float
-    host_link_gbps: float
-    unverified: bool = False
-
-    @property
-    def memory_bytes(self) -> int:
-        """Usable device memory in bytes as torch reports it (nvidia-smi total less ~615 MiB)."""
-        if self.torch_total_memory_bytes:
-            return self.torch_total_memory_bytes
-        return (self.memory_mib - 615) * 2**20
-
-    @property
-    def device_name(self) -> str:
-        """The name SGLang puts into MoE config file names (torch name, spaces -> _)."""
-        return self.torch_name.replace(" ", "_")
+from tuner.catalog.descriptions import Checkpoint, GPUDescription, ModelDescription, ModuleKind  # noqa: F401
+from tuner.catalog.hf import (
+    ModelRef, apply_overrides, architecture_of, hf_config_of, model_from_hf_config, read_config_dir,
+)
 
 
 @lru_cache(maxsize=None)
@@ -126,9 +29,9 @@ def _raw(kind: str) -> dict:
 
 
 @lru_cache(maxsize=None)
-def models() -> dict[str, ModelSpec]:
+def models() -> dict[str, ModelDescription]:
     raw = _raw("models")
-    out: dict[str, ModelSpec] = {}
+    out: dict[str, ModelDescription] = {}
     for name, entry in raw.items():
         entry = dict(entry)
         base = entry.pop("same_as", None)
@@ -136,13 +39,13 @@ def models() -> dict[str, ModelSpec]:
             merged = dict(raw[base])
             merged.update(entry)
             entry = merged
-        out[name] = ModelSpec(name=name, **entry)
+        out[name] = ModelDescription(name=name, **entry)
     return out
 
 
 @lru_cache(maxsize=None)
-def gpus() -> dict[str, GPUSpec]:
-    return {name: GPUSpec(name=name, **entry) for name, entry in _raw("gpus").items()}
+def gpus() -> dict[str, GPUDescription]:
+    return {name: GPUDescription(name=name, **entry) for name, entry in _raw("gpus").items()}
 
 
 def _suggest(name: str, valid) -> str:
@@ -151,12 +54,10 @@ def _suggest(name: str, valid) -> str:
     return f"{hint}; valid: {', '.join(sorted(valid))}"
 
 
-def get_model(ref) -> ModelSpec:
+def get_model(ref) -> ModelDescription:
     """The model a study names: a catalog name, a directory holding a config.json, a
-    ``ModelRef`` (name + overrides), or a ``ModelSpec`` (returned as it is)."""
-    from tuner.catalog.hf import ModelRef, model_for_ref, model_from_hf_config, read_config_dir
-
-    if isinstance(ref, ModelSpec):
+    ``ModelRef`` (name + overrides), or a ``ModelDescription`` (returned as it is)."""
+    if isinstance(ref, ModelDescription):
         return ref
     if isinstance(ref, ModelRef):
         return _model_for_ref_json(ref.model_dump_json())
@@ -178,22 +79,47 @@ def get_model(ref) -> ModelSpec:
 
 
 @lru_cache(maxsize=256)
-def _model_for_ref_json(ref_json: str) -> ModelSpec:
-    from tuner.catalog.hf import ModelRef, model_for_ref
-
+def _model_for_ref_json(ref_json: str) -> ModelDescription:
     return model_for_ref(ModelRef.model_validate_json(ref_json))
+
+
+def resolve_ref(ref: ModelRef, *, file: str | None = None, near: Path | None = None) -> ModelRef:
+    """``ref`` with ``hf_config`` filled in (the base config with the overrides applied); a
+    directory name becomes absolute."""
+    base_model = models().get(ref.name.lower())
+    if base_model is not None:
+        cfg = hf_config_of(base_model)
+    else:
+        path = Path(ref.name).expanduser()
+        if not path.is_absolute() and near is not None:
+            path = near / path
+        cfg = read_config_dir(path, key="model.name", file=file)
+        architecture_of(cfg, key="model.name", file=file)
+        ref = ref.model_copy(update={"name": str(path.resolve())})
+    cfg = apply_overrides(cfg, ref.overrides, file=file)
+    return ref.model_copy(update={"hf_config": cfg})
+
+
+def model_for_ref(ref: ModelRef) -> ModelDescription:
+    """The model description of a reference (resolved here if the loader has not)."""
+    if ref.hf_config is None:
+        ref = resolve_ref(ref)
+    base_model = models().get(ref.name.lower())
+    if base_model is not None:
+        return model_from_hf_config(ref.hf_config, name=base_model.name if not ref.overrides else ref.label,
+                                    display_name=base_model.display_name + (" (modified)" if ref.overrides else ""),
+                                    checkpoints=base_model.checkpoints, hf_id=base_model.hf_id)
+    return model_from_hf_config(ref.hf_config, name=ref.label, hf_id=ref.name)
 
 
 def model_label(ref) -> str:
     """How a study's model reads in messages and headers."""
-    from tuner.catalog.hf import ModelRef
-
     if isinstance(ref, ModelRef):
         return ref.label
     return str(ref)
 
 
-def get_gpu(name: str) -> GPUSpec:
+def get_gpu(name: str) -> GPUDescription:
     table = gpus()
     key = name.lower()
     if key not in table:

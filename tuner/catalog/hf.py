@@ -1,4 +1,4 @@
-"""Models as Hugging Face ``config.json``: read one into the catalog's ``ModelSpec``, render one back.
+"""Models as Hugging Face ``config.json``: read one into the catalog's ``ModelDescription``, render one back.
 
 A study's ``model`` is one of
 
@@ -7,7 +7,7 @@ A study's ``model`` is one of
 * a mapping ``{name: <catalog name or directory>, overrides: {num_hidden_layers: 5}}``: the model's
   config with some keys changed (a few-layer DeepSeek-V3 for a one-GPU run, say).
 
-All three become the one ``ModelSpec`` that the planner, the simulator and the kernel tuner use.
+All three become the one ``ModelDescription`` that the planner, the simulator and the kernel tuner use.
 ``render_hf_config`` goes the other way: the ``config.json`` that SGLang loads with
 ``--load-format dummy`` (random weights of the real shapes, nothing downloaded), with the
 ``quantization_config`` of the checkpoint a trial runs.
@@ -23,6 +23,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuner.catalog.descriptions import Checkpoint, ModelDescription
 from tuner.errors import ConfigError
 
 #: HF architecture -> (attention kind, family); anything else is refused
@@ -184,8 +185,7 @@ def checkpoint_format(cfg: Mapping[str, Any]) -> str:
 def model_from_hf_config(cfg: Mapping[str, Any], *, name: str, display_name: str | None = None,
                          checkpoints: Mapping[str, Any] | None = None, hf_id: str | None = None,
                          file: str | None = None, key: str = "model"):
-    """The catalog's ``ModelSpec`` for a Hugging Face config dict."""
-    from tuner.catalog import Checkpoint, ModelSpec
+    """The catalog's ``ModelDescription`` for a Hugging Face config dict."""
 
     arch = architecture_of(cfg, key=key, file=file)
     attention, family = ARCHITECTURES[arch]
@@ -238,7 +238,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], *, name: str, display_name: str
         checkpoints = {label: Checkpoint(hf_id=hf_id or name, sglang_quantization=quant, weight_format=fmt,
                                          unquantized=tuple(unquant))}
     base = dict(cfg)
-    return ModelSpec(name=name, display_name=display_name or name, hf_id=hf_id or name, architecture=arch,
+    return ModelDescription(name=name, display_name=display_name or name, hf_id=hf_id or name, architecture=arch,
                      attention=attention, checkpoints=dict(checkpoints),
                      hf_config_json=json.dumps(base, sort_keys=True), **fields)
 
@@ -333,35 +333,3 @@ def apply_overrides(cfg: Mapping[str, Any], overrides: Mapping[str, Any], *, fil
                               file=file, key=f"{key}.{name}")
         out[name] = value
     return out
-
-
-def resolve_ref(ref: ModelRef, *, file: str | None = None, near: Path | None = None) -> ModelRef:
-    """``ref`` with ``hf_config`` filled in (the base config with the overrides applied)."""
-    from tuner.catalog import models
-
-    base_model = models().get(ref.name.lower())
-    if base_model is not None:
-        cfg = hf_config_of(base_model)
-    else:
-        path = Path(ref.name).expanduser()
-        if not path.is_absolute() and near is not None:
-            path = near / path
-        cfg = read_config_dir(path, key="model.name", file=file)
-        architecture_of(cfg, key="model.name", file=file)
-        ref = ref.model_copy(update={"name": str(path.resolve())})
-    cfg = apply_overrides(cfg, ref.overrides, file=file)
-    return ref.model_copy(update={"hf_config": cfg})
-
-
-def model_for_ref(ref: ModelRef):
-    """The ``ModelSpec`` of a resolved reference."""
-    from tuner.catalog import models
-
-    if ref.hf_config is None:
-        ref = resolve_ref(ref)
-    base_model = models().get(ref.name.lower())
-    if base_model is not None:
-        return model_from_hf_config(ref.hf_config, name=base_model.name if not ref.overrides else ref.label,
-                                    display_name=base_model.display_name + (" (modified)" if ref.overrides else ""),
-                                    checkpoints=base_model.checkpoints, hf_id=base_model.hf_id)
-    return model_from_hf_config(ref.hf_config, name=ref.label, hf_id=ref.name)

@@ -2,6 +2,8 @@
 
 Each area of tuner registers its commands in ``_COMMANDS`` as "module:attribute"; the module is
 imported only when that command runs, so ``tuner --help`` stays fast (no Ray, Optuna or pandas).
+This is the CLI's one lazy-loading mechanism: a command module imports what its commands run
+inside their functions, and adds its own subcommands directly.
 The single error boundary is :func:`main`: TunerError -> message + exit code; anything else ->
 "Internal error" (traceback with --debug).
 """
@@ -11,8 +13,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 
 import click
+
+from tuner.errors import TunerError
 
 # name -> (module:attribute, one-line help shown by `tuner --help` without importing the module)
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,7 +27,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),
     "workload": ("tuner.cli.workload:workload", "Fit, import and inspect workloads."),
     "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
-    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator fidelity."),
+    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency."),
+    "calibration": ("tuner.cli.calibration:calibration", "Refit the simulator's calibration from kernel measurements."),
+    "db": ("tuner.cli.db:db", "The study database: upgrade its schema."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
     "profile": ("tuner.cli.profile:profile", "Measure SGLang's operator times on a GPU for the simulator (GPU)."),
     "model": ("tuner.cli.model:model", "Make small local models for end-to-end runs (no download)."),
@@ -37,29 +44,14 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in _COMMANDS:
             return None
-        target, short = _COMMANDS[name]
-        module_name, attr = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith(module_name):
-                return _unavailable(name, short)
-            raise
-        return getattr(module, attr)
+        module_name, attr = _COMMANDS[name][0].split(":")
+        return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx, formatter):
         # Short help from the table: listing commands must not import them.
         rows = [(name, _COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _unavailable(name: str, short: str) -> click.Command:
-    @click.command(name=name, help=short)
-    def _cmd():
-        raise click.UsageError(f"'tuner {name}' is not available in this build")
-
-    return _cmd
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,8 +76,6 @@ def cli(ctx, debug):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tuner.errors import TunerError
-
     try:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)
     except click.exceptions.Abort:
@@ -105,8 +95,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:  # the one place internal errors are turned into a message
         if os.environ.get("TUNER_DEBUG") == "1" or "--debug" in (argv or sys.argv):
             raise
-        import traceback
-
         click.echo("Internal error (rerun with `tuner --debug ...` for the traceback):", err=True)
         click.echo("  " + traceback.format_exc().strip().splitlines()[-1], err=True)
         sys.exit(1)

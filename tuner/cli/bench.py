@@ -1,45 +1,19 @@
-"""`tuner bench ...`: benchmarks. `client` is here; other benchmarks register in ``_LAZY``."""
+"""`tuner bench ...`: benchmarks of tuner itself (tuner.bench); each prints its figure."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import json
+from pathlib import Path
 
 import click
 
 from tuner.cli._common import emit_json, json_option
-
-# name -> "module:attribute", imported only when used; skipped where the module is absent.
-_LAZY = {"search": "tuner.cli.bench_search:search", "dashboard": "tuner.cli.bench_dashboard:dashboard",
-         "fidelity": "tuner.cli.bench_fidelity:fidelity"}
+from tuner.vocabulary import Sampler, names
 
 
-class _BenchGroup(click.Group):
-    def _lazy(self, name):
-        module_name, attr = _LAZY[name].split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                return None
-            raise
-        return getattr(module, attr, None)
-
-    def list_commands(self, ctx):
-        names = set(super().list_commands(ctx))
-        names.update(n for n in _LAZY if importlib.util.find_spec(_LAZY[n].split(":")[0]) is not None)
-        return sorted(names)
-
-    def get_command(self, ctx, name):
-        cmd = super().get_command(ctx, name)
-        if cmd is None and name in _LAZY:
-            cmd = self._lazy(name)
-        return cmd
-
-
-@click.group(cls=_BenchGroup)
+@click.group()
 def bench():
-    """Benchmarks: replay client ceiling, search efficiency, dashboard latency, simulator fidelity."""
+    """Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency."""
 
 
 def _int_list(ctx, param, value):
@@ -68,7 +42,7 @@ def client(streams, rate, duration_s, max_added_latency_p99_ms, all_steps, as_js
 
     A local server (separate process) streams paced tokens stamped with their send time.
     """
-    from tuner.workload.bench_client import bench_client
+    from tuner.bench.client import bench_client
 
     doc = bench_client(streams=tuple(streams), rate=rate, duration_s=duration_s,
                        max_added_latency_p99_ms=max_added_latency_p99_ms, stop_after_failure=not all_steps)
@@ -83,3 +57,87 @@ def client(streams, rate, duration_s, max_added_latency_p99_ms, all_steps, as_js
                    f"{s['client_cpu_fraction']:>5.0%}  {'yes' if s['passed'] else 'no'}")
     click.echo(f"max_concurrent_streams {doc['max_concurrent_streams']}, tokens_per_s {doc['tokens_per_s']:,.0f}, "
                f"added_latency_p99_ms {doc['added_latency_p99_ms']} (uvloop: {doc['uvloop']})")
+
+
+@bench.command()
+@click.option("--study", "study_name", required=True, help="Study name (studies/NAME.yaml) or path.")
+@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Sampler seeds per sampler.")
+@click.option("--budget", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Launched trials per run (the baseline included).")
+@click.option("--space", default=None,
+              help="Search space to benchmark instead of the study's (default: the study's, or <space>-bench "
+                   "when the study's grid is too large to measure).")
+@click.option("--samplers", default="default,tpe,random", show_default=True,
+              help="Comma-separated sampler names.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes measuring missing table entries (default: CPU count).")
+@click.option("--warm-start", "warm_start_k", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also measure the simulator warm start: top-K simulated configurations enqueued for a "
+                   "perturbed 'reality' (0: skip).")
+@click.option("--results-dir", type=click.Path(file_okay=False), default="results/search", show_default=True,
+              help="Where the capacity tables are cached and the benchmark output is written.")
+@click.option("--write/--no-write", default=True, show_default=True,
+              help="Write <results-dir>/bench-<study>.json and .md.")
+@json_option
+def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, results_dir, write, as_json):
+    """Compare samplers on the simulator against the exhaustive grid of the same space.
+
+    Every grid configuration's capacity is simulated once and cached in RESULTS_DIR (keyed by a hash
+    of the study), then each sampler runs the runner's ask/tell loop against that table.
+    """
+    from tuner.bench.search import bench_search, format_table
+
+    valid = [n for n in names(Sampler) if n != Sampler.GRID]  # the grid is what they are measured against
+    chosen = tuple(s.strip() for s in samplers.split(",") if s.strip())
+    bad = [n for n in chosen if n not in valid]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown sampler(s) {bad}; valid: {', '.join(valid)}", param_hint="--samplers")
+    doc = bench_search(study_name, seeds=seeds, budget=budget, samplers=chosen, space=space,
+                       results_dir=Path(results_dir), workers=workers, quiet=as_json, warm_start_k=warm_start_k)
+    text = format_table(doc)
+    if write:
+        out = Path(results_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"bench-{doc['study']}-{doc['space']}"
+        (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / f"{stem}.md").write_text(text + "\n")
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(text)
+
+
+@bench.command()
+@click.option("--model", default="glm-5.1", show_default=True, help="Catalog model.")
+@click.option("--gpu", default="h200", show_default=True, help="Catalog GPU (8 per node).")
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=120, show_default=True)
+@click.option("--duration-s", type=click.FloatRange(min=1), default=600, show_default=True)
+@click.option("--users", default="10,25,50,100,150,200", show_default=True, callback=_int_list,
+              help="User counts of the per-load-point table (comma-separated).")
+@json_option
+def sim(model, gpu, warmup_s, duration_s, users, as_json):
+    """CPU cost of the simulator: one capacity search (50..100 users) and each load point.
+
+    The configuration is GLM-5.1-style NVFP4 with attention DP 8 and EP 8 behind a cache-aware
+    router, on a coding-agent workload; the figures are CPU seconds of this process.
+    """
+    from tuner.bench.simulator_cost import format_lines, simulator_cost
+
+    doc = simulator_cost(model=model, gpu=gpu, warmup_s=warmup_s, duration_s=duration_s, users=tuple(users))
+    if as_json:
+        emit_json(doc)
+        return
+    for line in format_lines(doc):
+        click.echo(line)
+
+
+def _add_lazy_commands() -> None:
+    """Commands in their own modules (light to import: they import their work when run)."""
+    from tuner.cli.bench_dashboard import dashboard
+    from tuner.cli.bench_fidelity import fidelity
+
+    bench.add_command(dashboard, name="dashboard")
+    bench.add_command(fidelity, name="fidelity")
+
+
+_add_lazy_commands()

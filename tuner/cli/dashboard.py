@@ -26,5 +26,9 @@ def dashboard(storage, host, port, runs_dir):
     """
     from tuner.report.dashboard import serve
 
-    # refuses a missing file, or one that is not a database, before listening
+    # refuses a missing file, one that is not a database, or one of an older schema (it names the
+    # upgrade), before listening
+    from tuner.storage import db
+
+    db.require_current(db.get_engine(storage, create=False, readonly=True), storage, readonly=True)
     serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=lambda s: click.echo(s, err=True))

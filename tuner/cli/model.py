@@ -41,9 +41,9 @@ def make_tiny(directory, device, as_json, **kw):
     Every prompt word `w<i>` is one token, and generation always runs to max_tokens (the
     end-of-sequence id has no logit). Nothing is fetched from a hub.
     """
-    from tuner.models.tiny import TinyModelSpec, make_tiny_model
+    from tuner.tinymodels.tiny import TinyModelShape, make_tiny_model
 
-    spec = TinyModelSpec(
+    spec = TinyModelShape(
         arch=kw["arch"], layers=kw["layers"], hidden=kw["hidden"], heads=kw["heads"],
         kv_heads=kw["kv_heads"], head_dim=kw["head_dim"], intermediate=kw["intermediate"],
         experts=kw["experts"], experts_per_token=kw["experts_per_token"],

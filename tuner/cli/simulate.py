@@ -55,7 +55,7 @@ def parse_config(text: str | None) -> tuple[dict, dict]:
 def simulate(study_name, users, config, seed, duration_s, sglang_version, as_json):
     """Predict P50/P90/P99 TTFT and TPOT of one configuration at USERS users."""
     from tuner.sim import simulate_load_point
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
 
     study = load_study(study_name)
     flags, knobs = parse_config(config) if config else (dict(study.baseline), {})

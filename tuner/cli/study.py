@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
 from tuner.cli._common import emit_json, json_option, storage_option
 from tuner.limits import MAX_SEED, MAX_TRIALS
+from tuner.cli.study_report import report
+from tuner.lifecycle import TrialStatus
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, names
 
 
 @click.group()
@@ -22,7 +24,7 @@ def study():
 
 
 def _backend_choice():
-    return click.Choice(["auto", "simulator", "sglang", "transformers", "serve-sim"])
+    return click.Choice(names(BackendKind, AUTO_BACKEND))
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -47,7 +49,7 @@ def _resolve_backend(spec, requested: str | None) -> tuple[str, str]:
     from tuner.evaluation.registry import get_evaluator, resolve_auto
 
     kind = requested or spec.backend
-    if kind == "auto":
+    if kind == AUTO_BACKEND:
         kind, reason = resolve_auto(spec)
     else:
         reason = "chosen explicitly"
@@ -74,22 +76,20 @@ def _check_extra_server_args(spec, kind: str | None = None) -> None:
     check_study_flags(spec)
 
 
-def _run(runner, spec, budget, as_json, prelude: list[str]):
+def _run(runner, spec, budget, as_json):
     from tuner.study.progress import StudyProgress
 
     progress = StudyProgress(spec.name, budget, enabled=not as_json)
     runner.on_event = progress.event
     with progress:
-        for line in prelude:
-            progress.line(line)
         outcome = runner.run(budget)
     if as_json:
         emit_json(outcome.to_dict())
     else:
         _print_outcome(outcome, runner.storage_url)
-    if outcome.stopped_reason and "max-failures" in outcome.stopped_reason:
+    if outcome.stop.exit_code:
         click.echo(f"Error: {outcome.stopped_reason}", err=True)
-        sys.exit(1)
+        sys.exit(outcome.stop.exit_code)
 
 
 def _print_outcome(o, storage):
@@ -130,32 +130,64 @@ def _print_outcome(o, storage):
               help="Wall-clock budget of this run (e.g. 540, 9m, 2h): no trial starts that this run's trials "
                    "say cannot finish in time, and at the limit running trials close after their current load "
                    "point (recorded as interrupted, measurements kept). Resume continues the study.")
+@click.option("--dry-run", is_flag=True,
+              help="Launch nothing and write nothing: print, for each trial the sampler would run, the "
+                   "server command line, environment, --config YAML and MoE tile files (SGLang, "
+                   "transformers and serve-sim backends; no GPU needed).")
 @json_option
 def start(name, trials, backend, storage, ray_address, parallel, seed, max_failures, no_ray, warm_k, no_pruning,
-          time_limit, as_json):
+          time_limit, dry_run, as_json):
     """Start study NAME (studies/NAME.yaml or a path) and run it to its trial budget."""
-    from tuner.spec.load import load_study
+    from tuner.config.load import load_study
     from tuner.storage import db
     from tuner.study.runner import StudyRunner
 
     spec = load_study(name)
+    if dry_run:
+        _dry_run(spec, backend, trials or spec.trials, seed, warm_k, as_json)
+        return
     db.parse_url(storage)
     kind, reason = _resolve_backend(spec, backend)
-    initial, prelude = [], []
+    initial = []
     if warm_k:
         from tuner.study.warm_start import simulated_top_k
 
         sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
                                                     ray_address=ray_address, parallel=parallel)
-        prelude.append(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
-                       + (" (reused)" if reused else ""))
-        click.echo(prelude[-1], err=True)
+        click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
+                   + (" (reused)" if reused else ""), err=True)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
                          ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
                          prune=not no_pruning, initial_configs=initial, time_limit_s=parse_duration(time_limit))
-    runner.create()
+    runner.create(trials or spec.trials)
     click.echo(f"backend: {kind} ({reason})", err=True)
-    _run(runner, spec, trials or spec.trials, as_json, [])
+    _run(runner, spec, trials or spec.trials, as_json)
+
+
+def _dry_run(spec, backend, budget, seed, warm_k, as_json):
+    """`study start --dry-run`: the servers each trial would launch; nothing launched or written."""
+    from tuner.errors import ConfigError
+    from tuner.evaluation.registry import get_evaluator
+    from tuner.study.dryrun import dry_run, summary_lines
+
+    if warm_k:
+        raise ConfigError("--warm-start-from-simulator runs and stores a simulated study, and --dry-run writes "
+                          "nothing: run the warm start without --dry-run", key="--dry-run")
+    kind = backend or spec.backend
+    if kind == AUTO_BACKEND:  # a dry run shows the real servers: the engine's own
+        kind = BackendKind.SGLANG if spec.space().engine == Engine.SGLANG else BackendKind.TRANSFORMERS
+    server_backend = getattr(get_evaluator(kind), "backend", None)
+    if server_backend is None:
+        raise ConfigError(f"backend {kind!r} launches no server processes, so a dry run has nothing to show; "
+                          f"use --backend {BackendKind.SGLANG} (or transformers, serve-sim)", key="--backend")
+    _check_extra_server_args(spec)
+    trials = dry_run(spec, server_backend, budget, seed=seed)
+    if as_json:
+        emit_json({"study": spec.name, "backend": kind, "sampler": spec.sampler, "budget": budget,
+                   "trials": [t.to_dict() for t in trials]})
+        return
+    for line in summary_lines(spec, kind, trials):
+        click.echo(line)
 
 
 @study.command()
@@ -185,11 +217,9 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                          parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures,
                          time_limit_s=parse_duration(time_limit))
     recovered = runner.recover_interrupted()
-    prelude = [f"marked {len(recovered)} interrupted trial(s): {recovered}"] if recovered else []
-    if not as_json:
-        for line in prelude:
-            click.echo(line, err=True)
-    _run(runner, spec, trials or row.trials_budget, as_json, [])
+    if recovered and not as_json:
+        click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
+    _run(runner, spec, trials or row.trials_budget, as_json)
 
 
 @study.command()
@@ -224,7 +254,7 @@ def status(name, storage, as_json):
             cfg = " ".join(f"{k}={v}" for k, v in t["params"].items() if v is not None) + ", SGLang defaults otherwise"
         else:
             cfg = "baseline + " + " ".join(f"{k}={v}" for k, v in diff.items()) if diff else "baseline"
-        detail = cfg if t["status"] == "complete" else f"{t['failure_class']}: {t['failure_reason']}"
+        detail = cfg if t["status"] == TrialStatus.COMPLETE else f"{t['failure_class']}: {t['failure_reason']}"
         at = t.get("at_capacity") or {}
         table.add_row(str(t["number"]) + (" B" if t["is_baseline"] else ""), t["status"],
                       "" if t["capacity_users"] is None else str(t["capacity_users"]),
@@ -235,7 +265,7 @@ def status(name, storage, as_json):
                       + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
     cost = s.get("cost") or {}
     console.print(f"{s['prescreened']} configuration(s) screened out by the planner (not launched), "
-                  f"{s['pruned']} trial(s) pruned"
+                  f"{s[TrialStatus.PRUNED]} trial(s) pruned"
                   + (f"; estimated real cost {cost['gpu_hours']:.1f} GPU-hours ({cost['launched_trials']} launches, "
                      f"{cost['load_points']} load points)" if "gpu_hours" in cost else ""))
 
@@ -246,9 +276,8 @@ def _search_facts(summary: dict, storage: str, name: str) -> dict:
     from tuner.study.runner import load_existing
 
     trials = summary["trials"]
-    facts = {"prescreened": sum(1 for t in trials if not t["launched"]
-                                and str(t.get("failure_reason") or "").startswith("planner:")),
-             "pruned": sum(1 for t in trials if t["status"] == "pruned")}
+    facts = {"prescreened": sum(1 for t in trials if t["screened_by_planner"]),
+             TrialStatus.PRUNED.value: summary["counts"].get(TrialStatus.PRUNED, 0)}
     try:
         facts["cost"] = study_cost(load_existing(storage, name), trials)
     except Exception as exc:  # the estimate is informative; status must still print
@@ -343,9 +372,4 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
         sys.exit(1)
 
 
-# Extra study subcommands living in their own modules (loaded only if present).
-for _mod, _attr in (("tuner.cli.study_report", "report"),):
-    try:
-        study.add_command(getattr(importlib.import_module(_mod), _attr))
-    except ImportError:
-        pass
+study.add_command(report)

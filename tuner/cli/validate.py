@@ -15,15 +15,22 @@ from tuner.cli._common import emit_json, json_option
 def validate(paths, as_json):
     """Check study, search-space and workload YAML files without running anything.
 
-    The kind of each file is recognised from its keys. Exit code 2 if any file is invalid.
+    The kind of each file is recognised from its keys. A study with `sampler: grid` is also checked
+    for a grid that fits its trial budget. Exit code 2 if any file is invalid.
     """
+    from tuner.config.load import load_study, validate_file
     from tuner.errors import ConfigError
-    from tuner.spec.load import validate_file
+    from tuner.study.samplers import grid_configs
+    from tuner.vocabulary import Sampler
 
     results = []
     for p in paths:
         try:
             kind = validate_file(p)
+            if kind == "study":
+                study = load_study(p)
+                if study.sampler == Sampler.GRID:
+                    grid_configs(study, study.trials)
             results.append({"path": p, "ok": True, "kind": kind})
         except ConfigError as exc:
             results.append({"path": p, "ok": False, "error": str(exc)})

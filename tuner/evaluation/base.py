@@ -26,17 +26,16 @@ class TrialRequest:
     (``{"tp-size": 8, "attn-dp-size": 8, "quantization": "modelopt_fp4"}``); a missing key means
     SGLang's default. ``knobs`` are tuner-level choices that are not SGLang server flags:
     ``router-policy`` (None, or a sglang_router policy) and ``moe-tile-configs``
-    ("default" or "tuned"). ``study`` is the validated StudySpec (tuner.spec.schema).
+    ("default" or "tuned"). ``study`` is the validated StudySpec (tuner.config.schema).
     """
 
-    study: Any  # tuner.spec.schema.StudySpec (kept Any to avoid an import cycle)
+    study: Any  # tuner.config.schema.StudySpec (kept Any to avoid an import cycle)
     trial_number: int
     flags: dict[str, Any]
     knobs: dict[str, Any] = field(default_factory=dict)
     workdir: str = "."
     seed: int = 0
     gpu_ids: tuple[int, ...] = ()  # GPUs Ray assigned to this trial (empty for the simulator)
-    fidelity: float = 1.0  # fraction of the study's measurement window (multi-fidelity search)
 
 
 class Deployment(ABC):

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -24,12 +25,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tuner.backends import gpu
 from tuner.backends.base import LaunchPlan, ProcessBackend
 from tuner.backends.process import ProcessStack
 from tuner import paths
+from tuner.backends.sglang import SGLangBackend
+from tuner.backends.transformers import TransformersBackend
 from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.lifecycle import FailureClass
 from tuner.workload.metrics import LoadPointMetrics
+from tuner.backends.prometheus import window_delta
+from tuner.backends.prometheus import scrape
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +67,6 @@ class LiveEvaluator(Evaluator):
     def deploy(self, request: TrialRequest) -> "LiveDeployment":
         trial_dir = trial_dir_for(request)
         last: TrialError | None = None
-        from tuner.backends import gpu
-
         for attempt in range(PORT_RETRIES + 1):
             plan = self.backend.build_plan(request, trial_dir)
             before_mib = gpu.memory_used_mib(request.gpu_ids)  # what close() must return to
@@ -70,7 +75,7 @@ class LiveEvaluator(Evaluator):
                 _start(stack, plan)
             except TrialError as exc:
                 stack.close()
-                if exc.failure_class == "port_in_use" and attempt < PORT_RETRIES:
+                if exc.failure_class == FailureClass.PORT_IN_USE and attempt < PORT_RETRIES:
                     log.warning("trial %d: %s; retrying with new ports", request.trial_number, exc.reason)
                     last = exc
                     continue
@@ -115,8 +120,6 @@ def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
 class LiveDeployment(Deployment):
     def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack,
                  gpu_before_start_mib: dict | None = None):
-        from tuner.backends import gpu
-
         self.backend = backend
         self.request = request
         self.plan = plan
@@ -139,10 +142,9 @@ class LiveDeployment(Deployment):
     def _replay_kwargs(self, users: int) -> dict[str, Any]:
         study = self.request.study
         m = study.measurement
-        fid = max(0.0, min(1.0, float(self.request.fidelity or 1.0)))
         return dict(
-            warmup_s=float(m.warmup_s) * fid,
-            duration_s=max(1.0, float(m.duration_s) * fid),
+            warmup_s=float(m.warmup_s),
+            duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,
             model=self.plan.served_model,
@@ -214,7 +216,6 @@ class LiveDeployment(Deployment):
         return metrics
 
     def _scrape_metrics(self) -> list[dict] | None:
-        from tuner.backends.prometheus import scrape
 
         urls = self.backend.metrics_urls(self.plan)
         return [scrape(u, prefix="sglang:") or {} for u in urls] if urls else None
@@ -258,8 +259,6 @@ class LiveDeployment(Deployment):
         if self._closed:
             return
         self._closed = True
-        from tuner.backends import gpu
-
         t0 = time.monotonic()
         report: dict[str, Any] = {"gpu_summary": self.sampler.stop()}
         pids = self.stack.pids
@@ -286,7 +285,6 @@ class LiveDeployment(Deployment):
 
 def _metrics_delta(before: list[dict] | None, after: list[dict] | None) -> dict | None:
     """Server metrics over one load point, summed over servers (counters as deltas)."""
-    from tuner.backends.prometheus import window_delta
 
     if not after:
         return None
@@ -313,8 +311,6 @@ class _ReplayThread(threading.Thread):
         self._cancelled = threading.Event()
 
     def run(self):
-        import asyncio
-
         coro_fn = getattr(self.replay, "replay_closed_loop", None)
         try:
             if coro_fn is None:
@@ -380,13 +376,9 @@ class _HealthWatch:
 
 class SGLangEvaluator(LiveEvaluator):
     def __init__(self):
-        from tuner.backends.sglang import SGLangBackend
-
         super().__init__(SGLangBackend())
 
 
 class TransformersEvaluator(LiveEvaluator):
     def __init__(self):
-        from tuner.backends.transformers import TransformersBackend
-
         super().__init__(TransformersBackend())

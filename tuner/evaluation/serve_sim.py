@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from tuner.backends.serve_sim import ServeSimBackend
 from tuner.evaluation.live import LiveEvaluator
 
 
 class ServeSimEvaluator(LiveEvaluator):
     def __init__(self):
-        from tuner.backends.serve_sim import ServeSimBackend
-
         super().__init__(ServeSimBackend())

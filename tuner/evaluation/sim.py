@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.lifecycle import FailureClass
+from tuner.planner import plan_memory
+from tuner.sim import simulate_load_point
+from tuner.vocabulary import BackendKind
 from tuner.workload.metrics import LoadPointMetrics
 
 
@@ -14,33 +19,27 @@ class SimDeployment(Deployment):
         self.measured_kv_capacity_tokens_total = plan.kv_capacity_tokens_total
 
     def measure(self, users: int) -> LoadPointMetrics:
-        from tuner.sim import simulate_load_point
-
         study, req = self.request.study, self.request
         hw = study.hardware
-        fidelity = min(1.0, max(req.fidelity, 0.05))
         options = getattr(study, "backend_options", None) or {}
         return simulate_load_point(
             study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
-            warmup_s=study.measurement.warmup_s, duration_s=study.measurement.duration_s * fidelity,
+            warmup_s=study.measurement.warmup_s, duration_s=study.measurement.duration_s,
             seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=options.get("calibration"),
             sglang_version=options.get("sglang_version"),
         )
 
     def telemetry(self) -> dict:
-        return {"backend": "simulator", "plan": self.plan.to_dict()}
+        return {"backend": BackendKind.SIMULATOR.value, "plan": self.plan.to_dict()}
 
 
 class SimEvaluator(Evaluator):
-    kind = "simulator"
+    kind = BackendKind.SIMULATOR
 
     def gpus_needed(self, request: TrialRequest) -> int:
         return 0
 
     def deploy(self, request: TrialRequest) -> Deployment:
-        from tuner.errors import ConfigError, TrialError
-        from tuner.planner import plan_memory
-
         hw = request.study.hardware
         try:
             plan = plan_memory(request.study.model, hw.gpu, hw.gpus_per_node, request.flags, nodes=hw.nodes,
@@ -48,8 +47,7 @@ class SimEvaluator(Evaluator):
                                sglang_version=(getattr(request.study, "backend_options", None) or {}).get(
                                    "sglang_version"))
         except ConfigError as exc:
-            raise TrialError("infeasible", str(exc)) from None
+            raise TrialError(FailureClass.INFEASIBLE, str(exc)) from None
         if not plan.fits:
-            reason = plan.reason.lower()
-            raise TrialError("oom" if "memory" in reason else "infeasible", plan.reason)
+            raise TrialError(plan.failure_class, plan.reason)
         return SimDeployment(request, plan)

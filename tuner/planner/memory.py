@@ -11,12 +11,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError
+from tuner.lifecycle import FailureClass
 
 from .parallel import ParallelLayout, flag_bool, flag_float, flag_int, parse_layout
 from .startup import default_attention_backend, startup_memory
 from .weights import weight_bytes_per_gpu
+import re
 
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
@@ -69,6 +71,7 @@ class MemoryPlan:
     attention_backend: str = ""
     startup_gb_per_gpu: float = 0.0  # allocated at start-up after the KV pool (graph state, tables)
     startup_free_gb_per_gpu: float = 0.0  # what mem-fraction-static leaves for it
+    failure_class: FailureClass | None = None  # why it does not fit (None when it fits)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,7 +79,7 @@ class MemoryPlan:
         return d
 
 
-def resolve_checkpoint(model: ModelSpec, quantization: str | None):
+def resolve_checkpoint(model: ModelDescription, quantization: str | None):
     """The checkpoint SGLang would load for ``--quantization`` (None means the bf16 weights)."""
     for ckpt in model.checkpoints.values():
         if ckpt.sglang_quantization == quantization:
@@ -91,7 +94,6 @@ def resolve_checkpoint(model: ModelSpec, quantization: str | None):
 def rules_version(sglang_version: str | None) -> tuple[int, int, int]:
     """The SGLang release whose rules apply, as (major, minor, patch): the rules were read from
     0.5.17 and 0.5.23, so releases before 0.5.20 follow 0.5.17 and later ones 0.5.23."""
-    import re
 
     parts = [int(p) for p in re.findall(r"\d+", str(sglang_version or DEFAULT_SGLANG_VERSION))[:3]]
     if len(parts) < 2:
@@ -123,7 +125,7 @@ def prefill_capture_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
-def prefill_graph_enabled(model: ModelSpec, flags: dict[str, Any], version: tuple[int, int, int]) -> bool:
+def prefill_graph_enabled(model: ModelDescription, flags: dict[str, Any], version: tuple[int, int, int]) -> bool:
     if (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-prefill-cuda-graph")
             or flags.get("cuda-graph-backend-prefill") == "disabled"):
         return False
@@ -136,7 +138,7 @@ def prefill_graph_enabled(model: ModelSpec, flags: dict[str, Any], version: tupl
 
 
 def default_mem_fraction_static(
-    model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, flags: dict[str, Any],
+    model: ModelDescription, gpu: GPUDescription, layout: ParallelLayout, flags: dict[str, Any],
     sglang_version: str | None = None,
 ) -> tuple[float, float, int, int]:
     """SGLang's ``handle_gpu_memory_settings``: (mem_fraction_static, reserved MiB,
@@ -172,7 +174,7 @@ def default_mem_fraction_static(
     return round((gpu_mem - reserved) / gpu_mem, 3), reserved, chunked, max_bs
 
 
-def prefill_graph_reserve_mib(model: ModelSpec, flags: dict[str, Any], chunked: int,
+def prefill_graph_reserve_mib(model: ModelDescription, flags: dict[str, Any], chunked: int,
                               version: tuple[int, int, int]) -> float:
     """``reserve_for_graph_mb``'s prefill part: 1.5 GiB for MLA, else 8 MiB per capture size."""
     if not prefill_graph_enabled(model, flags, version):
@@ -190,7 +192,7 @@ def prefill_graph_reserve_mib(model: ModelSpec, flags: dict[str, Any], chunked: 
     return mib
 
 
-def kv_cache_dtype(model: ModelSpec, gpu: GPUSpec, flags: dict[str, Any]) -> str:
+def kv_cache_dtype(model: ModelDescription, gpu: GPUDescription, flags: dict[str, Any]) -> str:
     value = str(flags.get("kv-cache-dtype") or "auto")
     if value not in KV_DTYPES:
         raise ConfigError(f"unknown kv-cache-dtype {value!r}; valid: {', '.join(KV_DTYPES)}", key="kv-cache-dtype")
@@ -211,14 +213,14 @@ def _dtype_bytes(dtype: str) -> float:
             "nvfp4": 0.5 + 1 / 16, "fp4_mx_block16": 0.5 + 1 / 16}[dtype]
 
 
-def speculative_draft_layers(model: ModelSpec, flags: dict[str, Any]) -> int:
+def speculative_draft_layers(model: ModelDescription, flags: dict[str, Any]) -> int:
     algo = flags.get("speculative-algorithm")
     if algo and str(algo).upper() in SPEC_ALGOS_WITH_DRAFT_LAYER:
         return max(1, model.mtp_layers)
     return 0
 
 
-def kv_cell_bytes(model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, dtype: str, draft_layers: int) -> int:
+def kv_cell_bytes(model: ModelDescription, gpu: GPUDescription, layout: ParallelLayout, dtype: str, draft_layers: int) -> int:
     """Bytes of KV per token on one GPU (``_compute_cell_size``)."""
     layers = model.num_layers
     if model.attention == "dsa":
@@ -242,7 +244,7 @@ def kv_cell_bytes(model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, dtype:
     return int(math.ceil(cell + cell * draft_layers / layers))
 
 
-def page_size(model: ModelSpec, gpu: GPUSpec, flags: dict[str, Any]) -> int:
+def page_size(model: ModelDescription, gpu: GPUDescription, flags: dict[str, Any]) -> int:
     if model.attention == "dsa":
         return 64
     user = flags.get("page-size")
@@ -256,8 +258,8 @@ def page_size(model: ModelSpec, gpu: GPUSpec, flags: dict[str, Any]) -> int:
 
 
 def plan_memory(
-    model: ModelSpec | str,
-    gpu: GPUSpec | str,
+    model: ModelDescription | str,
+    gpu: GPUDescription | str,
     gpus: int,
     flags: dict[str, Any],
     *,
@@ -306,6 +308,7 @@ def plan_memory(
     psize = page_size(model, gpu, flags)
 
     fits, reason = True, "ok"
+    failure = None
     rest = pre_load * mfs - weights  # = free_after_load - pre_load*(1-mfs)
     tokens = 0
     if weights > pre_load:
@@ -313,11 +316,13 @@ def plan_memory(
             f"weights need {weights / 1e9:.1f} GB per GPU but only {pre_load / 1e9:.1f} GB are free: "
             "CUDA out of memory while loading the model"
         )
+        failure = FailureClass.OOM
     elif rest <= 0:
         fits, reason = False, (
             f"Not enough memory for the KV cache: weights {weights / 1e9:.1f} GB per GPU exceed "
             f"mem-fraction-static {mfs} x {pre_load / 1e9:.1f} GB"
         )
+        failure = FailureClass.OOM
     else:
         tokens = int(rest // cell) // psize * psize
         cap = flags.get("max-total-tokens")
@@ -328,6 +333,7 @@ def plan_memory(
             tokens = min(tokens, cap) // psize * psize
         if tokens <= 0:
             fits, reason = False, "Not enough memory for the KV cache (less than one page)"
+            failure = FailureClass.OOM
 
     context_len = model.max_context_tokens
     user_mrr = flags.get("max-running-requests")
@@ -338,6 +344,7 @@ def plan_memory(
     per_rank = max(per_rank, 0)
     if fits and per_rank < 1:
         fits, reason = False, "KV pool too small to run a single request"
+        failure = FailureClass.INFEASIBLE
     chunked = chunked_total // layout.attn_dp if chunked_total > 0 else chunked_total
 
     # start-up allocations after the KV pool must fit in the slack mem-fraction-static left
@@ -365,6 +372,7 @@ def plan_memory(
             f"({parts}) but mem-fraction-static {mfs} leaves {slack / GIB:.1f} GiB; "
             f"use mem-fraction-static <= {suggest:.2f} or a smaller cuda-graph-max-bs-decode"
         )
+        failure = FailureClass.OOM
 
     hicache = flag_bool(flags, "enable-hierarchical-cache") or flag_bool(flags, "enable-hicache")
     host_tokens, host_gb_total = 0, 0.0
@@ -389,10 +397,12 @@ def plan_memory(
                     f"HiCache needs {host_gb_total:.0f} GB of host memory but {fraction:.0%} of "
                     f"{host_memory_gb * nodes:.0f} GB is {allowed:.0f} GB: not enough host memory"
                 )
+                failure = FailureClass.OOM
 
     return MemoryPlan(
         fits=fits,
         reason=reason,
+        failure_class=failure,
         model=model.name,
         gpu=gpu.name,
         quantization=quant,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.catalog import ModelSpec
+from tuner.catalog import ModelDescription
 from tuner.errors import ConfigError
 
 
@@ -73,7 +73,7 @@ class ParallelLayout:
 _A2A_FORCE_EP = {"deepep", "deepep_v2", "megamoe", "mooncake", "nixl", "ascend_fuseep", "flashinfer", "mori"}
 
 
-def parse_layout(model: ModelSpec, flags: dict[str, Any], gpus_total: int) -> ParallelLayout:
+def parse_layout(model: ModelDescription, flags: dict[str, Any], gpus_total: int) -> ParallelLayout:
     tp = flag_int(flags, "tp-size", 1)
     dp = flag_int(flags, "dp-size", 1)
     attn_dp = flag_int(flags, "attn-dp-size", 1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.catalog import GPUSpec, ModelSpec
+from tuner.catalog import GPUDescription, ModelDescription
 
 from .parallel import ParallelLayout
 
@@ -56,7 +56,7 @@ class StartupMemory:
                 + self.prefill_graph_bytes)
 
 
-def triton_max_kv_splits(model: ModelSpec, gpu: GPUSpec, context_len: int, flag_value: int | None) -> int:
+def triton_max_kv_splits(model: ModelDescription, gpu: GPUDescription, context_len: int, flag_value: int | None) -> int:
     splits = flag_value or TRITON_DEFAULT_KV_SPLITS
     if model.is_mla:
         ctx_cap = _next_pow2(math.ceil(context_len / MLA_DECODE_MIN_BLOCK_KV))
@@ -64,7 +64,7 @@ def triton_max_kv_splits(model: ModelSpec, gpu: GPUSpec, context_len: int, flag_
     return splits
 
 
-def startup_memory(model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, *, attention_backend: str,
+def startup_memory(model: ModelDescription, gpu: GPUDescription, layout: ParallelLayout, *, attention_backend: str,
                    context_len: int, max_running_per_rank: int, decode_graph: bool, graph_max_bs: int,
                    prefill_graph_mib: float, page_size: int, triton_kv_splits: int | None = None) -> StartupMemory:
     req_to_token = (max_running_per_rank + 1) * (context_len + 4) * 4
@@ -85,7 +85,7 @@ def startup_memory(model: ModelSpec, gpu: GPUSpec, layout: ParallelLayout, *, at
                          attention_backend=attention_backend, max_kv_splits=splits, graph_max_bs=max_bs)
 
 
-def default_attention_backend(model: ModelSpec, gpu: GPUSpec, flags: dict | None) -> str:
+def default_attention_backend(model: ModelDescription, gpu: GPUDescription, flags: dict | None) -> str:
     """``--attention-backend`` (or the decode one), else SGLang's default: fa3 on Hopper;
     trtllm_mha / trtllm_mla / flashinfer on SM100; dsa for DSA models; triton otherwise."""
     flags = flags or {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.catalog import Checkpoint, ModelSpec
+from tuner.catalog import Checkpoint, ModelDescription
 
 from .parallel import ParallelLayout
 
@@ -48,7 +48,7 @@ class LayerParams:
     norms: int
 
 
-def attention_params(m: ModelSpec) -> LayerParams:
+def attention_params(m: ModelDescription) -> LayerParams:
     h = m.hidden_size
     if m.is_mla:
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -75,7 +75,7 @@ def attention_params(m: ModelSpec) -> LayerParams:
     return LayerParams(q + kv + o, 0, 0, 2 * h)
 
 
-def param_counts(m: ModelSpec) -> dict[str, int]:
+def param_counts(m: ModelDescription) -> dict[str, int]:
     """Total parameters of the checkpoint by module kind (MTP layer counted under ``mtp``)."""
     h = m.hidden_size
     lp = attention_params(m)
@@ -109,7 +109,7 @@ def _format(kind: str, ckpt: Checkpoint) -> str:
 
 
 def weight_bytes_per_gpu(
-    m: ModelSpec, ckpt: Checkpoint, layout: ParallelLayout, *, with_mtp: bool, dp_lm_head: bool = False
+    m: ModelDescription, ckpt: Checkpoint, layout: ParallelLayout, *, with_mtp: bool, dp_lm_head: bool = False
 ) -> dict[str, float]:
     """Bytes each GPU holds per module kind (the largest shard where shards differ)."""
     lp = attention_params(m)

@@ -17,6 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.catalog import get_gpu, get_model
+from tuner.planner import parse_layout, plan_memory
+from tuner.sim.calibrate import load_calibration
+from tuner.sim.optable import OpTables, load_profile
+from tuner.sim.simulate import build_step_model
+from tuner.sim.steptime import RankWork
+from tuner.sim.optable import clear_cache, parse_profile
+from .runner import write_profile
 
 TOLERANCE = 0.10
 
@@ -85,11 +93,6 @@ def read_whole_steps(path: str | Path) -> list[WholeStep]:
 
 
 def _step_model(profile_path: str | Path):
-    from tuner.catalog import get_gpu, get_model
-    from tuner.planner import parse_layout, plan_memory
-    from tuner.sim.calibrate import load_calibration
-    from tuner.sim.optable import OpTables, load_profile
-    from tuner.sim.simulate import build_step_model
 
     pf = load_profile(profile_path)
     doc = json.loads(Path(profile_path).read_text())
@@ -106,7 +109,6 @@ def _step_model(profile_path: str | Path):
 
 
 def _work(step: WholeStep):
-    from tuner.sim.steptime import RankWork
 
     if step.kind == "decode":
         return [RankWork(decode_reqs=step.batch, decode_ctx_tokens=step.batch * step.tokens)]
@@ -141,9 +143,7 @@ def compose(profile_path: str | Path, steps: list[WholeStep]) -> dict:
 def fit_step_overhead(profile_path: str | Path, steps: list[WholeStep]) -> dict:
     """Store the decode residual (whole step minus per-op sum, per batch size) and the whole steps
     in the profile; returns the updated document (written back to ``profile_path``)."""
-    from tuner.sim.optable import clear_cache, parse_profile
 
-    from .runner import write_profile
 
     st, pf, doc = _step_model(profile_path)
     resid: dict[int, list[float]] = {}

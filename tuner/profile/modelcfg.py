@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner.catalog import Checkpoint, ModelSpec
+from tuner.catalog import Checkpoint, ModelDescription
 from tuner.errors import ConfigError
 
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 
-def hf_config(model: ModelSpec, ckpt: Checkpoint) -> dict:
+def hf_config(model: ModelDescription, ckpt: Checkpoint) -> dict:
     m = model
     common = {"hidden_size": m.hidden_size, "num_hidden_layers": m.num_layers, "vocab_size": m.vocab_size,
               "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_kv_heads,
@@ -48,7 +48,7 @@ def hf_config(model: ModelSpec, ckpt: Checkpoint) -> dict:
     return cfg
 
 
-def write_model_dir(model: ModelSpec, ckpt: Checkpoint, directory: str | Path) -> Path:
+def write_model_dir(model: ModelDescription, ckpt: Checkpoint, directory: str | Path) -> Path:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(hf_config(model, ckpt), indent=2) + "\n")

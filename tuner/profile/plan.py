@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tuner.catalog import Checkpoint, GPUSpec, ModelSpec
+from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.planner.parallel import ParallelLayout
 from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape, attention_shape, gemms, moe_shape
+from tuner.catalog import get_gpu, get_model
+from tuner.errors import ConfigError
+from tuner.planner import parse_layout, resolve_checkpoint
+from tuner.planner.memory import kv_cache_dtype
+from tuner.planner.startup import default_attention_backend
+from tuner.sim.scheduler import check_version
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -21,8 +27,8 @@ OP_KINDS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc",
 
 @dataclass(frozen=True)
 class ProfilePlan:
-    model: ModelSpec
-    gpu: GPUSpec
+    model: ModelDescription
+    gpu: GPUDescription
     ckpt: Checkpoint
     layout: ParallelLayout
     kv_cache_dtype: str
@@ -93,12 +99,6 @@ def build_plan(model: str, hardware: str, flags: dict, *, sglang_version: str | 
                ops: tuple[str, ...] | None = None, moe_variants: tuple[str, ...] = ("default",)) -> ProfilePlan:
     """The plan for ``flags`` (tp-size, attn-dp-size, ep-size, quantization, kv-cache-dtype,
     attention-backend) on one GPU of ``hardware``: shapes as each GPU of that parallelism sees them."""
-    from tuner.catalog import get_gpu, get_model
-    from tuner.errors import ConfigError
-    from tuner.planner import parse_layout, resolve_checkpoint
-    from tuner.planner.memory import kv_cache_dtype
-    from tuner.planner.startup import default_attention_backend
-    from tuner.sim.scheduler import check_version
 
     m, g = get_model(model), get_gpu(hardware)
     layout = parse_layout(m, flags, 1 << 20)  # shapes only: the GPUs of the node are not needed here

@@ -33,12 +33,13 @@ import math
 import os
 import socket
 
-from tuner.catalog import GPUSpec, ModelSpec
+from tuner.catalog import GPUDescription, ModelDescription
 from tuner.planner.startup import triton_max_kv_splits
 from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape
 
 from .kernels import Kernels
 from .timing import Runnable
+from tuner.kernels.configfile import config_relpath, nearest_config, read_configs
 
 MAX_ROTATIONS = 8
 
@@ -52,7 +53,7 @@ def _free_port() -> int:
 class SGLangKernels(Kernels):
     name = "sglang"
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, *, model_dir: str, flags: dict, kv_cache_dtype: str,
+    def __init__(self, model: ModelDescription, gpu: GPUDescription, *, model_dir: str, flags: dict, kv_cache_dtype: str,
                  tuned_moe_dir: str | None = None, max_kv_tokens: int = 16 << 20, seed: int = 0):
         import torch
 
@@ -293,7 +294,6 @@ class SGLangKernels(Kernels):
     def _tuned_config(self, shape: MoEShape, tokens: int) -> dict:
         import triton
 
-        from tuner.kernels.configfile import config_relpath, nearest_config, read_configs
 
         if not self.tuned_moe_dir:
             raise ValueError("the tuned MoE variant needs --tuned-moe-dir (tuner kernels tune output)")

@@ -41,6 +41,7 @@ from aiohttp import web
 from tuner.errors import StorageError, StudyNotFoundError, UserError
 from tuner.report import data
 from tuner.report.html import static_text, summary_html
+from tuner.workload.loadgen_server import new_event_loop
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +388,6 @@ def serve(storage: str, host: str = "127.0.0.1", port: int = 8080, runs_dir: str
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _QuietBadRequests) for f in server_log.filters):
         server_log.addFilter(_QuietBadRequests())
-    from tuner.workload.loadgen_server import new_event_loop  # uvloop where installed
 
     loop = new_event_loop()
     try:

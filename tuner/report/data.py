@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import StudyNotFoundError, UserError
+from tuner.lifecycle import TrialStatus
 from tuner.storage import db, repo
 from tuner.study.summary import list_summaries, study_summary
 
@@ -68,9 +69,9 @@ def best_so_far(trials: list[dict]) -> list[dict]:
     """Per finished trial in trial order: its capacity and the best capacity up to it."""
     out, best = [], None
     for t in sorted(trials, key=lambda t: t["number"]):
-        if t["status"] == "running":
+        if t["status"] == TrialStatus.RUNNING:
             continue
-        cap = t["capacity_users"] if t["status"] == "complete" else None
+        cap = t["capacity_users"] if t["status"] == TrialStatus.COMPLETE else None
         if cap is not None:
             best = cap if best is None else max(best, cap)
         out.append({"number": t["number"], "status": t["status"], "capacity_users": cap, "best_users": best,
@@ -106,7 +107,7 @@ def failure_groups(trials: list[dict]) -> list[dict]:
     """Trials that did not complete, grouped by failure class, largest group first."""
     groups: dict[str, list] = {}
     for t in trials:
-        if t["status"] in ("complete", "running"):
+        if t["status"] in (TrialStatus.COMPLETE, TrialStatus.RUNNING):
             continue
         groups.setdefault(t["failure_class"] or t["status"], []).append(
             {"number": t["number"], "status": t["status"], "reason": t["failure_reason"], "launched": t["launched"]})
@@ -187,6 +188,7 @@ def _log_inside(log_path: str | None, run_dir: Path) -> Path | None:
 def trial_log(storage: str, name: str, number: int, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> tuple[str, bool]:
     """(text, truncated) of trial ``number``'s server log; UserError if there is none to serve."""
     engine = db.get_engine(storage, create=False, readonly=True)
+    db.require_current(engine, storage, readonly=True)
     row = next((t for t in repo.trials(engine, name) if t.trial_number == number), None)
     if row is None:
         raise StudyNotFoundError(f"no trial {number} in study {name!r}")

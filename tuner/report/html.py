@@ -12,6 +12,7 @@ from html import escape
 from importlib import resources
 
 from tuner import __version__
+from tuner.lifecycle import StudyStatus, TrialStatus
 
 STATIC = "tuner.report"
 
@@ -82,7 +83,7 @@ def _counts(counts: dict) -> str:
 def _verdict(s: dict) -> str:
     best, base = s.get("best"), s.get("baseline")
     if not best:
-        what = "no trial has completed yet" if s["status"] == "running" else "no trial completed"
+        what = "no trial has completed yet" if s["status"] == StudyStatus.RUNNING else "no trial completed"
         return f'<p class="verdict miss"><span class="big">–</span> {esc(what)}.</p>'
     met = best["capacity_users"] >= s["target_users"]
     parts = [f'<span class="big">{esc(best["capacity_users"])} users</span> with trial {esc(best["number"])}'
@@ -93,7 +94,7 @@ def _verdict(s: dict) -> str:
             parts.append(f"— <b>{s['improvement_over_baseline']:.2f}×</b> the baseline's {esc(base['capacity_users'])} users")
         elif base.get("capacity_users") == 0:
             parts.append("— the baseline met the targets for no user count")
-        elif base["status"] != "complete":
+        elif base["status"] != TrialStatus.COMPLETE:
             parts.append(f"— the baseline did not complete ({esc(base['status'])})")
     return f'<p class="verdict{"" if met else " miss"}">{" ".join(parts)}.</p>'
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tuner.errors import UserError
@@ -61,8 +62,6 @@ def render_pngs(report_html: Path, out_dir: Path, chromium: str | None = None) -
     except RuntimeError:
         return job()
     # called from inside an event loop (a notebook, an async caller): render on a thread of its own
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(job).result()
 

@@ -1,13 +1,12 @@
 """Calibration of the step-time model: load the per-GPU efficiency file and refit its MoE entries
 from fused-MoE kernel measurements.
 
-``python -m tuner.sim.calibrate --summary results/kernels/h200/summary.json --gpu h200`` rewrites
-``tuner/sim/calibration/h200.yaml`` from a kernel-tuning summary.
+``tuner calibration refit --summary results/kernels/h200/summary.json --gpu h200`` rewrites
+``tuner/sim/calibration/h200.yaml`` from a kernel-tuning summary (``write_refit``).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -125,14 +124,11 @@ def tuned_speedup(cal: dict[str, Any], tokens: int) -> float | None:
     return None
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--summary", required=True, help="kernel summary JSON (per batch size default_us, found_us)")
-    parser.add_argument("--gpu", required=True, help="catalog GPU name; writes calibration/<gpu>.yaml")
-    args = parser.parse_args(argv)
-    path = CALIBRATION_DIR / f"{args.gpu}.yaml"
+def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
+    """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes)."""
+    path = CALIBRATION_DIR / f"{gpu}.yaml"
     current = _read(path) if path.exists() else {}
-    fitted = refit(args.summary, load_calibration(args.gpu))
+    fitted = refit(summary, load_calibration(gpu))
     current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
     header = []
     if path.exists():  # keep the file's own explanation, note the refit below it
@@ -141,12 +137,8 @@ def main(argv=None) -> None:
                 break
             if "MoE entries refit from" not in line:
                 header.append(line)
-    header.append(f"# MoE entries refit from {args.summary}")
+    header.append(f"# MoE entries refit from {summary}")
     with open(path, "w") as f:
         f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)
-    print(f"wrote {path}: tuned speedups at {sorted(fitted['moe_tuned_speedup'])}")
-
-
-if __name__ == "__main__":
-    main()
+    return path, sorted(fitted["moe_tuned_speedup"])

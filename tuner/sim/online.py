@@ -18,6 +18,12 @@ from .engine import Rank, ReplicaEngine, Req, Stats
 from .router import ContentIndex, Router
 from .scheduler import SchedulerRules
 from .steptime import StepTimeModel
+from tuner.catalog import get_gpu, get_model
+from tuner.planner import parse_layout, plan_memory
+from .calibrate import load_calibration
+from .router import routing_policy
+from .scheduler import check_version
+from .simulate import build_step_model, scheduler_rules
 
 ROUTE_BLOCKS = 4096  # prompt blocks the router's tree keys on (64k tokens of 16)
 
@@ -126,13 +132,7 @@ def build_online_engine(model, gpu, gpus: int, flags: dict, knobs: dict | None, 
     """The online engine of a configuration, built exactly as ``simulate_load_point`` builds its
     replicas (same plan, scheduler rules, step-time model and routing policy). Returns
     ``(engine, plan)``."""
-    from tuner.catalog import get_gpu, get_model
-    from tuner.planner import parse_layout, plan_memory
 
-    from .calibrate import load_calibration
-    from .router import routing_policy
-    from .scheduler import check_version
-    from .simulate import build_step_model, scheduler_rules
 
     m = get_model(model) if isinstance(model, str) else model
     g = get_gpu(gpu) if isinstance(gpu, str) else gpu

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.catalog import Checkpoint, ModelSpec
+from tuner.catalog import Checkpoint, ModelDescription
 from tuner.planner.parallel import ParallelLayout
 
 
@@ -68,7 +68,7 @@ def _fmt(kind: str, ckpt: Checkpoint) -> str:
     return "bf16" if kind == "norms" or kind in ckpt.unquantized else ckpt.weight_format
 
 
-def gemms(model: ModelSpec, ckpt: Checkpoint, layout: ParallelLayout) -> list[Gemm]:
+def gemms(model: ModelDescription, ckpt: Checkpoint, layout: ParallelLayout) -> list[Gemm]:
     """Every non-expert linear layer one GPU runs, with its local shape."""
     m, h = model, model.hidden_size
     attn_tp = layout.attn_tp
@@ -117,7 +117,7 @@ def gemms(model: ModelSpec, ckpt: Checkpoint, layout: ParallelLayout) -> list[Ge
     return out
 
 
-def attention_shape(model: ModelSpec, layout: ParallelLayout, kv_dtype: str) -> AttentionShape:
+def attention_shape(model: ModelDescription, layout: ParallelLayout, kv_dtype: str) -> AttentionShape:
     m = model
     heads = max(1, m.num_attention_heads // layout.attn_tp)
     if m.is_mla:
@@ -129,7 +129,7 @@ def attention_shape(model: ModelSpec, layout: ParallelLayout, kv_dtype: str) -> 
                           mha_qk_head_dim=m.head_dim, mha_v_head_dim=m.head_dim)
 
 
-def moe_shape(model: ModelSpec, ckpt: Checkpoint, layout: ParallelLayout) -> MoEShape | None:
+def moe_shape(model: ModelDescription, ckpt: Checkpoint, layout: ParallelLayout) -> MoEShape | None:
     m = model
     if not m.is_moe:
         return None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError
+from .scheduler import version_tuple
 
 FORMAT = "tuner-op-profile/1"
 PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -199,7 +200,6 @@ def _shape_matches(have: dict, want: dict) -> bool:
 
 
 def _version_distance(a: str, b: str) -> tuple:
-    from .scheduler import version_tuple
 
     va, vb = version_tuple(a), version_tuple(b)
     return (va[:2] != vb[:2], abs(va[2] - vb[2]))

@@ -22,7 +22,10 @@ import numpy as np
 
 from tuner.errors import ConfigError
 
-POLICIES = ("round_robin", "random", "power_of_two", "cache_aware", "total_requests", "total_tokens")
+from tuner.vocabulary import RouterPolicy, names
+
+# sglang_router's policies, then SGLang's in-server balancing methods (--load-balance-method)
+POLICIES = (*names(RouterPolicy), "total_requests", "total_tokens")
 
 
 def routing_policy(flags: dict, knobs: dict | None) -> str:

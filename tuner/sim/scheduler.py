@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import ConfigError
+from tuner.planner.memory import rules_version
+from tuner.planner.parallel import flag_bool, flag_float, flag_int
 
 DEFAULT_SGLANG_VERSION = "0.5.23"
 SUPPORTED_SGLANG_VERSIONS = ("0.5.17", "0.5.23")
@@ -42,7 +44,6 @@ def version_tuple(version: str) -> tuple[int, int, int]:
 def check_version(version: str | None) -> str:
     """The SGLang version whose rules apply (``tuner.planner.memory.rules_version``): releases
     before 0.5.20 follow 0.5.17, later ones 0.5.23; None means 0.5.23."""
-    from tuner.planner.memory import rules_version
 
     return ".".join(map(str, rules_version(version)))
 
@@ -83,7 +84,6 @@ class SchedulerRules:
     def for_version(cls, version: str | None, *, page_size: int, chunked_prefill_size: int,
                     max_running_requests: int, attn_dp: int, flags: dict[str, Any],
                     hierarchical_cache: bool = False) -> "SchedulerRules":
-        from tuner.planner.parallel import flag_bool, flag_float, flag_int
 
         version = check_version(version)
         policy_name = str(flags.get("schedule-policy") or "fcfs")

@@ -17,14 +17,14 @@ import zlib
 
 from aiohttp import web
 
+from tuner.errors import ConfigError
+
 from .online import OnlineEngine
 
 FAULTS = ("exit_at_start", "crash_after_s", "hang", "hang_after_s", "oom", "slow_start_s")
 
 
 def parse_fault(text: str | None) -> tuple[str | None, float]:
-    from tuner.errors import ConfigError
-
     if not text:
         return None, 0.0
     name, _, value = text.partition("=")

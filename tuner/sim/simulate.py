@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from tuner.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
+from tuner.lifecycle import FailureClass
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import speculative_draft_layers
 from tuner.planner.parallel import flag_bool
@@ -40,7 +41,7 @@ MULTI_REPLICA_JUMP_S = 0.05
 __all__ = ["build_step_model", "routing_policy", "scheduler_rules", "simulate_load_point"]
 
 
-def build_step_model(model: ModelSpec, gpu: GPUSpec, plan, layout, flags: dict, knobs: dict, cal: dict,
+def build_step_model(model: ModelDescription, gpu: GPUDescription, plan, layout, flags: dict, knobs: dict, cal: dict,
                      gpus_per_node: int, sglang_version: str | None = None, op_tables=None) -> StepTimeModel:
     tiles = (knobs or {}).get("moe-tile-configs") or "default"
     if tiles not in ("default", "tuned"):
@@ -106,11 +107,9 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration,
         plan = plan_memory(model, gpu, gpus, flags, nodes=nodes, host_memory_gb=host_memory_gb,
                            sglang_version=version)
     except ConfigError as exc:
-        raise TrialError("infeasible", str(exc)) from None
+        raise TrialError(FailureClass.INFEASIBLE, str(exc)) from None
     if not plan.fits:
-        reason = plan.reason.lower()
-        cls = "oom" if "out of memory" in reason or "not enough memory" in reason else "infeasible"
-        raise TrialError(cls, plan.reason)
+        raise TrialError(plan.failure_class, plan.reason)
     layout = parse_layout(model, flags, gpus * nodes)
     cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
         gpu.name, calibration)
@@ -124,8 +123,8 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration,
 
 
 def simulate_load_point(
-    model: ModelSpec | str,
-    gpu: GPUSpec | str,
+    model: ModelDescription | str,
+    gpu: GPUDescription | str,
     gpus: int,
     flags: dict[str, Any],
     knobs: dict[str, Any] | None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.catalog import Checkpoint, GPUSpec, ModelSpec
+from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.planner.parallel import ParallelLayout
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
@@ -54,7 +54,7 @@ class RankWork:
 
 
 class StepTimeModel:
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, ckpt: Checkpoint, layout: ParallelLayout,
+    def __init__(self, model: ModelDescription, gpu: GPUDescription, ckpt: Checkpoint, layout: ParallelLayout,
                  cell_bytes: int, calibration: dict, *, gpus_per_node: int, moe_tiles: str = "default",
                  cuda_graph_max_bs: int = 512, decode_graph: bool = True, with_mtp: bool = False,
                  kv_cache_dtype: str = "bf16", sglang_version: str = "0.5.23", flags: dict | None = None,

@@ -6,11 +6,13 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import create_engine, event, inspect, text
+from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from tuner.errors import StorageError
+from tuner.storage import migrations
 from tuner.storage.models import SCHEMA_VERSION, Base, SchemaInfo
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -87,18 +89,57 @@ def _readonly_pragmas(dbapi_conn, _record):
 
 
 def ensure_schema(engine: Engine) -> None:
-    """Create tuner's tables if absent; refuse a database written by a newer schema."""
-    from sqlalchemy.orm import Session
-
+    """Create tuner's tables if absent and upgrade an older schema; refuse a newer one."""
     Base.metadata.create_all(engine)
     with Session(engine) as s:
         row = s.get(SchemaInfo, 1)
         if row is None:
             s.add(SchemaInfo(id=1, version=SCHEMA_VERSION))
             s.commit()
-        elif row.version > SCHEMA_VERSION:
-            raise StorageError(f"the study database was written by a newer tuner (schema {row.version} > "
-                               f"{SCHEMA_VERSION}); upgrade tuner")
+            return
+    _check_not_newer(row.version)
+    if row.version < SCHEMA_VERSION:
+        upgrade(engine)
+
+
+def schema_version(engine: Engine) -> int | None:
+    """The version of tuner's tables (None: there are none)."""
+    if not has_schema(engine):
+        return None
+    with engine.connect() as conn:
+        version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
+    return 1 if version is None else int(version)
+
+
+def upgrade(engine: Engine) -> list[int]:
+    """Bring tuner's tables to SCHEMA_VERSION, in one transaction; returns the versions reached."""
+    with engine.begin() as conn:
+        current = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1).with_for_update()).scalar()
+        if current is None:
+            raise StorageError("the study database has no tuner schema version; it was not written by tuner")
+        _check_not_newer(current)
+        reached = migrations.upgrade(conn, int(current), SCHEMA_VERSION)
+        conn.execute(SchemaInfo.__table__.update().where(SchemaInfo.id == 1).values(version=SCHEMA_VERSION))
+    return reached
+
+
+def require_current(engine: Engine, url: str, *, readonly: bool = False) -> None:
+    """For readers of an existing database: upgrade an older schema in place, or (read-only)
+    refuse it with the command that upgrades it; refuse a newer one."""
+    version = schema_version(engine)
+    if version is None or version == SCHEMA_VERSION:
+        return
+    _check_not_newer(version)
+    if readonly:
+        raise StorageError(f"the study database {url} has tuner schema {version}; this tuner reads schema "
+                           f"{SCHEMA_VERSION}. Upgrade it once with `tuner db upgrade --storage {url}`")
+    upgrade(engine)
+
+
+def _check_not_newer(version: int) -> None:
+    if version > SCHEMA_VERSION:
+        raise StorageError(f"the study database was written by a newer tuner (schema {version} > "
+                           f"{SCHEMA_VERSION}); upgrade tuner")
 
 
 def has_schema(engine: Engine) -> bool:

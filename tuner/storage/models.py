@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+from tuner.lifecycle import StudyStatus, TrialStatus
+
+# 1: the first release. 2: trials record `launched` and `screened_by_planner` as columns
+# (version 1 kept them as telemetry["not_launched"] and a "planner:" prefix of the reason).
+SCHEMA_VERSION = 2
 
 
 class Base(DeclarativeBase):
@@ -32,7 +36,7 @@ class StudyRow(Base):
     trials_budget: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(32), default="running")  # running|finished|stopped
+    status: Mapped[str] = mapped_column(String(32), default=StudyStatus.RUNNING.value)  # a StudyStatus
     tuner_version: Mapped[str] = mapped_column(String(32))
 
 
@@ -43,15 +47,17 @@ class TrialRow(Base):
     study_name: Mapped[str] = mapped_column(String(255), ForeignKey("tuner_studies.name"), index=True)
     trial_number: Mapped[int] = mapped_column(Integer)  # Optuna's trial.number
     optuna_trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # running | complete | infeasible | failed | pruned | interrupted
-    status: Mapped[str] = mapped_column(String(32), default="running")
+    status: Mapped[str] = mapped_column(String(32), default=TrialStatus.RUNNING.value)  # a TrialStatus
     is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    # False: settled without starting anything (a constraint failed, or the planner screened it out)
+    launched: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    screened_by_planner: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     backend_kind: Mapped[str] = mapped_column(String(32))
     params: Mapped[dict] = mapped_column(JSON)  # knob -> value as sampled (None = default)
     flags: Mapped[dict] = mapped_column(JSON)  # server flags passed
     knobs: Mapped[dict] = mapped_column(JSON)  # tuner-level knobs
     capacity_users: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)  # a FailureClass
     failure_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     pids: Mapped[list] = mapped_column(JSON, default=list)

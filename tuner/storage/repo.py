@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from tuner.lifecycle import Outcome, StudyStatus, TrialStatus
 from tuner.storage.models import MeasurementRow, StudyRow, TrialRow
 from tuner.workload.metrics import LoadPointMetrics
 
@@ -31,7 +32,7 @@ def create_study(engine: Engine, *, name: str, spec_yaml: str, spec_hash: str, s
         s.add(StudyRow(name=name, spec_yaml=spec_yaml, spec_hash=spec_hash, source_path=source_path,
                        backend_kind=backend_kind, target_users=target_users, p90_ttft_slo_s=p90_ttft_slo_s,
                        p90_tpot_slo_s=p90_tpot_slo_s, trials_budget=trials_budget, created_at=now,
-                       updated_at=now, status="running", tuner_version=tuner_version))
+                       updated_at=now, status=StudyStatus.RUNNING.value, tuner_version=tuner_version))
 
 
 def get_study(engine: Engine, name: str) -> StudyRow | None:
@@ -44,10 +45,10 @@ def list_studies(engine: Engine) -> list[StudyRow]:
         return list(s.scalars(select(StudyRow).order_by(StudyRow.created_at)))
 
 
-def set_study_status(engine: Engine, name: str, status: str, **fields) -> None:
+def set_study_status(engine: Engine, name: str, status: StudyStatus, **fields) -> None:
     with Session(engine) as s, s.begin():
         s.execute(update(StudyRow).where(StudyRow.name == name)
-                  .values(status=status, updated_at=time.time(), **fields))
+                  .values(status=StudyStatus(status).value, updated_at=time.time(), **fields))
 
 
 def start_trial(engine: Engine, *, study_name: str, trial_number: int, optuna_trial_id: int | None,
@@ -55,7 +56,7 @@ def start_trial(engine: Engine, *, study_name: str, trial_number: int, optuna_tr
                 predicted_kv_capacity_tokens: int | None = None) -> None:
     with Session(engine) as s, s.begin():
         s.add(TrialRow(study_name=study_name, trial_number=trial_number, optuna_trial_id=optuna_trial_id,
-                       status="running", is_baseline=is_baseline, backend_kind=backend_kind,
+                       status=TrialStatus.RUNNING.value, is_baseline=is_baseline, backend_kind=backend_kind,
                        params=_plain(params), flags=_plain(flags), knobs=_plain(knobs),
                        predicted_kv_capacity_tokens=predicted_kv_capacity_tokens,
                        started_at=time.time(), pids=[], gpu_ids=[], telemetry={}))
@@ -67,16 +68,17 @@ def update_trial(engine: Engine, study_name: str, trial_number: int, **fields: A
                                          TrialRow.trial_number == trial_number).values(**fields))
 
 
-def finish_trial(engine: Engine, study_name: str, trial_number: int, *, status: str,
+def finish_trial(engine: Engine, study_name: str, trial_number: int, *, status: TrialStatus,
                  capacity_users: int | None, failure_class: str | None = None,
                  failure_reason: str | None = None, **fields: Any) -> None:
+    """Record how the trial ended (``fields``: other columns to set, e.g. launched, telemetry)."""
     now = time.time()
     with Session(engine) as s, s.begin():
         row = s.scalars(select(TrialRow).where(TrialRow.study_name == study_name,
                                                TrialRow.trial_number == trial_number)).one()
-        row.status = status
+        row.status = TrialStatus(status).value
         row.capacity_users = capacity_users
-        row.failure_class = failure_class
+        row.failure_class = None if failure_class is None else str(failure_class)
         row.failure_reason = failure_reason
         row.finished_at = now
         row.wall_time_s = now - row.started_at
@@ -101,6 +103,15 @@ def add_measurement(engine: Engine, *, study_name: str, trial_number: int, step:
             wall_time_s=wall_time_s, created_at=time.time(), extra=_plain(m.extra)))
 
 
+def record_outcome(engine: Engine, study_name: str, trial_number: int, outcome: Outcome, **fields: Any) -> None:
+    """``finish_trial`` from an Outcome."""
+    if outcome.log_path:
+        fields.setdefault("log_path", outcome.log_path)
+    finish_trial(engine, study_name, trial_number, status=outcome.status, capacity_users=outcome.capacity_users,
+                 failure_class=outcome.failure_class, failure_reason=outcome.reason, launched=outcome.launched,
+                 screened_by_planner=outcome.screened_by_planner, **fields)
+
+
 def trials(engine: Engine, study_name: str) -> list[TrialRow]:
     with Session(engine, expire_on_commit=False) as s:
         return list(s.scalars(select(TrialRow).where(TrialRow.study_name == study_name)
@@ -118,7 +129,7 @@ def measurements(engine: Engine, study_name: str, trial_number: int | None = Non
 def running_trials(engine: Engine, study_name: str) -> list[TrialRow]:
     with Session(engine, expire_on_commit=False) as s:
         return list(s.scalars(select(TrialRow).where(TrialRow.study_name == study_name,
-                                                     TrialRow.status == "running")))
+                                                     TrialRow.status == TrialStatus.RUNNING.value)))
 
 
 def best_trial(engine: Engine, study_name: str) -> TrialRow | None:
@@ -132,7 +143,7 @@ def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
 def best_of(rows: list[TrialRow]) -> TrialRow | None:
     """The best of already-read rows: readers that summarise one snapshot use this, not a second
     query that may see trials finished in between."""
-    done = [t for t in rows if t.status == "complete" and t.capacity_users is not None]
+    done = [t for t in rows if t.status == TrialStatus.COMPLETE and t.capacity_users is not None]
     if not done:
         return None
     return max(done, key=lambda t: (t.capacity_users, -t.trial_number))
@@ -140,3 +151,29 @@ def best_of(rows: list[TrialRow]) -> TrialRow | None:
 
 def baseline_of(rows: list[TrialRow]) -> TrialRow | None:
     return next((t for t in rows if t.is_baseline), None)
+
+
+class StudyRecords:
+    """The rows of one study in one database, as the study driver's ledger writes them."""
+
+    def __init__(self, engine: Engine, study_name: str):
+        self.engine = engine
+        self.study_name = study_name
+
+    def create_study(self, **fields: Any) -> None:
+        create_study(self.engine, name=self.study_name, **fields)
+
+    def start_trial(self, **fields: Any) -> None:
+        start_trial(self.engine, study_name=self.study_name, **fields)
+
+    def update_trial(self, trial_number: int, **fields: Any) -> None:
+        update_trial(self.engine, self.study_name, trial_number, **fields)
+
+    def finish_trial(self, trial_number: int, outcome: Outcome, **fields: Any) -> None:
+        record_outcome(self.engine, self.study_name, trial_number, outcome, **fields)
+
+    def add_measurement(self, **fields: Any) -> None:
+        add_measurement(self.engine, study_name=self.study_name, **fields)
+
+    def set_status(self, status: StudyStatus) -> None:
+        set_study_status(self.engine, self.study_name, status)

@@ -17,7 +17,12 @@ search. Assumptions (per node, cold page cache; override with the module constan
 
 from __future__ import annotations
 
-from tuner.spec.schema import StudySpec
+from tuner.catalog import get_gpu, get_model
+from tuner.lifecycle import TrialStatus
+from tuner.planner import plan_memory
+from tuner.config.schema import StudySpec
+from tuner.study import space as space_mod
+from tuner.study.pruning import replay_pruned
 
 STORAGE_READ_GB_PER_S = 5.0  # local NVMe RAID per node, cold page cache
 GRAPH_CAPTURE_S_PER_BATCH = 0.8  # deep MoE models; about 30 s for the default capture list
@@ -34,9 +39,6 @@ def server_start_s(study: StudySpec, flags: dict) -> tuple[float, int]:
     """(seconds from launch to ready, GPUs the server holds) for one configuration."""
     hw = study.hardware
     try:
-        from tuner.catalog import get_gpu, get_model
-        from tuner.planner import plan_memory
-
         plan = plan_memory(get_model(study.model), get_gpu(hw.gpu), hw.gpus_per_node, flags, nodes=hw.nodes,
                            host_memory_gb=hw.host_memory_gb)
     except Exception:  # a model outside the catalog (e.g. a local transformers dir): fixed part only
@@ -64,9 +66,6 @@ def trials_cost(study: StudySpec, entries: list[dict], *, pruned: bool = True, b
 
     With ``pruned`` each capacity search stops as soon as it cannot beat the best finished so far
     (as the runner does); with ``baseline_first`` the first entry (the baseline) always runs to the end."""
-    from tuner.study import space as space_mod
-    from tuner.study.fidelity import replay_pruned
-
     gpu_s, launches, points, incumbent = 0.0, 0, 0, None
     for i, e in enumerate(entries):
         if e.get("prescreened"):
@@ -74,12 +73,12 @@ def trials_cost(study: StudySpec, entries: list[dict], *, pruned: bool = True, b
         flags, _ = space_mod.split(e["values"], study.space().engine, space_mod.pinned_flags(study))
         steps = e.get("steps") or []
         n = len(steps)
-        if pruned and (i > 0 or not baseline_first) and e.get("status") == "complete":
+        if pruned and (i > 0 or not baseline_first) and e.get("status") == TrialStatus.COMPLETE:
             n, _, _ = replay_pruned(study, steps, incumbent)
         launches += 1
         points += n
         gpu_s += trial_gpu_s(study, flags, n)
-        if e.get("status") == "complete":
+        if e.get("status") == TrialStatus.COMPLETE:
             incumbent = max(incumbent or 0, int(e["capacity_users"]))
     return {"gpu_seconds": gpu_s, "gpu_hours": gpu_s / 3600, "launches": launches, "load_points": points}
 
@@ -93,7 +92,7 @@ def study_cost(study: StudySpec, trials: list[dict]) -> dict:
     """Estimated GPU cost of a recorded study (``tuner.study.summary`` trial dicts)."""
     gpu_s, launched, points = 0.0, 0, 0
     for t in trials:
-        if not t.get("launched", True) or t.get("status") == "running":
+        if not t.get("launched", True) or t.get("status") == TrialStatus.RUNNING:
             continue
         n = len(t.get("measurements") or [])
         fid = [m.get("fidelity") or 1.0 for m in t.get("measurements") or []]

@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tuner.errors import TrialError
+import tuner
+
+from tuner.backends import gpu
+from tuner.backends.process import identify
+from tuner.errors import TrialError, UserError
+from tuner.evaluation.registry import get_evaluator
+from tuner.lifecycle import FailureClass, Operation
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class OpResult:
     key: int  # trial number
-    op: str  # deploy | measure | close
+    op: Operation
     ok: bool
     value: Any  # deploy: info dict; measure: (LoadPointMetrics, wall_time_s); close: None
     error: TrialError | None = None
@@ -38,8 +44,6 @@ class TrialWorker:
         self._gpu_ids = list(gpu_ids)  # without Ray: the GPUs the in-process executor gives this trial
 
     def deploy(self, kind: str, request) -> dict:
-        from tuner.evaluation.registry import get_evaluator
-
         if self._deployment is not None:
             self.close()
         gpu_ids = _assigned_gpu_ids() or self._gpu_ids
@@ -62,7 +66,7 @@ class TrialWorker:
 
     def measure(self, users: int):
         if self._deployment is None:
-            raise TrialError("internal", "measure() before deploy()")
+            raise TrialError(FailureClass.INTERNAL, "measure() before deploy()")
         t0 = time.perf_counter()
         metrics = self._deployment.measure(users)
         return metrics, time.perf_counter() - t0
@@ -81,18 +85,19 @@ class TrialWorker:
             telemetry["close"] = report
         return telemetry
 
-    def call(self, op: str, *args):
+    def call(self, op: Operation, *args):
         """Run ``op`` and turn any failure into data, so one bad trial never stops the study."""
+        op = Operation(op)
         try:
-            return True, getattr(self, op)(*args), None
+            return True, getattr(self, op.value)(*args), None
         except TrialError as exc:
-            if op != "close":
+            if op is not Operation.CLOSE:
                 self._safe_close()
             return False, None, exc
         except Exception as exc:  # a bug in a backend: the trial fails, the study goes on
             log.exception("trial %s failed with an internal error", op)
             self._safe_close()
-            return False, None, TrialError("internal", f"{type(exc).__name__}: {exc}")
+            return False, None, TrialError(FailureClass.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _safe_close(self):
         try:
@@ -104,8 +109,6 @@ class TrialWorker:
 def _identities(pids) -> list[dict]:
     """PID + start time + command line of each live process, so a later resume can reap exactly
     these processes (and never a process that reused the PID)."""
-    from tuner.backends.process import identify
-
     out = []
     for pid in pids:
         ident = identify(int(pid))
@@ -145,8 +148,6 @@ def _local_gpu_ids(n: int) -> list[str]:
     if visible is not None:
         ids = [v.strip() for v in visible.split(",") if v.strip()]
     else:
-        from tuner.backends import gpu
-
         ids = [str(g.index) for g in gpu.detect_gpus()]
     return ids[:n]
 
@@ -156,12 +157,9 @@ class InProcessExecutor:
 
     def __init__(self):
         self._workers: dict[int, TrialWorker] = {}
-        self._queue: list[tuple[int, str, tuple]] = []
+        self._queue: list[tuple[int, Operation, tuple]] = []
 
-    def capacity(self) -> int:
-        return 1
-
-    def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
+    def submit(self, key: int, op: Operation, *args, num_gpus: int = 0) -> None:
         if key not in self._workers:
             self._workers[key] = TrialWorker(gpu_ids=_local_gpu_ids(num_gpus))
         self._queue.append((key, op, args))
@@ -172,12 +170,9 @@ class InProcessExecutor:
             return []
         key, op, args = self._queue.pop(0)
         ok, value, err = self._workers[key].call(op, *args)
-        if op == "close":
+        if op == Operation.CLOSE:
             self._workers.pop(key, None)
         return [OpResult(key, op, ok, value, err)]
-
-    def active(self) -> int:
-        return len(self._workers)
 
     def shutdown(self) -> None:
         for w in self._workers.values():
@@ -193,22 +188,21 @@ class RayExecutor:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                           logging_level=logging.WARNING, configure_logging=True)
-            if address:
-                kwargs["address"] = address
+            # "local" starts a Ray of our own: without it ray.init() joins any cluster this machine
+            # started last (ray start, another program's Ray), whose nodes and lifetime are not ours
+            kwargs["address"] = address or "local"
             # workers import tuner from the same place the driver does
             kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": _pythonpath()}}
             try:
                 ray.init(**kwargs)
             except ConnectionError as exc:
-                from tuner.errors import UserError
-
                 raise UserError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
         self._actor_cls = ray.remote(TrialWorker)
         self._cpus = cpus_per_trial
         self._actors: dict[int, Any] = {}
         self._actor_gpus: dict[int, int] = {}
         self._idle_cpu_actors: list = []
-        self._pending: dict[Any, tuple[int, str]] = {}
+        self._pending: dict[Any, tuple[int, Operation]] = {}
         self._refused: list[OpResult] = []
         self._cluster_gpus: float | None = None
 
@@ -218,12 +212,12 @@ class RayExecutor:
             self._cluster_gpus = float(self._ray.cluster_resources().get("GPU", 0))
         return self._cluster_gpus
 
-    def submit(self, key: int, op: str, *args, num_gpus: int = 0) -> None:
+    def submit(self, key: int, op: Operation, *args, num_gpus: int = 0) -> None:
         actor = self._actors.get(key)
         if actor is None and num_gpus > 0 and num_gpus > self.cluster_gpus():
             # Ray would keep such an actor pending forever: settle the trial now instead
             self._refused.append(OpResult(key, op, False, None, TrialError(
-                "infeasible", f"needs {num_gpus} GPU(s) but the Ray cluster has {self.cluster_gpus():g} in all "
+                FailureClass.INFEASIBLE, f"needs {num_gpus} GPU(s) but the Ray cluster has {self.cluster_gpus():g} in all "
                               f"(run on a GPU node, or join a cluster with --ray-address)")))
             return
         if actor is None:
@@ -251,9 +245,10 @@ class RayExecutor:
             try:
                 ok, value, err = self._ray.get(ref)
             except Exception as exc:  # the actor process died (e.g. killed by the OOM killer)
-                ok, value, err = False, None, TrialError("crash", f"trial worker died: {type(exc).__name__}: {exc}")
+                ok, value, err = False, None, TrialError(FailureClass.CRASH,
+                                                         f"trial worker died: {type(exc).__name__}: {exc}")
                 self._discard(key, kill=True)
-            if op == "close" or (not ok and op != "close"):
+            if op == Operation.CLOSE or not ok:
                 self._release(key)
             out.append(OpResult(key, op, ok, value, err))
         return out
@@ -277,9 +272,6 @@ class RayExecutor:
             except Exception:
                 pass
 
-    def active(self) -> int:
-        return len(self._actors)
-
     def shutdown(self) -> None:
         for actor in list(self._actors.values()) + self._idle_cpu_actors:
             try:
@@ -291,8 +283,6 @@ class RayExecutor:
 
 
 def _pythonpath() -> str:
-    import tuner
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(tuner.__file__)))
     existing = os.environ.get("PYTHONPATH", "")
     return root + (os.pathsep + existing if existing else "")

@@ -12,10 +12,22 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import yaml
+
 import tuner
 from tuner import safewrite
+from tuner.backends.moe_configs import prepare_trial_moe_dir
+from tuner.backends.router import plan_topology
+from tuner.backends.sglang import (
+    checkpoint_for, config_to_argv, config_yaml_dict, pinned_server_flags, render_config_yaml,
+)
+from tuner.catalog import get_gpu, get_model, model_label
+from tuner.catalog.sglang_flags import load_flagset, resolve_version
 from tuner.errors import ConfigError, StudyNotFoundError
+from tuner.lifecycle import TrialStatus
+from tuner.study.runner import load_existing
 from tuner.study.summary import study_summary
+from tuner.vocabulary import Engine
 
 DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
 
@@ -27,7 +39,7 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
         return summary["best"]
     for t in summary["trials"]:
         if t["number"] == trial_number:
-            if t["status"] != "complete":
+            if t["status"] != TrialStatus.COMPLETE:
                 raise ConfigError(f"trial {trial_number} did not complete ({t['status']}); nothing to export",
                                   key="--trial")
             return t
@@ -37,8 +49,6 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
 def export_study(storage: str, name: str, *, output: str | None = None,
                  trial_number: int | None = None, sglang_version: str | None = None) -> tuple[str, list[str]]:
     """(YAML text, notes for the user). Writes ``output`` (and tuned MoE files beside it) if given."""
-    from tuner.study.runner import load_existing
-
     if output is not None:
         safewrite.check_target(output)  # before anything is read or copied
     summary = study_summary(storage, name)
@@ -61,19 +71,12 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     if base and base.get("capacity_users") is not None and not trial["is_baseline"]:
         header.append(f"baseline (trial {base['number']}): {base['capacity_users']} users")
 
-    if engine != "sglang":
-        import yaml
-
+    if engine != Engine.SGLANG:
         body = yaml.safe_dump({**trial["flags"]}, sort_keys=True)
         header.append(f"engine: {engine} (these are its server flags)")
         text = "".join(f"# {h}\n" for h in header) + body
         _write(output, text)
         return text, notes
-
-    from tuner.backends.router import plan_topology
-    from tuner.backends.sglang import checkpoint_for, pinned_server_flags, render_config_yaml
-    from tuner.catalog import get_gpu, get_model, model_label
-    from tuner.catalog.sglang_flags import load_flagset, resolve_version
 
     fs = load_flagset(resolve_version(sglang_version, key="--sglang-version"))
     model = get_model(spec.model)
@@ -103,8 +106,6 @@ def export_study(storage: str, name: str, *, output: str | None = None,
         gpu = get_gpu(spec.hardware.gpu)
         source = Path(spec.backend_options.get("moe_config_dir", DEFAULT_TUNED_MOE_DIR.format(gpu=gpu.name)))
         if output and source.is_dir():
-            from tuner.backends.moe_configs import prepare_trial_moe_dir
-
             moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
                                                       include_shipped=False)
             moe_dir = moe_root.resolve()
@@ -119,8 +120,6 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     else:
         header.append("MoE tile configs: SGLang's shipped/default tiles (no SGLANG_MOE_CONFIG_DIR)")
     header.append("launch: " + shlex.join(launch))
-    from tuner.backends.sglang import config_to_argv, config_yaml_dict
-
     full = config_to_argv(config_yaml_dict(flags, model_path=model_path, flagset=fs, cli_overflow=[]), flagset=fs)
     header.append("equivalent: " + shlex.join(["sglang", "serve", *full, *cli_flags]))
     topo = plan_topology(flags, knobs)

@@ -9,6 +9,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tuner.lifecycle import TrialStatus
+
 
 class StudyProgress:
     def __init__(self, study_name: str, budget: int, *, enabled: bool = True):
@@ -55,12 +57,12 @@ class StudyProgress:
             cap = data.get("capacity")
             if data.get("baseline"):
                 self.baseline = cap
-            if data["status"] == "complete" and cap is not None and (self.best is None or cap > self.best[0]):
+            if data["status"] == TrialStatus.COMPLETE and cap is not None and (self.best is None or cap > self.best[0]):
                 self.best = (cap, data["number"])
             msg = f"trial {data['number']}: {data['status']}"
-            if data["status"] == "complete":
+            if data["status"] == TrialStatus.COMPLETE:
                 msg += f", capacity {cap} users"
-            elif data["status"] == "pruned":
+            elif data["status"] == TrialStatus.PRUNED:
                 msg += f", {str(data.get('reason') or '')[:110]}"
             elif data.get("reason"):
                 msg += f" ({data.get('failure_class') or data['status']}: {str(data['reason'])[:90]})"

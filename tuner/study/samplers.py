@@ -1,14 +1,23 @@
-"""Sampler names -> Optuna samplers. Infeasible or failed trials carry a violated constraint so the
-constrained samplers learn them as infeasible regions instead of ignoring them."""
+"""Sampler names -> Optuna samplers, the grid sampler's grid, and the planner-ranked first trials.
+
+Infeasible or failed trials carry a violated constraint so the constrained samplers learn them as
+infeasible regions instead of ignoring them.
+"""
 
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
-from tuner.errors import ConfigError
+from tuner.catalog import get_gpu, get_model
+from tuner.errors import ConfigError, TrialError, UserError
+from tuner.planner import plan_memory
+from tuner.config.schema import ParamSpec, StudySpec
+from tuner.study import space as space_mod
+from tuner.vocabulary import Engine, Sampler, names
 
 CONSTRAINT_KEY = "infeasible"  # trial.set_constraint(CONSTRAINT_KEY, 1.0) marks a trial infeasible
-SAMPLERS = ("default", "tpe", "random", "gp", "grid")
+SAMPLERS = names(Sampler)
 
 
 def mark_feasible(trial, feasible: bool) -> None:
@@ -16,23 +25,74 @@ def mark_feasible(trial, feasible: bool) -> None:
     trial.set_constraint(CONSTRAINT_KEY, 0.0 if feasible else 1.0)
 
 
-def make_sampler(name: str, seed: int, *, resumed: bool = False):
-    import optuna
+def _tpe(multivariate: bool) -> Callable[[int], object]:
+    def make(seed: int):
+        import optuna
 
-    if name in ("default", "tpe"):
         # default: multivariate TPE with constraints (learns infeasible regions), few startup trials
-        multivariate = name == "default"
         with warnings.catch_warnings():  # multivariate/group are stable in use, flagged experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=multivariate, group=multivariate,
                                               n_startup_trials=6 if multivariate else 10)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
-    if name == "grid":
-        return optuna.samplers.RandomSampler(seed=seed)  # the grid is enqueued by the caller
-    raise ConfigError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}", key="sampler")
+    return make
+
+
+def _random(seed: int):
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _gp(seed: int):
+    import optuna
+
+    return optuna.samplers.GPSampler(seed=seed)
+
+
+# every name of tuner.vocabulary.Sampler -> its Optuna sampler. The grid is enqueued by the
+# proposer (grid_configs); whatever Optuna asks after it is a duplicate the proposer settles.
+_FACTORIES: dict[Sampler, Callable[[int], object]] = {
+    Sampler.DEFAULT: _tpe(multivariate=True),
+    Sampler.TPE: _tpe(multivariate=False),
+    Sampler.RANDOM: _random,
+    Sampler.GP: _gp,
+    Sampler.GRID: _random,
+}
+
+
+def make_sampler(name: str, seed: int):
+    try:
+        factory = _FACTORIES[Sampler(name)]
+    except ValueError:
+        raise ConfigError(f"unknown sampler {name!r}; valid: {', '.join(SAMPLERS)}", key="sampler") from None
+    return factory(seed)
+
+
+# ---------------------------------------------------------------- the grid sampler
+def grid_configs(study: StudySpec, budget: int) -> list[dict]:
+    """Every configuration of the space that meets its conditions and constraints, in the order of
+    the YAML's values. Refused (ConfigError, naming the study file) when a parameter is a
+    continuous range or when the grid does not fit in ``budget`` launched trials after the baseline."""
+    space = study.space()
+    continuous = [n for n, p in space.params.items() if p.values is None and not p.step]
+    if continuous:
+        raise ConfigError(f"sampler 'grid' needs every parameter as a list of values or a range with a step; "
+                          f"{', '.join(repr(n) for n in continuous)} "
+                          f"{'is a continuous range' if len(continuous) == 1 else 'are continuous ranges'} "
+                          f"(give 'values' or a 'step', or choose another sampler)",
+                          file=study.source_path, key="sampler")
+    env = space_mod.env_for(study)
+    grid = [{n: v for n, v in values.items() if space_mod.condition_holds(space, n, values, env)}
+            for values in space_mod.enumerate_grid(space, env)]
+    if not grid:
+        raise ConfigError("sampler 'grid': the search space has no configuration that meets its constraints",
+                          file=study.source_path, key="sampler")
+    if len(grid) > budget - 1:
+        raise ConfigError(f"sampler 'grid': the space has {len(grid)} configurations but a budget of {budget} "
+                          f"trials leaves {budget - 1} after the baseline; set trials to at least "
+                          f"{len(grid) + 1}, narrow the space, or choose another sampler",
+                          file=study.source_path, key="sampler")
+    return grid
 
 
 # ---------------------------------------------------------------- planner-ranked first trials
@@ -53,14 +113,8 @@ MAX_SEED_PLANS = 5000
 
 def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
     """Planner-ranked first configurations (one per parallelism family, largest KV room first)."""
-    if study.space().engine != "sglang":
+    if study.space().engine != Engine.SGLANG:
         return []
-    from tuner.catalog import get_gpu, get_model
-    from tuner.errors import TrialError, UserError
-    from tuner.planner import plan_memory
-    from tuner.spec.schema import ParamSpec
-    from tuner.study import space as space_mod
-
     space, env = study.space(), space_mod.env_for(study)
     reduced = {}
     for name, p in space.params.items():
@@ -79,7 +133,8 @@ def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
     for values in space_mod.enumerate_grid(small, env):
         flags, _ = space_mod.split(values, space.engine, space_mod.pinned_flags(study))
         try:
-            plan = plan_memory(model, gpu, hw.gpus_per_node, flags, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb)
+            plan = plan_memory(model, gpu, hw.gpus_per_node, flags, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
+                               sglang_version=(study.backend_options or {}).get("sglang_version"))
         except (TrialError, UserError):
             continue
         if not plan.fits:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.spec import expr
-from tuner.spec.exprcheck import EFFECTIVE_DEFAULTS, expression_env
-from tuner.spec.knobs import SGLANG_KNOBS
-from tuner.spec.schema import SearchSpaceSpec, StudySpec
+from tuner.config import expr
+from tuner.config.exprcheck import EFFECTIVE_DEFAULTS, expression_env
+from tuner.config.knobs import SGLANG_KNOBS
+from tuner.config.schema import SearchSpaceSpec, StudySpec
 
 
 def env_for(study: StudySpec) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Read-only summaries of studies (for `study status`, `study list`, reports and the dashboard)."""
+"""Summaries of studies (for `study status`, `study list`, reports and the dashboard). They only
+read; a database of an older schema is upgraded first, or refused when it is opened read-only."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def _engine(storage: str, readonly: bool = False):
     engine = db.get_engine(storage, create=False, readonly=readonly)
     if not db.has_schema(engine):
         raise StudyNotFoundError(f"no tuner studies in {storage}")
+    db.require_current(engine, storage, readonly=readonly)
     return engine
 
 
@@ -33,7 +35,7 @@ def trial_dict(t, ms: list) -> dict:
         "predicted_kv_capacity_tokens": t.predicted_kv_capacity_tokens,
         "measured_kv_capacity_tokens": t.measured_kv_capacity_tokens,
         "wall_time_s": t.wall_time_s, "started_at": t.started_at, "finished_at": t.finished_at,
-        "launched": not (t.telemetry or {}).get("not_launched", False),
+        "launched": t.launched, "screened_by_planner": t.screened_by_planner,
         "sglang_version": ((t.telemetry or {}).get("plan") or {}).get("sglang_version"),
         "pids": t.pids, "gpu_ids": t.gpu_ids,
         "at_capacity": at, "measurements": [measurement_dict(m) for m in ms],
@@ -84,7 +86,7 @@ def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
         out.append({
             "name": s.name, "backend_kind": s.backend_kind, "status": s.status,
             "trials_budget": s.trials_budget,
-            "trials_launched": sum(1 for t in ts if not (t.telemetry or {}).get("not_launched")),
+            "trials_launched": sum(1 for t in ts if t.launched),
             "counts": _status_counts(t.status for t in ts),
             "best_capacity_users": best.capacity_users if best else None,
             "best_trial": best.trial_number if best else None,

@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, StudyNotFoundError
+from tuner.backends.sglang import SGLangBackend
+from tuner.evaluation.base import TrialRequest
+from tuner.evaluation.live import LiveEvaluator
+from tuner.study.executor import _local_gpu_ids
 
 AGREEMENT = 0.10  # |exported - trial| / trial for P90 TTFT and P90 TPOT
 
@@ -74,10 +78,6 @@ def _reference(trial: dict, users: int) -> dict:
 
 def verify_export(storage: str, name: str, config_path: str, *, users: int | None = None,
                   trial_number: int | None = None, workdir: str = "results/runs") -> ExportCheck:
-    from tuner.backends.sglang import SGLangBackend
-    from tuner.evaluation.base import TrialRequest
-    from tuner.evaluation.live import LiveEvaluator
-    from tuner.study.executor import _local_gpu_ids
     from tuner.study.export import _pick
     from tuner.study.runner import load_existing
     from tuner.study.summary import study_summary

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tuner.spec.schema import StudySpec
+from tuner.lifecycle import TrialStatus
+from tuner.config.schema import StudySpec
+from tuner.storage import db, repo
 from tuner.study import space as space_mod
+from tuner.study.runner import StudyRunner
+from tuner.study.summary import study_summary
+from tuner.vocabulary import BackendKind
 
 SIM_SUFFIX = "-sim"
 
@@ -22,7 +27,7 @@ def top_k_configs(study: StudySpec, rows: list[dict], k: int) -> list[dict]:
     """The k best distinct completed configurations (``rows``: trial dicts with params, status,
     capacity_users), each as the parameters Optuna should fix (only knobs whose condition holds)."""
     space, env = study.space(), space_mod.env_for(study)
-    done = [r for r in rows if r.get("status") == "complete" and r.get("capacity_users") is not None
+    done = [r for r in rows if r.get("status") == TrialStatus.COMPLETE and r.get("capacity_users") is not None
             and not r.get("is_baseline")]
     done.sort(key=lambda r: -int(r["capacity_users"]))
     out, seen = [], set()
@@ -43,16 +48,12 @@ def simulated_top_k(spec: StudySpec, storage_url: str, k: int, *, trials: int | 
                     ray_address: str | None = None, parallel: int = 1,
                     on_event: Callable[[str, dict], None] | None = None) -> tuple[str, list[dict], bool]:
     """Run (or reuse) the sibling simulated study; returns (its name, top-k configurations, reused?)."""
-    from tuner.storage import db, repo
-    from tuner.study.runner import StudyRunner
-    from tuner.study.summary import study_summary
-
     sim_name = spec.name + SIM_SUFFIX
     engine = db.get_engine(storage_url)
     reused = db.has_schema(engine) and repo.get_study(engine, sim_name) is not None
     if not reused:
-        sim_spec = spec.model_copy(update={"name": sim_name, "backend": "simulator"})
-        runner = StudyRunner(sim_spec, storage_url=storage_url, backend_kind="simulator",
+        sim_spec = spec.model_copy(update={"name": sim_name, "backend": BackendKind.SIMULATOR.value})
+        runner = StudyRunner(sim_spec, storage_url=storage_url, backend_kind=BackendKind.SIMULATOR,
                              backend_reason="warm start for " + spec.name, parallel=parallel,
                              ray_address=ray_address, use_ray=use_ray, on_event=on_event)
         runner.create()

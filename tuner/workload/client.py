@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tuner.errors import ConfigError
-from tuner.workload.fasthttp import HttpStatusError
+from tuner.workload.fasthttp import FastStreamingHTTP, HttpStatusError
 
 APIS = ("completions", "generate")
 TRANSPORTS = ("auto", "fast", "aiohttp")
@@ -118,8 +118,6 @@ class StreamingClient:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
         if self.transport == "fast":
-            from tuner.workload.fasthttp import FastStreamingHTTP
-
             self._fast = FastStreamingHTTP(self.url)
         if self.model is None and self.api == "completions":
             self.model = await self._discover_model()

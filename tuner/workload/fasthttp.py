@@ -13,6 +13,15 @@ import time
 from urllib.parse import urlsplit
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A fresh event loop: uvloop's where it is installed (much cheaper per callback)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class HttpStatusError(Exception):
     pass
 

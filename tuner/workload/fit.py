@@ -28,6 +28,7 @@ from scipy import stats
 from tuner.errors import ConfigError
 from tuner.workload.session import LogNormal, WorkloadProfile, generate_session
 from tuner.workload.trace import Trace, TraceRequest
+from pydantic import ValidationError
 
 FIELDS = ("first_turn_context_tokens", "new_tokens_per_turn", "output_tokens_per_turn", "turns_per_session", "think_time_s")
 _PLACEHOLDER = LogNormal(mu=0.0, sigma=0.0)  # for a quantity the trace has no sample of
@@ -148,7 +149,6 @@ def fit_trace(trace: Trace, **kwargs) -> tuple[WorkloadProfile, dict]:
 
     A trace whose values lie beyond what a profile may hold (tuner.limits: e.g. a turn of 10^13
     tokens) is a ConfigError naming the trace and the quantity, not a failed validation."""
-    from pydantic import ValidationError
 
     try:
         return _fit_trace(trace, **kwargs)

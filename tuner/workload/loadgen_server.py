@@ -12,7 +12,9 @@ stream's connection halfway through; ``reject_ignore_eos`` answers 400 to ``igno
 (as transformers serve does).
 
 Run: ``python -m tuner.workload.loadgen_server --port 0 --token-rate 50`` prints
-``LISTENING <port>`` once ready.
+``LISTENING <port>`` once ready. This entry point stays outside the click CLI on purpose: it is the
+child process ``LoadgenProcess`` starts (so the server has a core of its own), not a user
+command, and it must start in milliseconds without the CLI's imports.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import itertools
 import json
 import sys
 import time
+import select
+import subprocess
 from dataclasses import dataclass
+
+from tuner.workload.fasthttp import new_event_loop
 
 CACHE_BLOCK_TOKENS = 64
 
@@ -279,14 +285,6 @@ async def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 0, re
         srv.close()
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -325,8 +323,6 @@ class LoadgenProcess:
         self.port = None
 
     def __enter__(self) -> str:
-        import subprocess
-
         c = self.config
         argv = [sys.executable, "-m", "tuner.workload.loadgen_server", "--port", "0",
                 "--token-rate", str(c.token_rate_per_s), "--ttft-s", str(c.ttft_s),
@@ -334,8 +330,6 @@ class LoadgenProcess:
         if c.reject_ignore_eos:
             argv.append("--reject-ignore-eos")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        import select
-
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 0.2)

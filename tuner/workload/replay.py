@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.workload.client import StreamingClient, StreamResult
+from tuner.workload.fasthttp import new_event_loop
 from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
 from tuner.workload.session import PromptBuilder, Session, TokenSpace, WorkloadProfile, generate_session
 
@@ -252,8 +253,6 @@ def run_load_point(
 
 def run_sync(coro):
     """Run ``coro`` on a fresh event loop (uvloop where installed), also from inside a running loop."""
-    from tuner.workload.loadgen_server import new_event_loop
-
     def run():
         loop = new_event_loop()
         try:

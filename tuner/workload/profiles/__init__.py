@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from tuner import safeyaml
 from tuner.errors import ConfigError
 from tuner.workload.session import WorkloadProfile
+from tuner import limits
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 REPO_WORKLOADS_DIR = BUILTIN_DIR.parents[2] / "workloads"
@@ -90,7 +91,6 @@ def load_profile(name_or_path: str | os.PathLike, search_dirs=None) -> WorkloadP
 def profile_name(name: str | None, output: os.PathLike | None) -> str:
     """The name of a fitted profile: ``name`` (checked), else the output file's stem made into a
     name (other characters become '-'), else 'fitted'."""
-    from tuner import limits
 
     if name is not None:
         problem = limits.name_problem(name)

@@ -1,0 +1,134 @@
+"""Schema upgrades, tested on a committed database written by tuner's first schema (data/README.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.storage_tests.pg import fresh_pg_database, needs_pg
+from tuner.errors import StorageError
+from tuner.lifecycle import TrialStatus
+from tuner.storage import db, repo
+from tuner.storage.models import SCHEMA_VERSION
+from tuner.study.summary import study_summary
+
+V1 = Path(__file__).parent / "data" / "schema-v1.db"
+
+
+@pytest.fixture
+def v1(tmp_path):
+    path = tmp_path / "tuner.db"
+    shutil.copy(V1, path)
+    return path, f"sqlite:///{path}"
+
+
+def _v1_rows(path):
+    con = sqlite3.connect(path)
+    rows = con.execute("SELECT trial_number, status, telemetry, failure_reason FROM tuner_trials "
+                       "ORDER BY trial_number").fetchall()
+    con.close()
+    return {n: (status, json.loads(tel or "{}"), reason) for n, status, tel, reason in rows}
+
+
+def test_version_1_becomes_version_2_with_launched_and_screened_columns(v1):
+    path, url = v1
+    before = _v1_rows(path)
+    engine = db.get_engine(url)
+    assert db.schema_version(engine) == 1
+    db.ensure_schema(engine)
+    assert db.schema_version(engine) == SCHEMA_VERSION == 2
+    after = {t.trial_number: t for t in repo.trials(engine, "v1")}
+    assert set(after) == set(before)
+    for number, (status, telemetry, reason) in before.items():
+        t = after[number]
+        assert t.status == status and t.failure_reason == reason, "statuses and readable reasons stay"
+        assert t.launched == (not telemetry.get("not_launched", False))
+        assert t.screened_by_planner == (not t.launched and (reason or "").startswith("planner: "))
+        assert "not_launched" not in (t.telemetry or {}), "one place for the fact: the column"
+    assert sum(t.screened_by_planner for t in after.values()) == 4
+    assert sum(not t.launched for t in after.values()) == 8
+    assert {t.status for t in after.values()} == {TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.INFEASIBLE}
+    db.ensure_schema(engine)  # a second time: nothing to do
+    assert db.schema_version(engine) == 2
+
+
+def test_a_reader_upgrades_a_read_write_database_and_a_read_only_one_is_refused(v1):
+    path, url = v1
+    with pytest.raises(StorageError, match=r"tuner schema 1; this tuner reads schema 2. Upgrade it once with "
+                                           r"`tuner db upgrade --storage sqlite:///"):
+        study_summary(url, "v1", readonly=True)
+    s = study_summary(url, "v1")
+    assert s["trials_launched"] == 4 and s["counts"] == {"complete": 1, "infeasible": 8, "pruned": 3}
+    assert sum(t["screened_by_planner"] for t in s["trials"]) == 4
+    assert study_summary(url, "v1", readonly=True)["best"]["capacity_users"] == 16
+
+
+def test_tuner_db_upgrade(v1, tmp_path):
+    path, url = v1
+    r = run_cli(["db", "upgrade", "--storage", url, "--json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"storage": url, "from_version": 1, "to_version": 2, "steps": [2]}
+    r = run_cli(["db", "upgrade", "--storage", url], cwd=tmp_path)
+    assert r.returncode == 0 and "at schema 2 already" in r.stdout
+    r = run_cli(["db", "upgrade", "--storage", f"sqlite:///{tmp_path}/none.db"], cwd=tmp_path)
+    assert r.returncode == 2 and not (tmp_path / "none.db").exists()
+
+
+def test_an_upgraded_study_resumes(v1, tmp_path):
+    from tuner.study.runner import StudyRunner, load_existing
+
+    path, url = v1
+    spec = load_existing(url, "v1")  # upgrades the database
+    runner = StudyRunner(spec, storage_url=url, backend_kind="simulator", use_ray=False, workdir=str(tmp_path))
+    assert runner.recover_interrupted() == []
+    outcome = runner.run(6)
+    assert outcome.trials_run == 6 and outcome.best_capacity_users == 16
+    trials = repo.trials(db.get_engine(url), "v1")
+    new = [t for t in trials if t.trial_number > 11]
+    assert new and sum(t.launched for t in new) == 2, "two more launches reach the budget of 6"
+    assert sum(t.is_baseline for t in trials) == 1, "no second baseline"
+
+
+@needs_pg
+def test_the_upgrade_runs_on_postgresql():
+    """PostgreSQL cannot load the committed SQLite file: a version-1 table is made there by removing
+    the version-2 columns, with rows as schema 1 wrote them."""
+    from sqlalchemy import text
+
+    url, drop = fresh_pg_database()
+    try:
+        engine = db.get_engine(url)
+        db.ensure_schema(engine)
+        repo.create_study(engine, name="s", spec_yaml="name: s\n", spec_hash="abc", source_path=None,
+                          backend_kind="simulator", target_users=50, p90_ttft_slo_s=30, p90_tpot_slo_s=0.05,
+                          trials_budget=3, tuner_version="0.1.0")
+        for n in range(3):
+            repo.start_trial(engine, study_name="s", trial_number=n, optuna_trial_id=n, backend_kind="simulator",
+                             params={}, flags={}, knobs={}, is_baseline=n == 0)
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE tuner_trials DROP COLUMN launched"))
+            conn.execute(text("ALTER TABLE tuner_trials DROP COLUMN screened_by_planner"))
+            conn.execute(text("UPDATE tuner_schema SET version = 1"))
+            conn.execute(text("""UPDATE tuner_trials SET status = 'infeasible', telemetry = '{"not_launched": true}',
+                                 failure_reason = CASE trial_number WHEN 1 THEN 'planner: no room'
+                                 ELSE 'violates constraint(s): x' END WHERE trial_number > 0"""))
+        assert db.schema_version(engine) == 1
+        assert db.upgrade(engine) == [2]
+        rows = {t.trial_number: t for t in repo.trials(engine, "s")}
+        assert [rows[n].launched for n in range(3)] == [True, False, False]
+        assert [rows[n].screened_by_planner for n in range(3)] == [False, True, False]
+        assert rows[1].telemetry == {}
+    finally:
+        drop()
+
+
+def test_the_dashboard_refuses_an_old_database_and_names_the_upgrade(v1, tmp_path):
+    path, url = v1
+    r = run_cli(["dashboard", "--storage", url, "--port", "0"], cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and f"Upgrade it once with `tuner db upgrade --storage {url}`" in r.stderr
+    assert db.schema_version(db.get_engine(url, create=False)) == 1, "read-only: nothing written"

@@ -1,0 +1,93 @@
+"""The trial loop with its real proposer and ledger, a scripted executor for workers and
+in-memory records: budget, parallel slots, pruning, failure limit, exhausted space, Ctrl-C."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.study_tests._tiny import TINY_SPACE
+from tests.study_tests.fakes import MemoryRecords, ScriptedExecutor, tiny_study
+from tuner.errors import TrialError
+from tuner.lifecycle import Operation, StopReason, TrialStatus
+from tuner.study.ledger import Ledger
+from tuner.study.loop import TrialLoop
+from tuner.study.optuna_adapter import OptunaStudy
+from tuner.study.proposer import Proposer, max_asks
+from tuner.study.samplers import make_sampler
+
+
+def _loop(tmp_path, executor, budget, *, space=None, max_users=64, **kw):
+    study = tiny_study(tmp_path, space=space, sampler="tpe", max_users=max_users)
+    optuna = OptunaStudy.in_memory(make_sampler("tpe", 0))
+    records = MemoryRecords()
+    ledger = Ledger(records, optuna, backend_kind="simulator")
+    loop = TrialLoop(study, Proposer(study, optuna, budget), ledger, executor, backend_kind="simulator",
+                     budget=budget, gpus_needed=lambda request: 0, workdir=str(tmp_path), seed=0, **kw)
+    return loop, records
+
+
+def _statuses(records):
+    return {n: t["status"] for n, t in records.trials.items()}
+
+
+def test_each_trial_deploys_measures_and_closes_until_the_budget(tmp_path):
+    ex = ScriptedExecutor(capacity=lambda n: 30)
+    loop, records = _loop(tmp_path, ex, 3, prune=False)
+    assert loop.run() is StopReason.BUDGET_SPENT
+    launched = [n for n, t in records.trials.items() if t["outcome"].launched]
+    assert len(launched) == 3 and loop.ledger.counters.launched == 3
+    for n in launched:
+        ops = [op for key, op in ex.submitted if key == n]
+        assert ops[0] is Operation.DEPLOY and ops[-1] is Operation.CLOSE
+        assert set(ops[1:-1]) == {Operation.MEASURE}
+        # the capacity search: 4 pass, 8, 16 pass, 32 fails, bisect to the resolution (4) -> 28
+        assert records.trials[n]["status"] == TrialStatus.COMPLETE and records.trials[n]["outcome"].capacity_users == 28
+    assert ex.shut_down and not loop.running
+
+
+def test_trials_run_in_parallel_up_to_the_slots(tmp_path):
+    ex = ScriptedExecutor(capacity=lambda n: 30)
+    loop, _ = _loop(tmp_path, ex, 4, parallel=2, prune=False)
+    loop.run()
+    assert ex.max_in_flight == 2
+
+
+def test_a_trial_that_cannot_beat_the_best_is_pruned_and_closed(tmp_path):
+    ex = ScriptedExecutor(capacity=lambda n: 60 if n == 0 else 20)  # 32 users fail: at most 31 < 60
+    loop, records = _loop(tmp_path, ex, 3)
+    loop.run()
+    base = records.trials[0]["outcome"]
+    assert base.status is TrialStatus.COMPLETE and base.capacity_users == 60
+    for n, t in list(records.trials.items())[1:]:
+        if t["outcome"].launched:
+            assert t["outcome"].status is TrialStatus.PRUNED and t["outcome"].reason.startswith("stopped early")
+            assert [op for key, op in ex.submitted if key == n][-1] is Operation.CLOSE
+    assert loop.ledger.counters.pruned >= 1
+
+
+def test_the_failure_limit_stops_new_launches(tmp_path):
+    ex = ScriptedExecutor(capacity=lambda n: 30,
+                          fail=lambda n, op: TrialError("exit_at_start", "exit 1") if op is Operation.DEPLOY else None)
+    loop, records = _loop(tmp_path, ex, 10, max_failures=2)
+    assert loop.run() is StopReason.MAX_FAILURES
+    assert loop.ledger.counters.failed == 2 and loop.ledger.counters.launched == 2
+    assert all(s == TrialStatus.FAILED for s in _statuses(records).values())
+
+
+def test_a_space_with_nothing_new_ends_the_run(tmp_path):
+    one = {"tp-size": {"values": [8]}, "quantization": {"values": ["modelopt_fp4"]}}  # only the baseline
+    ex = ScriptedExecutor(capacity=lambda n: 30)
+    loop, records = _loop(tmp_path, ex, 5, space=dict(TINY_SPACE, params=one, constraints=[]))
+    assert loop.run() is StopReason.SPACE_EXHAUSTED
+    assert loop.proposer.asks == max_asks(5) and loop.ledger.counters.launched == 1
+    assert StopReason.SPACE_EXHAUSTED.study_status == "finished"
+
+
+def test_ctrl_c_marks_the_running_trials_interrupted(tmp_path):
+    ex = ScriptedExecutor(capacity=lambda n: 30, interrupt_after=3)
+    loop, records = _loop(tmp_path, ex, 4, parallel=2)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    assert loop.stop is StopReason.INTERRUPTED and ex.shut_down
+    assert _statuses(records) == {0: TrialStatus.INTERRUPTED, 1: TrialStatus.INTERRUPTED}
+    assert records.trials[0]["outcome"].reason == "interrupted by the user"

@@ -1,0 +1,175 @@
+"""The trial loop: launch proposals into free slots, advance each trial by the results its worker
+returns, stop on the budget, an exhausted space or too many failures.
+
+One round (``_round``) is three named phases, read top to bottom: launch, collect, check. A
+launched trial moves through deploy -> measure (each load point of its capacity search) -> close;
+after every load point it may be pruned (it can no longer beat the best). What to launch comes
+from the proposer, every record and every ``tell`` goes through the ledger, and the executor only
+runs operations and returns their results.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tuner.evaluation.base import TrialRequest
+from tuner.evaluation.capacity import CapacitySearch
+from tuner.lifecycle import Operation, Outcome, StopReason, TrialStatus
+from tuner.config.schema import StudySpec
+from tuner.study.ledger import Ledger
+from tuner.study.proposer import Proposal, Proposer, max_asks
+from tuner.study.pruning import prune_reason, should_prune
+
+RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
+
+
+@dataclass
+class RunningTrial:
+    proposal: Proposal
+    search: CapacitySearch
+    num_gpus: int
+    started_at: float = field(default_factory=time.time)
+    step: int = 0  # load points measured
+    info: dict = field(default_factory=dict)  # what the deploy reported (placement, pids, KV)
+    outcome: Outcome | None = None  # decided before the close, recorded after it
+
+
+@dataclass
+class TrialLoop:
+    study: StudySpec
+    proposer: Proposer
+    ledger: Ledger
+    executor: Any  # tuner.study.executor.InProcessExecutor | RayExecutor (submit, wait, shutdown)
+    backend_kind: str
+    budget: int  # launched trials, earlier runs of the study included
+    gpus_needed: Callable[[TrialRequest], int]
+    workdir: str  # the study's trial directories are under it (backends add trial-NNNN)
+    seed: int
+    parallel: int = 1
+    max_failures: int | None = None
+    prune: bool = True
+    # wall-clock budget of this run: no trial starts that this run's own trials say cannot finish
+    # in the time left, and at the limit running trials close after their current load point
+    time_limit_s: float | None = None
+    stop: StopReason | None = None
+    running: dict[int, RunningTrial] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    trial_walls_s: list[float] = field(default_factory=list)  # launched trials of this run that ended
+    winding_down: str | None = None  # why running trials close early (the time limit ran out)
+
+    def run(self) -> StopReason:
+        try:
+            while self._round():
+                pass
+        except KeyboardInterrupt:
+            self.stop = StopReason.INTERRUPTED
+            raise
+        finally:
+            self.executor.shutdown()
+            if self.stop is StopReason.INTERRUPTED:
+                for rt in list(self.running.values()):
+                    self._finish(rt, Outcome.interrupted("interrupted by the user"))
+        return self.stop or StopReason.BUDGET_SPENT
+
+    def _round(self) -> bool:
+        """Check the clock, launch, collect, check; False once nothing runs and nothing more will be launched."""
+        self._check_time_limit()
+        self._launch_into_free_slots()
+        if not self.running:
+            return False
+        for result in self.executor.wait(timeout_s=RESULT_WAIT_S):
+            self._advance(result)
+        self._check_failure_limit()
+        return True
+
+    # ---------------------------------------------------------------- launch
+    def _launch_into_free_slots(self) -> None:
+        while (self.stop is None and self.ledger.counters.launched < self.budget
+               and len(self.running) < self.parallel):
+            if self.proposer.asks >= max_asks(self.budget):
+                self.stop = StopReason.SPACE_EXHAUSTED
+                return
+            proposal = self.proposer.propose()
+            if proposal.launch:
+                self._launch(proposal)
+            else:
+                self.ledger.settle(proposal)
+
+    def _launch(self, p: Proposal) -> None:
+        request = TrialRequest(study=self.study, trial_number=p.number, flags=p.flags, knobs=p.knobs,
+                               workdir=self.workdir, seed=self.seed + p.number)
+        num_gpus = self.gpus_needed(request)
+        self.ledger.started(p)
+        self.running[p.number] = RunningTrial(p, CapacitySearch.for_study(self.study), num_gpus)
+        self.executor.submit(p.number, Operation.DEPLOY, self.backend_kind, request, num_gpus=num_gpus)
+
+    # ---------------------------------------------------------------- collect
+    def _advance(self, result) -> None:
+        """One operation's result moves its trial to the next operation (or to its end)."""
+        rt = self.running.get(result.key)
+        if rt is None:
+            return
+        if result.op == Operation.CLOSE:  # recorded whether or not the teardown reported anything
+            self.ledger.closed(rt.proposal, rt.info, result.value if result.ok else None)
+            self._finish(rt, rt.outcome)
+        elif not result.ok:
+            err = result.error
+            self._finish(rt, Outcome.failure(err.failure_class, err.reason, err.log_path))
+        elif result.op == Operation.DEPLOY:
+            rt.info = result.value or {}
+            self.ledger.deployed(rt.proposal, rt.info)
+            self._next_load_point(rt)
+        else:
+            self._measured(rt, *result.value)
+
+    def _measured(self, rt: RunningTrial, metrics, wall_time_s: float) -> None:
+        passed = rt.search.meets(metrics)
+        rt.search.record(metrics.users, passed)
+        self.ledger.measured(rt.proposal, rt.step, metrics, passed, wall_time_s, rt.search.capacity_users)
+        rt.step += 1
+        incumbent = self.ledger.incumbent_users
+        if self.prune and not rt.proposal.is_baseline and should_prune(rt.search, incumbent):
+            self._close(rt, Outcome.pruned(rt.search.capacity_users, prune_reason(rt.search, incumbent)))
+        else:
+            self._next_load_point(rt)
+
+    def _next_load_point(self, rt: RunningTrial) -> None:
+        if self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
+            self._close(rt, Outcome.interrupted(self.winding_down))
+            return
+        users = rt.search.next_users()
+        if users is None:
+            self._close(rt, Outcome.complete(rt.search.capacity_users))
+        else:
+            self.executor.submit(rt.proposal.number, Operation.MEASURE, users)
+
+    def _close(self, rt: RunningTrial, outcome: Outcome) -> None:
+        rt.outcome = outcome
+        self.executor.submit(rt.proposal.number, Operation.CLOSE)
+
+    def _finish(self, rt: RunningTrial, outcome: Outcome) -> None:
+        self.running.pop(rt.proposal.number, None)
+        if outcome.status.measured or outcome.status == TrialStatus.FAILED:
+            self.trial_walls_s.append(time.time() - rt.started_at)
+        self.ledger.finish(rt.proposal, outcome)
+        self.proposer.learn(rt.proposal, outcome)
+
+    # ---------------------------------------------------------------- check
+    def _check_failure_limit(self) -> None:
+        if self.stop is None and self.max_failures is not None and self.ledger.counters.failed >= self.max_failures:
+            self.stop = StopReason.MAX_FAILURES  # running trials finish, no new ones start
+
+    def _check_time_limit(self) -> None:
+        if self.time_limit_s is None or self.winding_down is not None:
+            return
+        elapsed = time.time() - self.started_at
+        if elapsed >= self.time_limit_s:
+            self.stop = self.stop or StopReason.TIME_LIMIT
+            self.winding_down = f"time limit of {self.time_limit_s:g} s reached"
+        elif self.trial_walls_s and not self.running and self.stop is None:
+            expected = statistics.median(self.trial_walls_s)
+            if elapsed + expected > self.time_limit_s:  # the next trial would not finish in time
+                self.stop = StopReason.TIME_LIMIT
