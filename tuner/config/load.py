@@ -10,11 +10,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner import safeyaml
+from tuner import catalog, safeyaml
+from tuner.catalog import ModelRef, resolve_ref
 from tuner.errors import ConfigError
 from tuner.config import expr, exprcheck
 from tuner.config.knobs import SGLANG_KNOBS
 from tuner.config.schema import SearchSpaceSpec, StudySpec
+from tuner.workload.profiles import default_search_dirs, load_profile
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # repo root for a source checkout
 
@@ -188,7 +190,6 @@ ENV_NAMES = {"gpus", "gpus_per_node", "nodes"}
 def _resolve_workload(value, file: str, near: Path):
     if not isinstance(value, str):
         return value
-    from tuner.workload.profiles import default_search_dirs, load_profile
 
     dirs = [r / "workloads" for r in search_roots(near)] + list(default_search_dirs())
     try:
@@ -234,8 +235,6 @@ def load_study(name_or_path: str) -> StudySpec:
 def _resolve_model(model, file: str, root: Path):
     """Catalog names stay names; a model directory or a name with overrides becomes a ``ModelRef``
     carrying its resolved config.json, so trials on other machines need no files."""
-    from tuner import catalog
-    from tuner.catalog import ModelRef, resolve_ref
 
     if isinstance(model, str):
         if model.lower() in catalog.models():
@@ -249,7 +248,6 @@ def _resolve_model(model, file: str, root: Path):
 
 
 def _model_or_error(model, file: str):
-    from tuner import catalog
 
     try:
         return catalog.get_model(model)
@@ -258,7 +256,6 @@ def _model_or_error(model, file: str):
 
 
 def check_study(study: StudySpec, file: str) -> None:
-    from tuner import catalog
 
     space = study.space()
     gpus = study.hardware.total_gpus
@@ -340,7 +337,6 @@ def validate_file(path: str) -> str:
     if "params" in data:
         load_search_space(str(p))
         return "search space"
-    from tuner.workload.profiles import load_profile
 
     load_profile(str(p))
     return "workload"
