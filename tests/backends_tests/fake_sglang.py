@@ -93,11 +93,9 @@ def main() -> None:
 
     from tuner.catalog import get_gpu, get_model
     from tuner.catalog.sglang_flags import load_flagset
-    from tuner.planner import parse_layout, plan_memory
-    from tuner.sim.calibrate import load_calibration
-    from tuner.sim.online import OnlineEngine
+    from tuner.planner import plan_memory
+    from tuner.sim.online import build_online_engine
     from tuner.sim.server import SimServer
-    from tuner.sim.simulate import build_step_model
 
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--sglang-version", default="0.5.17")
@@ -122,7 +120,7 @@ def main() -> None:
                               "schedule-policy")}
     planner_flags.setdefault("tp-size", gpus)
     t0 = time.time()
-    plan = plan_memory(model, gpu, gpus, planner_flags)
+    plan = plan_memory(model, gpu, gpus, planner_flags, sglang_version=ours.sglang_version)
 
     def log(msg: str) -> None:
         sys.stderr.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n")
@@ -145,11 +143,8 @@ def main() -> None:
         f"max_prefill_tokens=16384, max_running_requests={plan.max_running_requests_per_dp_rank}, "
         f"context_len={model.max_context_tokens}, available_gpu_mem=8.50 GB")
 
-    layout = parse_layout(model, planner_flags, gpus)
-    step_model = build_step_model(model, gpu, plan, layout, planner_flags, {}, load_calibration(gpu.name), gpus)
-    engine = OnlineEngine(step_model, pools=plan.kv_pools, capacity_tokens=plan.kv_capacity_tokens_per_gpu,
-                          chunk=plan.chunked_prefill_size, max_running=plan.max_running_requests_per_dp_rank,
-                          vocab_size=model.vocab_size, time_scale=ours.time_scale)
+    engine, _ = build_online_engine(model, gpu, gpus, planner_flags, {}, sglang_version=ours.sglang_version,
+                                    time_scale=ours.time_scale, plan=plan)
     server_args = {"model_path": model_path, "host": host, "port": port, "load_format": "dummy",
                    **{k.replace("-", "_"): v for k, v in flags.items()}}
     counters = {"sglang:prompt_tokens_total": 0.0, "sglang:generation_tokens_total": 0.0,

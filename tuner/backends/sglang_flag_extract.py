@@ -22,17 +22,15 @@ whether it may appear in a ``--config`` YAML. That differs by version:
   (``--cuda-graph-max-bs-decode`` shares ``cuda_graph_max_bs_decode`` with the deprecated
   ``--cuda-graph-max-bs``). Such flags must go on the command line.
 
-Run: ``python -m tuner.backends.sglang_flag_extract WHEEL [-o tuner/backends/sglang_flags.json]``.
+Run: ``tuner sglang extract-flags WHEEL -o tuner/catalog/sglang-flags-<version>.json``.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
 import re
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -415,22 +413,3 @@ def extract_from_wheel(wheel_path: str | Path) -> dict:
         "flag_count": len(flags),
         "flags": flags,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("wheel", help="path to sglang-<version>-*.whl (pip download --no-deps sglang==0.5.23)")
-    ap.add_argument("-o", "--output", help="write JSON here (default: stdout)")
-    args = ap.parse_args(argv)
-    data = extract_from_wheel(args.wheel)
-    text = json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"{data['flag_count']} flags from {data['wheel']} -> {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

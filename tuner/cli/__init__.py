@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "calibration": ("tuner.cli.calibration:calibration", "Refit the simulator's calibration from kernel measurements."),
     "db": ("tuner.cli.db:db", "The study database: upgrade its schema."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
+    "sglang": ("tuner.cli.sglang:sglang", "SGLang versions tuner knows; extract another version's flag set."),
     "profile": ("tuner.cli.profile:profile", "Measure SGLang's operator times on a GPU for the simulator (GPU)."),
     "model": ("tuner.cli.model:model", "Make small local models for end-to-end runs (no download)."),
     "dashboard": ("tuner.cli.dashboard:dashboard", "Serve the live trial dashboard (read-only)."),
