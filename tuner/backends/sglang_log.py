@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 _FLOAT = r"([0-9]+(?:\.[0-9]+)?)"
@@ -30,6 +31,8 @@ _CAPTURE_END = re.compile(r"Capture (?:(target|draft) )?(\w+ )?(?:\w+ )?(?:cuda|
 _SCHED = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
                     r"max_running_requests=(\d+), context_len=(\d+)")
 _READY = re.compile(r"The server is fired up and ready to roll")
+_HOST_POOL = re.compile(rf"Allocating (?:\w+ )?hierarchical KV host pool: (\d+) tokens, {_FLOAT} GB host memory")
+_TREE_READY = re.compile(r"Tree cache initialized")
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 
 
@@ -46,6 +49,10 @@ class StartupReport:
     max_prefill_tokens: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
+    hicache_host_tokens: int | None = None
+    hicache_host_gb: float | None = None
+    # seconds from the first time-stamped line to each milestone (the log stamps whole seconds)
+    timeline_s: dict[str, float] = field(default_factory=dict)
     ready: bool = False
     died_during: str | None = None  # weight_load | kv_pool | capture_<phase> | serving (None: did not die)
 
@@ -64,8 +71,31 @@ def startup_report(text: str, *, exited: bool = False) -> StartupReport:
     r = StartupReport()
     open_capture: str | None = None
     loaded = False
+    first: datetime | None = None
+    host_pool_started: datetime | None = None
+    now: datetime | None = None
+
+    def mark(name: str) -> None:
+        if now is not None and first is not None:
+            r.timeline_s[name] = (now - first).total_seconds()
+
     for line in text.splitlines():
+        stamp = _STAMP.match(line)
+        if stamp:
+            try:
+                now = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+                first = first or now
+            except ValueError:
+                pass
+        if (m := _HOST_POOL.search(line)):
+            r.hicache_host_tokens, r.hicache_host_gb = int(m.group(1)), float(m.group(2))
+            host_pool_started = now
+        elif _TREE_READY.search(line) and host_pool_started is not None:
+            mark("host_pool_allocated")
+            if now is not None:
+                r.timeline_s["host_pool_allocation_s"] = (now - host_pool_started).total_seconds()
         if (m := _LOAD_END.search(line)):
+            mark("weights_loaded")
             r.weight_load_s, r.weight_memory_gb = float(m.group(1)), float(m.group(2))
             loaded = True
         elif (m := _KV_ALLOC.search(line)):
@@ -74,11 +104,13 @@ def startup_report(text: str, *, exited: bool = False) -> StartupReport:
                 r.kv_memory_gb = round(float(m.group(2)) + float(m.group(3)), 3)
             elif m.group(4) is not None:
                 r.kv_memory_gb = float(m.group(4))
+            mark("kv_pool_allocated")
         elif (m := _CAPTURE_END.search(line)):
             phase = _phase(m.group(1), m.group(2))
             r.capture_s[phase] = round(r.capture_s.get(phase, 0.0) + float(m.group(3)), 3)
             r.capture_memory_gb[phase] = float(m.group(4))
             open_capture = None
+            mark(f"{phase}_graphs_captured")
         elif (m := _CAPTURE_BEGIN.search(line)):
             open_capture = _phase(m.group(1), m.group(2))
         elif (m := _SCHED.search(line)):
@@ -86,6 +118,7 @@ def startup_report(text: str, *, exited: bool = False) -> StartupReport:
              r.context_len) = (int(g) for g in m.groups())
         elif _READY.search(line):
             r.ready = True
+            mark("ready")
     if exited:
         if r.ready:
             r.died_during = "serving"
