@@ -66,7 +66,7 @@ def name_problem(value: Any) -> str | None:
         return "contains a path separator"
     if ".." in value:
         return "contains '..'"
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):  # match() would let a trailing newline through ($)
         bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "._-"))})
         if bad:
             return f"contains {', '.join(repr(c) for c in bad)}"

@@ -28,7 +28,9 @@ def dashboard(storage, host, port, runs_dir):
 
     # refuses a missing file, one that is not a database, or one of an older schema (it names the
     # upgrade), before listening
+    from tuner.report.dashboard import check_database
     from tuner.storage import db
 
+    check_database(storage)
     db.require_current(db.get_engine(storage, create=False, readonly=True), storage, readonly=True)
     serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=lambda s: click.echo(s, err=True))
