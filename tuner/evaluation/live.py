@@ -35,8 +35,7 @@ from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.lifecycle import FailureClass
 from tuner.workload.metrics import LoadPointMetrics
-from tuner.backends.prometheus import window_delta
-from tuner.backends.prometheus import scrape
+from tuner.backends.prometheus import BREAKDOWN_LABELS, scrape, window_delta
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +204,14 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
-        server_metrics = _metrics_delta(metrics_before, self._scrape_metrics())
+        metrics_after = self._scrape_metrics()
+        server_metrics = _metrics_delta(metrics_before, metrics_after)
         if server_metrics:
             extra["server_metrics"] = server_metrics
+            if metrics_after and len(metrics_after) > 1:  # replicas as processes: each one's own
+                extra["server_metrics_per_server"] = [
+                    _metrics_delta([b], [a]) or {} for b, a in zip(metrics_before or [{}] * len(metrics_after),
+                                                                   metrics_after)]
         if metrics.kv_capacity_tokens_total is None and self.measured_kv_capacity_tokens_total is not None:
             metrics = dataclasses.replace(metrics, kv_capacity_tokens_total=self.measured_kv_capacity_tokens_total,
                                           extra=extra)
@@ -218,7 +222,7 @@ class LiveDeployment(Deployment):
     def _scrape_metrics(self) -> list[dict] | None:
 
         urls = self.backend.metrics_urls(self.plan)
-        return [scrape(u, prefix="sglang:") or {} for u in urls] if urls else None
+        return [scrape(u, prefix="sglang:", split_labels=BREAKDOWN_LABELS) or {} for u in urls] if urls else None
 
     def _stop_servers(self) -> None:
         self.pids = tuple(dict.fromkeys((*self.pids, *self.stack.pids)))

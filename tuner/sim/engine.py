@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 from .scheduler import LPM_MAX_QUEUE, AddResult, NewTokenRatio, Policy, SchedulerRules
@@ -93,6 +94,7 @@ class Rank:
         self.inflight_tokens = 0
         self.stall_s = 0.0  # time decode requests waited for prefill steps since their last token
         self.retracted = False  # the last decode-memory check retracted requests
+        self.window = RankWindow()
 
     @property
     def n_run(self) -> int:
@@ -130,6 +132,39 @@ class Stats:
         self.steps = 0
         self.events = 0
         self.itl = {}  # gap (0.1 ms buckets) -> token count
+        self.window = WindowStats()
+
+
+@dataclass
+class WindowStats:
+    """What happened inside the measurement window, for attributing a load point's latencies
+    (tuner.explain): requests are counted by arrival in the window, steps by their start in it.
+    Bookkeeping only: nothing here feeds back into scheduling or timing."""
+
+    prefill_tokens: int = 0  # computed by prefill chunks of requests that arrived in the window
+    reprefill_tokens: int = 0  # of those, earlier context of the session computed again (offline only)
+    hicache_load_tokens: int = 0
+    queue_s: float = 0.0  # arrival to first admission, summed over requests
+    queued: int = 0
+    prefill_steps: int = 0
+    prefill_step_s: float = 0.0  # wall time of steps that ran a prefill batch (replicas summed)
+    decode_steps: int = 0
+    decode_step_s: float = 0.0  # wall time of decode-only steps (replicas summed)
+    token_s: float = 0.0  # sum over decode tokens of their step's time
+    tokens: int = 0
+    stall_token_s: float = 0.0  # sum over decode tokens of the prefill steps they waited behind
+
+
+@dataclass
+class RankWindow:
+    """One rank's share of the window: decode steps, sums of k x batch and k x context tokens,
+    prefill tokens computed and requests admitted."""
+
+    steps: int = 0
+    batch: int = 0
+    ctx: float = 0.0
+    prefill: int = 0
+    requests: int = 0
 
 
 class ReplicaEngine:
@@ -293,14 +328,24 @@ class ReplicaEngine:
         req.done = prefix
         req.loaded = loaded
         stats = self.stats
+        in_window = self.window[0] <= req.arrival < self.window[1]
+        win = stats.window
         if loaded:
             stats.hicache_loads += 1
             stats.hicache_load_tokens += loaded
+            if in_window:
+                win.hicache_load_tokens += loaded
         if req.cached is None:  # first admission of this request
             req.cached = prefix
+            if in_window:
+                win.queue_s += max(0.0, self.clock - req.arrival)
+                win.queued += 1
+                rank.window.requests += 1
             if req.session is not None:  # offline only: online requests carry no session
                 before = min(self.computed_len.get(req.session, 0), req.prefill_len)
                 stats.reprefill_tokens += max(0, before - prefix)
+                if in_window:
+                    win.reprefill_tokens += max(0, before - prefix)
         return AddResult.CONTINUE, c, chunked
 
     # ---- decode bookkeeping ----------------------------------------------------------------
@@ -482,6 +527,9 @@ class ReplicaEngine:
                     w.decode_ctx_tokens += w.decode_reqs * half
             dt = model.step_time(works, running, overlap=self.rules.overlap)
         self.stats.steps += k
+        if self.window[0] <= t0 <= self.window[1]:
+            self.stats.window.decode_steps += k
+            self.stats.window.decode_step_s += k * dt
         for rank in decoded:
             rank.cache.ensure_free(len(rank.running) * k)
             self._decode(rank, k, dt, t0)
@@ -511,6 +559,10 @@ class ReplicaEngine:
         t1 = t0 + dt
         self.clock = t1
         self.stats.steps += 1
+        win = self.stats.window
+        if self.window[0] <= t0 <= self.window[1]:
+            win.prefill_steps += 1
+            win.prefill_step_s += dt
         for rank in stalled:
             rank.stall_s += dt
         for rank in decoding:
@@ -523,6 +575,9 @@ class ReplicaEngine:
             for req, c in rank.prefilling:
                 req.done += c
                 self.stats.prefill_tokens += c
+                if self.window[0] <= req.arrival < self.window[1]:
+                    win.prefill_tokens += c
+                    rank.window.prefill += c
                 # the request's KV so far goes into the tree, locked (cache_unfinished_req)
                 covered = rank.cache.insert(req, req.done)
                 keep = max(0, req.done - covered)
@@ -543,6 +598,14 @@ class ReplicaEngine:
                 itl[key] = itl.get(key, 0) + n * (k - 1)
             first = int((dt + rank.stall_s) * 1e4 + 0.5) if rank.stall_s else key
             itl[first] = itl.get(first, 0) + n
+            win = self.stats.window
+            win.tokens += n * k
+            win.token_s += n * k * dt
+            win.stall_token_s += n * rank.stall_s
+            rw = rank.window
+            rw.steps += k
+            rw.batch += n * k
+            rw.ctx += k * (rank.ctx_sum() + n * (k - 1) / 2)
         rank.stall_s = 0.0
         start = rank.steps
         if self.on_token is not None:

@@ -27,6 +27,7 @@ from tuner.planner.parallel import flag_bool
 from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
 from tuner.workload.session import Session, WorkloadProfile, generate_session
 
+from .breakdown import window_report
 from .cache import SessionPrefixCache
 from .calibrate import load_calibration
 from .engine import Rank, ReplicaEngine, Req, Stats
@@ -185,7 +186,8 @@ def simulate_load_point(
                 records.append(RequestRecord(
                     session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
                     output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
-                    cached_tokens=req.cached or 0))
+                    cached_tokens=req.cached or 0,
+                    reusable_tokens=source.get(user_session[req.user]).reusable_prefix_tokens(req.turn)))
         u = req.user
         session = source.get(user_session[u])
         if req.turn + 1 < session.num_turns:
@@ -292,6 +294,8 @@ def simulate_load_point(
         "kv_pools": len(all_ranks),
         "router_policy": router.policy,
     }
+    # what the window's latencies are attributed to (tuner.explain); bookkeeping, no effect on results
+    extra["explain"] = window_report(step_model, all_ranks, stats.window, rules.overlap, duration_s, len(replicas))
     metrics = aggregate(records, users=users, duration_s=duration_s,
                         kv_capacity_tokens_total=plan.kv_capacity_tokens_total, extra=extra)
     itl = _weighted_percentiles(stats.itl, (50, 90, 99))

@@ -26,6 +26,9 @@ class RequestRecord:
     itl_s: tuple[float, ...] = ()  # gaps between consecutive tokens / chunks
     cached_tokens: int | None = None  # prefix tokens the server reported as cached
     error: str | None = None
+    # leading tokens of the prompt this client sent before (the session's previous turn, or the
+    # shared system prefix): what an unlimited prefix cache would have served
+    reusable_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -111,6 +114,10 @@ def aggregate(
     if cached_known:
         denom = sum(r.input_tokens for r in cached_known)
         hit_rate = sum(r.cached_tokens for r in cached_known) / denom if denom else 0.0
+    extra = dict(extra or {})
+    reuse = prefix_reuse(ok)
+    if reuse is not None:
+        extra.setdefault("prefix_reuse", reuse)
     valid, reason = True, None
     if not records:
         valid, reason = False, "no requests completed in the measurement window"
@@ -140,5 +147,23 @@ def aggregate(
         kv_capacity_tokens_total=kv_capacity_tokens_total,
         valid=valid,
         invalid_reason=reason,
-        extra=dict(extra or {}),
+        extra=extra,
     )
+
+
+def prefix_reuse(records: list[RequestRecord]) -> dict | None:
+    """Token sums over completed requests whose cached and reusable prefixes are both known:
+    ``recomputed_reusable_tokens`` is what a request sent before but the server computed again
+    (evicted, or held by another KV pool)."""
+    known = [r for r in records if r.cached_tokens is not None and r.reusable_tokens is not None]
+    if not known:
+        return None
+    return {
+        "requests": len(known),
+        "input_tokens": sum(r.input_tokens for r in known),
+        "cached_tokens": sum(r.cached_tokens for r in known),
+        "reusable_tokens": sum(min(r.reusable_tokens, r.input_tokens) for r in known),
+        "computed_tokens": sum(max(0, r.input_tokens - r.cached_tokens) for r in known),
+        "recomputed_reusable_tokens": sum(max(0, min(r.reusable_tokens, r.input_tokens) - r.cached_tokens)
+                                          for r in known),
+    }

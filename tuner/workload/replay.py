@@ -110,7 +110,7 @@ async def replay_closed_loop(
         raise ValueError("users must be >= 1")
     space = TokenSpace(vocab_size=vocab_size, seed=seed, reserved_ids=frozenset(reserved_ids))
     loop = asyncio.get_running_loop()
-    results: list[tuple[int, int, StreamResult, int]] = []
+    results: list[tuple[int, int, StreamResult, int, int]] = []
     in_flight = 0
     max_in_flight = 0
     cpu0 = time.process_time()
@@ -141,7 +141,7 @@ async def replay_closed_loop(
                 res = await client.stream(body)
             finally:
                 in_flight -= 1
-            results.append((session.session_id, turn, res, n_in))
+            results.append((session.session_id, turn, res, n_in, session.reusable_prefix_tokens(turn)))
             return res
 
         async def user(u: int):
@@ -182,10 +182,10 @@ async def replay_closed_loop(
     cpu_fraction = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
 
     records = []
-    for sid, turn, res, n_in in results:
+    for sid, turn, res, n_in, reusable in results:
         if not window_start <= res.start < window_end:
             continue
-        records.append(_record(sid, turn, res, n_in, t0))
+        records.append(_record(sid, turn, res, n_in, t0, reusable))
     lag_p99 = float(np.percentile(lag.lags, 99)) if lag.lags else 0.0
     client_bound = lag_p99 > CLIENT_BOUND_LAG_P99_S or cpu_fraction > CLIENT_BOUND_CPU_FRACTION
     if client_bound:
@@ -204,7 +204,7 @@ async def replay_closed_loop(
     return ReplayResult(metrics, records, len(results), max_in_flight)
 
 
-def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float) -> RequestRecord:
+def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float, reusable: int | None = None) -> RequestRecord:
     ok = res.ok
     error = res.error if res.error else (None if ok else "no tokens received")
     return RequestRecord(
@@ -218,6 +218,7 @@ def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float) -> Req
         itl_s=res.itl_s if ok else (),
         cached_tokens=res.cached_tokens,
         error=error,
+        reusable_tokens=reusable,
     )
 
 

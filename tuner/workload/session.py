@@ -96,6 +96,13 @@ class Session:
                 total += self.turns[k].output_tokens
         return total
 
+    def reusable_prefix_tokens(self, turn: int) -> int:
+        """Leading tokens of ``turn``'s prompt that were sent before: the previous turn's prompt
+        and output, or (turn 0) the shared system prefix. What an unlimited prefix cache serves."""
+        if turn == 0:
+            return self.system_prefix_tokens
+        return self.prompt_tokens(turn) - self.turns[turn].new_tokens
+
     @property
     def num_turns(self) -> int:
         return len(self.turns)

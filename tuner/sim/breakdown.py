@@ -1,0 +1,104 @@
+"""Where a simulated load point's time went: the decode step split into attention, MoE, dense,
+communication and overhead, and what the measurement window's counters say (queueing, re-prefill,
+HiCache load-back, per-rank balance, busy time).
+
+It reads the engine's window counters (``engine.WindowStats``) after a run and asks the step-time
+model for the parts of one decode step at the window's mean per-rank batch and context. The parts
+are the model's own operator times; whatever the step time holds beyond them (fixed per-step GPU
+time, CPU scheduling not hidden by the overlap scheduler, eager launches) is ``overhead``, so the
+parts always add up to the model's step time. The split is then scaled to the window's measured
+mean decode inter-token time. Nothing here changes what the simulator predicts: the model's
+provenance counters are restored after the extra lookups.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .steptime import RankWork, StepTimeModel
+
+DECODE_PARTS = ("attention", "moe", "dense", "communication", "overhead")
+
+
+def _moe_communication_s(model: StepTimeModel, tokens: int) -> float:
+    """Token dispatch/combine between attention-DP ranks inside ``moe_time`` (same terms)."""
+    lay = model.layout
+    if not model.moe or tokens <= 0 or not (lay.attn_dp > 1 and lay.tp > 1):
+        return 0.0
+    if lay.a2a_backend == "deepep":
+        per_gpu = tokens / lay.attn_dp * model.moe_k * model.h * 3 * (lay.ep - 1) / lay.ep
+        return model.moe_layers * (2 * model.comm_lat + per_gpu / model.link_bw)
+    n = lay.tp
+    nbytes = tokens * model.h * 2
+    return model.moe_layers * 2 * (model.comm_lat + (n - 1) / n * nbytes / model.link_bw)
+
+
+def decode_step_parts(model: StepTimeModel, works: list[RankWork], running: int, overlap: bool) -> dict[str, float]:
+    """Seconds of one decode step by part (``DECODE_PARTS``), adding up to ``model.step_time``."""
+    active = [w for w in works if w.decode_reqs]
+    if not active:
+        return {p: 0.0 for p in DECODE_PARTS}
+    worst = max(active, key=model.rank_time)  # the step lasts as long as the slowest rank
+    tokens = sum(w.tokens for w in works)
+    dense = model.linear_time(worst.tokens, worst.decode_reqs) + model.layer_misc_time(worst.tokens)
+    attention = model.decode_attention_time(worst.decode_reqs, worst.decode_ctx_tokens)
+    attn_tp_comm = max(0.0, model.rank_time(worst) - dense - attention)
+    moe_comm = _moe_communication_s(model, tokens)
+    moe = max(0.0, model.moe_time(tokens) - moe_comm)
+    dense += model.sampling_time(max(w.decode_reqs for w in active))
+    step = model.step_time(works, running, overlap=overlap)
+    parts = {"attention": attention, "moe": moe, "dense": dense, "communication": attn_tp_comm + moe_comm}
+    known = sum(parts.values())
+    if known > step > 0:  # a term the model no longer adds this way: scale down, keep the shares
+        parts = {k: v * step / known for k, v in parts.items()}
+        known = step
+    parts["overhead"] = max(0.0, step - known)
+    return parts
+
+
+def window_report(model: StepTimeModel, ranks: list, window, overlap: bool, duration_s: float,
+                  replicas: int) -> dict:
+    """The measurement window's attribution figures (JSON-ready) for ``extra["explain"]``."""
+    saved = copy.deepcopy(model._src), set(model._files)
+    try:
+        return _report(model, ranks, window, overlap, duration_s, replicas)
+    finally:
+        model._src, model._files = saved
+
+
+def _report(model: StepTimeModel, ranks: list, w, overlap: bool, duration_s: float, replicas: int) -> dict:
+    batch = [r.window.batch for r in ranks]
+    steps = [r.window.steps for r in ranks]
+    ctx = [r.window.ctx for r in ranks]
+    works = []
+    for b, s, c in zip(batch, steps, ctx):
+        n = round(b / s) if s else 0
+        works.append(RankWork(decode_reqs=n, decode_ctx_tokens=int(c / s) if s and n else 0))
+    running = sum(x.decode_reqs for x in works)
+    parts = decode_step_parts(model, works, running, overlap)
+    step_model_s = sum(parts.values())
+    mean_decode_s = w.token_s / w.tokens if w.tokens else None
+    scale = mean_decode_s / step_model_s if mean_decode_s and step_model_s > 0 else 1.0
+    gpu_at_mean = model.gpu_time(works) if running else 0.0
+    busy_s = w.decode_step_s + w.prefill_step_s
+    return {
+        "window_s": duration_s,
+        "prefill_tokens": w.prefill_tokens,
+        "reprefill_tokens": w.reprefill_tokens,
+        "hicache_load_tokens": w.hicache_load_tokens,
+        "hicache_load_s": w.hicache_load_tokens * model.cell / model.host_bw if model.host_bw > 0 else 0.0,
+        "mean_queue_s": w.queue_s / w.queued if w.queued else None,
+        "queued_requests": w.queued,
+        "prefill_step_s": w.prefill_step_s,
+        "decode_step_s": w.decode_step_s,
+        "busy_fraction": min(1.0, busy_s / (duration_s * max(1, replicas))) if duration_s > 0 else None,
+        "gpu_share_of_decode_step": gpu_at_mean / step_model_s if step_model_s > 0 else None,
+        "decode_tokens": w.tokens,
+        "mean_decode_itl_s": mean_decode_s,
+        "mean_prefill_stall_per_token_s": w.stall_token_s / w.tokens if w.tokens else None,
+        "decode_parts_s": {k: v * scale for k, v in parts.items()},
+        "mean_batch_per_rank": [x.decode_reqs for x in works],
+        "rank_decode_tokens": batch,
+        "rank_prefill_tokens": [r.window.prefill for r in ranks],
+        "rank_requests": [r.window.requests for r in ranks],
+    }
