@@ -225,13 +225,22 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
 @study.command()
 @click.argument("name")
 @storage_option
+@click.option("--slo", "slo", default=None, metavar="ttft=S,tpot=S",
+              help="What-if: how many users each trial serves at these P90 targets (seconds; e.g. "
+                   "ttft=10,tpot=0.06, or tpot=60ms), answered from its stored load points without new "
+                   "trials; where the stored points do not bracket the answer it says so.")
 @json_option
-def status(name, storage, as_json):
-    """Trials of study NAME: state, capacity, failures; the best and the baseline."""
-    from tuner.study.summary import study_summary
+def status(name, storage, slo, as_json):
+    """Trials of study NAME: state, capacity, failures, why each stops where it does (the binding
+    cause at its capacity); the best and the baseline."""
+    from tuner.explain import parse_slo
+    from tuner.study.summary import study_summary, what_if_summary
 
     summary = study_summary(storage, name)
     summary.update(_search_facts(summary, storage, name))
+    if slo is not None:
+        ttft, tpot = parse_slo(slo, summary["slo"]["p90_ttft_s"], summary["slo"]["p90_tpot_s"])
+        summary["what_if"] = what_if_summary(summary, ttft, tpot)
     if as_json:
         emit_json(summary)
         return
@@ -263,11 +272,52 @@ def status(name, storage, as_json):
     if s["best"]:
         console.print(f"best: trial {s['best']['number']} with {s['best']['capacity_users']} users"
                       + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
+    _print_why(console, s)
+    if s.get("what_if"):
+        _print_what_if(console, s)
     cost = s.get("cost") or {}
     console.print(f"{s['prescreened']} configuration(s) screened out by the planner (not launched), "
                   f"{s[TrialStatus.PRUNED]} trial(s) pruned"
                   + (f"; estimated real cost {cost['gpu_hours']:.1f} GPU-hours ({cost['launched_trials']} launches, "
                      f"{cost['load_points']} load points)" if "gpu_hours" in cost else ""))
+
+
+def _print_why(console, s: dict) -> None:
+    """Why each trial that served stops where it does; what the best could not measure."""
+    from rich.markup import escape
+
+    lines = [(t, t["bottleneck"]) for t in s["trials"] if t.get("bottleneck") and t["measurements"]]
+    if not lines:
+        return
+    console.print("[bold]why[/bold] (the binding cause at each trial's capacity):")
+    for t, b in lines:
+        tag = " B" if t["is_baseline"] else (" best" if s["best"] and t["number"] == s["best"]["number"] else "")
+        console.print(f"  #{t['number']}{tag}: {escape(b['sentence'])}", soft_wrap=True)
+    best = (s.get("best") or {}).get("bottleneck") or {}
+    if best.get("not_measured"):
+        console.print(f"  not measured for trial {s['best']['number']}: "
+                      + "; ".join(escape(f"{m['title']} ({m['why']})") for m in best["not_measured"]), soft_wrap=True)
+
+
+def _print_what_if(console, s: dict) -> None:
+    from rich.table import Table
+
+    w = s["what_if"]
+    slo = w["slo"]
+    console.print(f"[bold]what if[/bold] P90 TTFT <= {slo['p90_ttft_s']:g} s and P90 TPOT <= "
+                  f"{slo['p90_tpot_s'] * 1000:g} ms (from the stored load points; no new trials):")
+    table = Table()
+    for col in ("trial", "status", "users (study's targets)", "users (these)", "how the stored points answer"):
+        table.add_column(col)
+    for r in w["trials"]:
+        table.add_row(str(r["trial"]) + (" B" if r["is_baseline"] else ""), r["status"],
+                      "" if r["stored_capacity_users"] is None else str(r["stored_capacity_users"]), r["short"],
+                      r["text"])
+    console.print(table)
+    if w["best"]:
+        console.print(f"best at these targets: trial {w['best']['trial']}, {w['best']['text']}")
+    else:
+        console.print("no trial serves anyone at these targets within its stored load points")
 
 
 def _search_facts(summary: dict, storage: str, name: str) -> dict:

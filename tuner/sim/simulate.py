@@ -296,6 +296,8 @@ def simulate_load_point(
     }
     # what the window's latencies are attributed to (tuner.explain); bookkeeping, no effect on results
     extra["explain"] = window_report(step_model, all_ranks, stats.window, rules.overlap, duration_s, len(replicas))
+    ttfts = [r.ttft_s for r in records if r.ok]
+    extra["explain"]["mean_ttft_s"] = sum(ttfts) / len(ttfts) if ttfts else None
     metrics = aggregate(records, users=users, duration_s=duration_s,
                         kv_capacity_tokens_total=plan.kv_capacity_tokens_total, extra=extra)
     itl = _weighted_percentiles(stats.itl, (50, 90, 99))

@@ -70,6 +70,11 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     base = summary.get("baseline")
     if base and base.get("capacity_users") is not None and not trial["is_baseline"]:
         header.append(f"baseline (trial {base['number']}): {base['capacity_users']} users")
+    why = trial.get("bottleneck") or {}
+    if why.get("sentence"):
+        header.append(f"bottleneck: {why['sentence']}")
+    if why.get("not_measured"):
+        header.append("not measured: " + "; ".join(m["title"] for m in why["not_measured"]))
 
     if engine != Engine.SGLANG:
         body = yaml.safe_dump({**trial["flags"]}, sort_keys=True)

@@ -3,6 +3,7 @@ read; a database of an older schema is upgraded first, or refused when it is ope
 
 from __future__ import annotations
 
+from tuner import explain
 from tuner.errors import StudyNotFoundError
 from tuner.storage import db, repo
 
@@ -23,11 +24,18 @@ def measurement_dict(m) -> dict:
     return {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
 
 
-def trial_dict(t, ms: list) -> dict:
+def trial_dict(t, ms: list, diagnosis: explain.TrialDiagnosis | None = None) -> dict:
     at = None
     if t.capacity_users:
         passing = [m for m in ms if m.users == t.capacity_users and m.meets_slo]
         at = measurement_dict(passing[-1]) if passing else None
+    measurements = [measurement_dict(m) for m in ms]
+    if diagnosis is not None:  # each load point's one-sentence diagnosis beside its figures
+        by_users = {d.users: d for d in diagnosis.points}
+        for md in measurements:
+            d = by_users.get(md["users"])
+            md["why"] = d.sentence if d else None
+            md["binding"] = d.binding.cause.value if d and d.binding else None
     return {
         "number": t.trial_number, "status": t.status, "is_baseline": t.is_baseline, "backend_kind": t.backend_kind,
         "capacity_users": t.capacity_users, "params": t.params, "flags": t.flags, "knobs": t.knobs,
@@ -38,7 +46,8 @@ def trial_dict(t, ms: list) -> dict:
         "launched": t.launched, "screened_by_planner": t.screened_by_planner,
         "sglang_version": ((t.telemetry or {}).get("plan") or {}).get("sglang_version"),
         "pids": t.pids, "gpu_ids": t.gpu_ids,
-        "at_capacity": at, "measurements": [measurement_dict(m) for m in ms],
+        "at_capacity": at, "measurements": measurements,
+        "bottleneck": diagnosis.to_dict(with_points=False) if diagnosis is not None else None,
     }
 
 
@@ -53,7 +62,9 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
     by_trial: dict[int, list] = {}
     for m in ms:
         by_trial.setdefault(m.trial_number, []).append(m)
-    trials = [trial_dict(t, by_trial.get(t.trial_number, [])) for t in ts]
+    ctx = explain.StudyContext.of_study_row(row)
+    diagnoses = explain.diagnose_rows(row, ts, ms, ctx)
+    trials = [trial_dict(t, by_trial.get(t.trial_number, []), diagnoses.get(t.trial_number)) for t in ts]
     best = repo.best_of(ts)  # from the same snapshot as `trials` (a trial may finish meanwhile)
     base = repo.baseline_of(ts)
     best_d = next((t for t in trials if best and t["number"] == best.trial_number), None)
@@ -71,9 +82,28 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
         "counts": counts, "created_at": row.created_at, "updated_at": row.updated_at,
         "tuner_version": row.tuner_version, "spec_hash": row.spec_hash,
         "best": best_d, "baseline": base_d, "improvement_over_baseline": improvement,
+        "bottleneck": (best_d or {}).get("bottleneck"),
+        "capacity_search": {"start_users": ctx.start_users, "max_users": ctx.max_users,
+                            "resolution_users": ctx.resolution_users},
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
         "trials": trials,
     }
+
+
+def what_if_summary(summary: dict, p90_ttft_s: float, p90_tpot_s: float) -> dict:
+    """How many users each trial of ``summary`` serves at other P90 targets, from its stored load
+    points only (tuner.explain.whatif): no extrapolation, uncovered answers are marked."""
+    resolution = (summary.get("capacity_search") or {}).get("resolution_users") or 1
+    rows, results = [], []
+    for t in summary["trials"]:
+        points = [explain.LoadPoint.of(m) for m in t["measurements"]]
+        w = explain.what_if(t["number"], points, p90_ttft_s, p90_tpot_s, resolution)
+        results.append(w)
+        rows.append({**w.to_dict(), "status": t["status"], "is_baseline": t["is_baseline"],
+                     "stored_capacity_users": t["capacity_users"]})
+    best = explain.best_of(results)
+    return {"slo": {"p90_ttft_s": p90_ttft_s, "p90_tpot_s": p90_tpot_s}, "resolution_users": resolution,
+            "trials": rows, "best": best.to_dict() if best else None}
 
 
 def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
