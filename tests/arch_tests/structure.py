@@ -24,11 +24,12 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "tuner"
 LAYERS: list[tuple[str, ...]] = [
     ("__main__",),
     ("cli",),
+    ("compare",),
     ("bench", "report"),
     ("study",),
     ("evaluation", "profile"),
     ("backends", "sim"),
-    ("planner", "kernels", "tinymodels"),
+    ("planner", "kernels", "tinymodels", "explain"),
     ("config", "storage"),
     ("catalog", "workload"),
     ("limits", "paths", "safewrite", "safeyaml"),

@@ -22,6 +22,7 @@ from tuner.errors import TunerError
 # name -> (module:attribute, one-line help shown by `tuner --help` without importing the module)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("tuner.cli.study:study", "Start, resume, inspect and export tuning studies."),
+    "compare": ("tuner.cli.compare:compare", "Set studies side by side: hardware, quantization, capacity, bottleneck, cost."),
     "validate": ("tuner.cli.validate:validate", "Check study / search-space / workload files without running anything."),
     "plan": ("tuner.cli.plan:plan", "Memory planner: weights, KV capacity and OOM risk of a configuration."),
     "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),

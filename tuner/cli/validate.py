@@ -13,10 +13,11 @@ from tuner.cli._common import emit_json, json_option
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @json_option
 def validate(paths, as_json):
-    """Check study, search-space and workload YAML files without running anything.
+    """Check study, search-space, workload and comparison YAML files without running anything.
 
     The kind of each file is recognised from its keys. A study with `sampler: grid` is also checked
-    for a grid that fits its trial budget. Exit code 2 if any file is invalid.
+    for a grid that fits its trial budget; a comparison's studies are loaded and checked too. Exit
+    code 2 if any file is invalid.
     """
     from tuner.config.load import load_study, validate_file
     from tuner.errors import ConfigError

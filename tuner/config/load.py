@@ -14,6 +14,7 @@ from tuner import catalog, safeyaml
 from tuner.catalog import ModelRef, resolve_ref
 from tuner.errors import ConfigError
 from tuner.config import expr, exprcheck
+from tuner.config.comparison import ComparisonSpec, check_costs, looks_like_comparison
 from tuner.config.knobs import SGLANG_KNOBS
 from tuner.config.schema import SearchSpaceSpec, StudySpec
 from tuner.workload.profiles import default_search_dirs, load_profile
@@ -325,12 +326,50 @@ def spec_hash(study: StudySpec) -> str:
     return hashlib.sha256(yaml.safe_dump(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def is_comparison_file(path: str | Path) -> bool:
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        return False
+    try:
+        return looks_like_comparison(read_yaml(p))
+    except ConfigError:
+        return False
+
+
+def comparison_root(spec: ComparisonSpec) -> Path | None:
+    """Where a comparison's study names are looked up first (the repository root of its file)."""
+    if not spec.source_path:
+        return None
+    p = Path(spec.source_path).resolve().parent
+    return p.parent if p.name == "studies" else p
+
+
+def load_comparison(name_or_path: str, *, check_studies: bool = False) -> ComparisonSpec:
+    """A comparison file (``studies/compare-*.yaml``); with ``check_studies`` every listed study
+    file is loaded too, and an error in one names the comparison file and the entry."""
+    path = resolve_file(name_or_path, "studies", what="comparison")
+    data = read_yaml(path)
+    spec = _validate(ComparisonSpec, data, str(path))
+    check_costs(spec.gpu_hour_cost, file=str(path), key="gpu_hour_cost")
+    spec = spec.model_copy(update={"source_path": str(path)})
+    if check_studies:
+        for i, name in enumerate(spec.studies):
+            try:
+                load_study(str(resolve_file(name, "studies", near=comparison_root(spec), what="study")))
+            except ConfigError as exc:
+                raise ConfigError(f"{name}: {exc}", file=str(path), key=f"studies[{i}]") from None
+    return spec
+
+
 def validate_file(path: str) -> str:
     """Check one file of any kind; return its kind. Raises ConfigError."""
     p = Path(path)
     if not p.exists():
         raise ConfigError("file does not exist", file=path)
     data = read_yaml(p)
+    if looks_like_comparison(data):
+        load_comparison(str(p), check_studies=True)
+        return "comparison"
     if "search_space" in data or "slo" in data:
         load_study(str(p))
         return "study"

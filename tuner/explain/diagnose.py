@@ -42,9 +42,9 @@ class Bound(StrEnum):
     MISSED_TARGET = "missed_target"  # a measured load point above the capacity misses a target
     SEARCH_LIMIT = "search_limit"  # meets both targets at the capacity search's largest user count
     NOT_REACHED = "not_reached"  # stopped (pruned, interrupted) before a load point missed
-    FAILED = "failed"  # did not serve: crashed, out of memory, hung ...
+    DID_NOT_SERVE = "did_not_serve"  # crashed, ran out of memory, hung ...
     NOT_LAUNCHED = "not_launched"  # a constraint or the planner settled it without launching
-    RUNNING = "running"
+    IN_PROGRESS = "in_progress"  # the trial is still measuring
     NO_POINTS = "no_points"
 
 
@@ -245,14 +245,14 @@ def diagnose_trial(trial: TrialFacts, points: list[LoadPoint], ctx: StudyContext
     if not trial.launched:
         what = "screened out by the planner" if trial.screened_by_planner else "not launched"
         return TrialDiagnosis(bound=Bound.NOT_LAUNCHED,
-                              sentence=f"{what}: {short_reason(trial.failure_reason) or 'infeasible'}", **base)
+                              sentence=f"{what}: {short_reason(trial.failure_reason) or 'it cannot run'}", **base)
     if status in (TrialStatus.FAILED, TrialStatus.INFEASIBLE) and not diagnosed:
         reason = short_reason(trial.failure_reason)
-        return TrialDiagnosis(bound=Bound.FAILED, sentence=f"did not serve ({trial.failure_class or status.value})"
+        return TrialDiagnosis(bound=Bound.DID_NOT_SERVE, sentence=f"did not serve ({trial.failure_class or status.value})"
                               + (f": {reason}" if reason else ""), **base)
     if not diagnosed:
-        bound = Bound.RUNNING if status is TrialStatus.RUNNING else Bound.NO_POINTS
-        return TrialDiagnosis(bound=bound, sentence="no load point measured yet" if bound is Bound.RUNNING
+        bound = Bound.IN_PROGRESS if status is TrialStatus.RUNNING else Bound.NO_POINTS
+        return TrialDiagnosis(bound=bound, sentence="no load point measured yet" if bound is Bound.IN_PROGRESS
                               else "no load point was measured", **base)
     cap = trial.capacity_users or 0
     failing = [d for d in diagnosed if d.missed and d.users > cap]
@@ -268,11 +268,11 @@ def diagnose_trial(trial: TrialFacts, points: list[LoadPoint], ctx: StudyContext
                               **base)
     if status in (TrialStatus.FAILED, TrialStatus.INFEASIBLE):
         reason = short_reason(trial.failure_reason)
-        return TrialDiagnosis(bound=Bound.FAILED, sentence=f"failed after {top.users} users "
+        return TrialDiagnosis(bound=Bound.DID_NOT_SERVE, sentence=f"failed after {top.users} users "
                               f"({trial.failure_class or status.value})" + (f": {reason}" if reason else ""),
                               point=top, not_measured=_not_measured(top), **base)
     why = {TrialStatus.PRUNED: "stopped early (could not beat the best)", TrialStatus.RUNNING: "still running",
-           TrialStatus.INTERRUPTED: "interrupted"}.get(status, "no load point above it missed a target")
-    return TrialDiagnosis(bound=Bound.RUNNING if status is TrialStatus.RUNNING else Bound.NOT_REACHED,
+           TrialStatus.INTERRUPTED: "stopped by the tuner process ending"}.get(status, "no load point above it missed a target")
+    return TrialDiagnosis(bound=Bound.IN_PROGRESS if status is TrialStatus.RUNNING else Bound.NOT_REACHED,
                           sentence=f"{why} before a load point missed a target; {top.sentence}", point=top,
                           not_measured=_not_measured(top), **base)

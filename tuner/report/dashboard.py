@@ -46,7 +46,7 @@ from tuner.workload.loadgen_server import new_event_loop
 log = logging.getLogger(__name__)
 
 STATIC_FILES = {"charts.js": "text/javascript", "view.js": "text/javascript", "app.js": "text/javascript",
-                "style.css": "text/css"}
+                "style.css": "text/css", "why.js": "text/javascript", "why.css": "text/css"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",

@@ -13,6 +13,7 @@ from importlib import resources
 
 from tuner import __version__
 from tuner.lifecycle import StudyStatus, TrialStatus
+from tuner.report.why import why_html
 
 STATIC = "tuner.report"
 
@@ -65,6 +66,7 @@ def summary_html(s: dict) -> str:
              ("started", esc(_when(s.get("created_at")))), ("updated", esc(_when(s.get("updated_at"))))]
     left = [f'<p class="help">{esc(spec.get("description"))}</p>' if spec.get("description") else ""]
     left.append(_verdict(s))
+    left.append(why_html(s))
     if best:
         left.append(_best_block(best, base))
     right = ['<h3>Study</h3><dl class="kv">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"]
@@ -165,10 +167,12 @@ REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-
 
 def render_report(s: dict, importance: dict) -> str:
     """A single HTML file: inline CSS, inline JS, charts drawn as SVG when opened."""
-    css, charts, view = static_text("style.css"), static_text("charts.js"), static_text("view.js")
+    css, charts, view = static_text("style.css") + static_text("why.css"), static_text("charts.js"), static_text("view.js")
+    why = static_text("why.js")
     boot = ("(()=>{const d=JSON.parse(document.getElementById('study-data').textContent);"
             "const v=TunerView.create(document.getElementById('study-view'),{showLogPath:true});"
-            "v.update(d.study,d.importance);})();")
+            "v.update(d.study,d.importance);"
+            "TunerWhy.create(document.getElementById('why-view')).update(d.study);})();")
     payload = _json_for_script({"study": s, "importance": importance})
     return f"""<!doctype html>
 <html lang="en">
@@ -185,10 +189,12 @@ def render_report(s: dict, importance: dict) -> str:
 <h2>Study {esc(s['name'])}</h2>
 {summary_html(s)}
 <div id="study-view"><noscript><p>The charts and the trials table need JavaScript.</p></noscript></div>
+<div id="why-view"></div>
 </main>
 <script type="application/json" id="study-data">{payload}</script>
 <script>{charts}</script>
 <script>{view}</script>
+<script>{why}</script>
 <script>{boot}</script>
 </body>
 </html>

@@ -5,7 +5,7 @@
   const POLL_MS = 3000;
   const $ = (id) => document.getElementById(id);
   const etags = {};
-  let current = null, view = null, importanceKey = null, lastData = null;
+  let current = null, view = null, why = null, importanceKey = null, lastData = null;
 
   async function getJSON(url) {
     const headers = etags[url] ? { "If-None-Match": etags[url].tag } : {};
@@ -76,6 +76,8 @@
     if (!view) view = TunerView.create($("study-view"), { logUrl: (t) => (t.log_available ? `${base}/trials/${t.number}/log` : null) });
     const key = `${current}:${body.trials.filter((t) => t.status !== "running").length}`;
     view.update(body);
+    if (!why) why = TunerWhy.create($("why-view"));
+    why.update(body);
     if (key !== importanceKey) {
       importanceKey = key;
       const imp = await getJSON(`${base}/importance`);
@@ -87,7 +89,7 @@
     try {
       const { body } = await getJSON("api/studies");
       const want = selected();
-      if (want !== current) { current = want; view = null; importanceKey = null; $("study-view").replaceChildren(); $("summary").replaceChildren(); }
+      if (want !== current) { current = want; view = null; why = null; importanceKey = null; $("study-view").replaceChildren(); $("why-view").replaceChildren(); $("summary").replaceChildren(); }
       renderStudies(body.studies);
       $("study").hidden = !current;
       await refreshStudy();

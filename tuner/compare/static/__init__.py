@@ -1,0 +1,1 @@
+"""The comparison report's script (drawn with the report's own charts)."""
