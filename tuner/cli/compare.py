@@ -77,7 +77,9 @@ def _with_progress(runner, spec, budget):
     progress = StudyProgress(spec.name, budget)
     runner.on_event = progress.event
     with progress:
-        return runner.run(budget)
+        outcome = runner.run(budget)
+    click.echo("", err=True)  # the progress display leaves its last line open
+    return outcome
 
 
 def _print(doc: dict) -> None:

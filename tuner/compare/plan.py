@@ -83,10 +83,10 @@ def plan_comparison(targets: list[str], storage: str, *, gpu_hour_cost: dict[str
         comparison: ComparisonSpec | None = None
         try:
             path = resolve_file(t, "studies", what="study or comparison")
-            if is_comparison_file(path):
-                comparison = load_comparison(str(path))
         except ConfigError:
             path = None  # a study known only to the storage; resolved below
+        if path is not None and is_comparison_file(path):
+            comparison = load_comparison(str(path))
         if comparison is None:
             items.append((t, StudyOverrides(), None))
             continue

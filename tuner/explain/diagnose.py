@@ -62,6 +62,7 @@ class PointDiagnosis:
         return not self.missed
 
     def finding(self, cause: Cause) -> Finding | None:
+        cause = Cause(cause)
         return next((f for f in self.findings if f.cause is cause), None)
 
     def not_observed(self) -> list[Finding]:

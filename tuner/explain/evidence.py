@@ -141,13 +141,17 @@ def kv_and_routing(p: LoadPoint, trial: TrialFacts, ctx: StudyContext) -> tuple[
     if evicted is None and not p.simulated:
         missing = (missing + "; " if missing else "") + "evictions (this SGLang version exports no eviction counter)"
     fits = ws is not None and pool_total and ws < WORKING_SET_FITS * pool_total
-    # Several pools and a policy that spreads a session over them: context re-computed on a pool
-    # that does not hold it, even though the pools would hold the working set if routed well.
-    routing_bound = pools > 1 and policy not in CACHE_AWARE_POLICIES and fits and evicted is not True
+    # Several pools that would hold the working set if each session stayed on one: context is
+    # re-computed because requests land on a pool that does not hold it (a policy that spreads
+    # sessions, or a cache-aware router moving them to balance load).
+    routing_bound = pools > 1 and fits
     if routing_bound:
+        how = ("moves sessions when ranks are imbalanced" if policy in CACHE_AWARE_POLICIES
+               else "spreads each session over the pools")
         route = Finding(Cause.ROUTING, coverage, share,
                         f"{fmt.pct(share)} of prefill tokens re-compute context another KV pool holds "
-                        f"({policy} routing over {pools} pools; {pool_text}{ws_text}){estimated}", figures, missing)
+                        f"({policy} routing over {pools} pools {how}; {pool_text}{ws_text}){estimated}",
+                        figures, missing)
         kv = Finding(Cause.KV_CAPACITY, coverage, 0.0,
                      f"the working set ({fmt.tokens(ws)}) fits the KV pools ({fmt.tokens(pool_total)} tokens)", figures)
         return kv, route
@@ -348,7 +352,7 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
 
 
 # --------------------------------------------------------------------------- idle GPUs, plateau
-PLATEAU_EFFICIENCY = 0.5  # throughput grew by less than half as much as the users did
+PLATEAU_EFFICIENCY = 0.5  # throughput rose by less than half as much (relatively) as the users did
 IDLE_UTILIZATION = 0.7
 
 
@@ -365,19 +369,20 @@ def gpu_idle(p: LoadPoint, prev: LoadPoint | None, trial: TrialFacts) -> Finding
         missing = "GPU utilisation per load point (NVML was summarised over the whole trial)"
     if util is None:
         return Finding(Cause.GPU_IDLE, Coverage.NOT_MEASURED, text="no GPU utilisation was recorded")
-    growth = None
+    growth = None  # relative rise of throughput over relative rise of users (1: linear, 0: flat)
     if prev is not None and prev.users < p.users and prev.throughput_tokens_per_s > 0:
-        growth = (p.throughput_tokens_per_s / prev.throughput_tokens_per_s) / (p.users / prev.users)
+        growth = (p.throughput_tokens_per_s / prev.throughput_tokens_per_s - 1) / (p.users / prev.users - 1)
     plateau = growth is not None and growth < PLATEAU_EFFICIENCY
     figures = {"gpu_utilization": util, "throughput_growth_per_user_growth": growth,
                "previous_users": prev.users if prev is not None else None}
     if plateau and util < IDLE_UTILIZATION:
         rise = p.throughput_tokens_per_s / prev.throughput_tokens_per_s
         return Finding(Cause.GPU_IDLE, coverage, 1.0 - util,
-                       f"throughput grew {fmt.ratio(rise)} from {prev.users} to {p.users} users while the GPUs were "
+                       f"throughput grew {rise:.2f}x from {prev.users} to {p.users} users while the GPUs were "
                        f"busy {fmt.pct(util)} of the time ({where}): suspect the MoE kernel tiles, the scheduler "
                        "or the client", figures, missing)
-    trend = f", throughput {fmt.pct(growth)} of linear growth from {prev.users} users" if growth is not None else ""
+    trend = (f", throughput rose {fmt.pct(growth)} as fast as the users from {prev.users} users"
+             if growth is not None else "")
     return Finding(Cause.GPU_IDLE, coverage, 0.0, f"GPUs busy {fmt.pct(util)} ({where}){trend}", figures, missing)
 
 
