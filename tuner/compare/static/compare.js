@@ -17,6 +17,7 @@ const TunerCompare = (() => {
       if (v === undefined || v === null || v === false) continue;
       if (k === "class") e.className = v;
       else if (k === "text") e.textContent = v;
+      else if (k === "style") Object.assign(e.style, v);  // CSSOM, which the dashboard's CSP allows
       else e.setAttribute(k, v === true ? "" : v);
     }
     for (const k of kids) if (k !== null && k !== undefined) e.append(k);
@@ -39,11 +40,11 @@ const TunerCompare = (() => {
       const cfg = b ? Object.entries(b.changes_from_baseline).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` })) : [];
       const neck = r.bottleneck && r.bottleneck.sentence
         ? [r.bottleneck.binding ? h("span", { class: "why-cause", "data-cause": r.bottleneck.binding,
-            style: `background:${(TunerWhy.CAUSE_COLORS || {})[r.bottleneck.binding] || "#6b7280"}`, text: r.bottleneck.binding.replace(/_/g, " ") }) : null,
+            style: { background: (TunerWhy.CAUSE_COLORS || {})[r.bottleneck.binding] || "#6b7280" }, text: r.bottleneck.binding.replace(/_/g, " ") }) : null,
            h("div", { class: "why-sentence", text: r.bottleneck.sentence })]
         : [h("span", { class: "muted", text: "–" })];
       return h("tr", { "data-study": r.name },
-        h("td", {}, h("span", { class: "swatch", style: `border-color:${color(i)}` }), h("b", { text: r.name }),
+        h("td", {}, h("span", { class: "swatch", style: { borderColor: color(i) } }), h("b", { text: r.name }),
           h("div", { class: "muted", text: `${r.action}, ${r.trials.launched}/${r.trials.budget} trials` })),
         h("td", { text: hw(r) }),
         h("td", { text: r.quantization ? r.quantization.label : "–",
@@ -77,10 +78,10 @@ const TunerCompare = (() => {
       h("section", { class: "card wide" }, h("h3", { text: "KV room by attention-DP size" }),
         h("p", { class: "help", text: "The planner's KV capacity (tokens; pools x tokens per pool) of each study's checkpoint on its hardware at each attention-DP size, expert parallelism across the node, SGLang's defaults otherwise: how much room the weights leave for context. No trial needed." }),
         h("div", { class: "table-wrap" }, room)),
-      h("div", { class: "grid", style: "margin-top:16px" },
+      h("div", { class: "grid compare-grid" },
         card("Capacity, KV room and cost", "Best capacity of each study per node and per GPU, the KV capacity of its best configuration, and the cost per served user-hour where costs were given.", bars),
         card("Capacity against the SLO target", "Users the best stored trial serves with both P90 targets scaled from each study's own (1 = the study's targets). From stored load points only: hollow points are not bracketed by them (at least / between / fewer than).", overview)),
-      h("div", { class: "grid", style: "margin-top:16px" }, ...rows.map((r, i) => card(`${r.name}: capacity against target`,
+      h("div", { class: "grid compare-grid" }, ...rows.map((r, i) => card(`${r.name}: capacity against target`,
         `P90 TTFT ${r.slo.p90_ttft_s} s, P90 TPOT ${+(r.slo.p90_tpot_s * 1000).toPrecision(3)} ms at 1x; each target scaled alone and both together.`, per[i]))));
 
     const groups = [

@@ -18,13 +18,14 @@ const TunerWhy = (() => {
       if (v === undefined || v === null || v === false) continue;
       if (k === "class") e.className = v;
       else if (k === "text") e.textContent = v;
+      else if (k === "style") Object.assign(e.style, v);  // CSSOM, which the dashboard's CSP allows
       else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
       else e.setAttribute(k, v === true ? "" : v);
     }
     for (const k of kids) if (k !== null && k !== undefined) e.append(k);
     return e;
   }
-  const causeTag = (cause, title) => h("span", { class: "why-cause", style: `background:${CAUSE_COLORS[cause] || "#6b7280"}`,
+  const causeTag = (cause, title) => h("span", { class: "why-cause", style: { background: CAUSE_COLORS[cause] || "#6b7280" },
                                                  "data-cause": cause, text: title || cause.replace(/_/g, " ") });
 
   function create(root) {
@@ -115,7 +116,7 @@ const TunerWhy = (() => {
   function shareBar(v) {
     const pct = Math.max(0, Math.min(1, v)) * 100;
     return h("span", { class: "why-share", title: `${pct.toFixed(0)} %` },
-      h("span", { class: "why-share-fill", style: `width:${pct.toFixed(1)}%` }), h("span", { class: "why-share-text", text: `${pct.toFixed(0)} %` }));
+      h("span", { class: "why-share-fill", style: { width: `${pct.toFixed(1)}%` } }), h("span", { class: "why-share-text", text: `${pct.toFixed(0)} %` }));
   }
 
   return { create, CAUSE_COLORS };
