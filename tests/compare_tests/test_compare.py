@@ -175,3 +175,35 @@ def test_comparison_files_validate(tmp_path):
     bad.write_text(yaml.safe_dump({"name": "compare-x", "studies": ["h200", "no-such"]}))
     r = run_cli(["validate", str(bad)], cwd=tmp_path)
     assert r.returncode == 2 and f"{bad}: studies[1]: no-such: unknown study" in r.stderr
+
+
+def test_cross_seeding_runs_each_best_configuration_on_the_others(ran, tmp_path):
+    tmp, storage, first = ran
+    import shutil
+
+    db = tmp_path / "x.db"
+    shutil.copy(tmp / "c.db", db)  # the module's stored studies, seeded on a copy
+    r = run_cli(["compare", str(CI), "--cross-seed", "--json", "--no-ray", "--storage", f"sqlite:///{db}"], cwd=tmp)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cross_seed"] is True
+    before = {x["name"]: x for x in first["studies"]}
+    added_any = False
+    for row in doc["studies"]:
+        seeded = row["cross_seeded"]
+        assert row["trials"]["launched"] == before[row["name"]]["trials"]["launched"] + len(seeded)
+        for s in seeded:
+            assert s["from"] in NAMES and s["from"] != row["name"]
+            added_any = True
+        # a cross-seeded configuration can only raise the best
+        assert row["best"]["capacity_users"] >= before[row["name"]]["best"]["capacity_users"]
+    assert added_any
+    from tuner.study.summary import study_summary
+
+    for row in doc["studies"]:
+        params = [t["params"] for t in study_summary(f"sqlite:///{db}", row["name"])["trials"]]
+        for s in row["cross_seeded"]:
+            src = before[s["from"]]  # its best before seeding
+            assert s["trial"] == src["best"]["trial"]
+            wanted = {**src["best"]["params"], "quantization": row["quantization"]["flag"]}
+            assert any(all(p.get(k) == v for k, v in wanted.items() if k in p) for p in params)

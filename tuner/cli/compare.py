@@ -22,6 +22,10 @@ from tuner.vocabulary import AUTO_BACKEND, BackendKind, names
                    "the GPUs are present, else the simulator). Studies already in storage keep theirs.")
 @click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None,
               help="Trial budget of studies that have not run yet (default: each study's own).")
+@click.option("--cross-seed/--no-cross-seed", "cross_seed", default=None,
+              help="After the studies ran, also run each study's best configuration on the other studies that "
+                   "can express it and have not tried it (hardware compared at the same configuration). Default: "
+                   "the comparison file's cross_seed, else off.")
 @click.option("--allow-different-workloads", is_flag=True,
               help="Compare studies that replay different workloads (their capacities are not comparable).")
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
@@ -29,8 +33,8 @@ from tuner.vocabulary import AUTO_BACKEND, BackendKind, names
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="Trials of one study run at once where resources allow.")
 @json_option
-def compare(targets, costs, output, storage, backend, trials, allow_different_workloads, no_ray, ray_address,
-            parallel, as_json):
+def compare(targets, costs, output, storage, backend, trials, cross_seed, allow_different_workloads, no_ray,
+            ray_address, parallel, as_json):
     """Set studies side by side: hardware and quantization, best capacity per node and per GPU, the
     best configuration, its bottleneck, its KV capacity and, with costs, the cost per served
     user-hour; plus each study's capacity against its SLO target scaled.
@@ -47,7 +51,7 @@ def compare(targets, costs, output, storage, backend, trials, allow_different_wo
     from tuner import safewrite
     from tuner.compare.html import render_html
     from tuner.compare.plan import plan_comparison, require_completed
-    from tuner.compare.run import run_plan
+    from tuner.compare.run import cross_seed as run_cross_seed, run_plan
     from tuner.compare.table import build
     from tuner.config.comparison import parse_costs
     from tuner.storage import db
@@ -56,12 +60,16 @@ def compare(targets, costs, output, storage, backend, trials, allow_different_wo
     if output is not None:
         safewrite.check_target(output)
     plan = plan_comparison(list(targets), storage, gpu_hour_cost=parse_costs(costs), trials=trials,
-                           allow_different_workloads=allow_different_workloads)
+                           allow_different_workloads=allow_different_workloads, cross_seed=cross_seed)
     say = (lambda s: None) if as_json else (lambda s: click.echo(s, err=True))
     ran = run_plan(plan, storage, backend=backend, use_ray=not no_ray, ray_address=ray_address, parallel=parallel,
                    wrap=None if as_json else _with_progress, say=say)
     require_completed(storage, [e.spec.name for e in plan.entries])
-    doc = build(plan, ran, storage)
+    seeded = {}
+    if plan.cross_seed:
+        seeded = run_cross_seed(plan, storage, ran, use_ray=not no_ray, ray_address=ray_address, parallel=parallel,
+                                wrap=None if as_json else _with_progress, say=say)
+    doc = build(plan, ran, storage, cross_seeded=seeded)
     if output is not None:
         out = safewrite.write_text(output, render_html(doc))
         say(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")

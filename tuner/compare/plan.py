@@ -41,6 +41,7 @@ class ComparePlan:
     entries: list[Entry]
     gpu_hour_cost: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    cross_seed: bool = False
 
 
 def _apply(spec: StudySpec, overrides: StudyOverrides, trials: int | None) -> StudySpec:
@@ -72,11 +73,13 @@ def _study_spec(name: str, storage: str, near: Path | None) -> tuple[StudySpec, 
 
 
 def plan_comparison(targets: list[str], storage: str, *, gpu_hour_cost: dict[str, float] | None = None,
-                    trials: int | None = None, allow_different_workloads: bool = False) -> ComparePlan:
+                    trials: int | None = None, allow_different_workloads: bool = False,
+                    cross_seed: bool | None = None) -> ComparePlan:
     """Expand comparison files, load every study, decide run / resume / reuse, check the input."""
     if not targets:
         raise ConfigError("name at least one study or comparison file", key="STUDY_OR_FILE")
     costs: dict[str, float] = {}
+    seeded = False
     items: list[tuple[str, StudyOverrides, Path | None]] = []
     names, descriptions = [], []
     for t in targets:
@@ -94,6 +97,7 @@ def plan_comparison(targets: list[str], storage: str, *, gpu_hour_cost: dict[str
         descriptions.append(comparison.description)
         costs.update({k.lower(): v for k, v in comparison.gpu_hour_cost.items()})
         allow_different_workloads = allow_different_workloads or comparison.allow_different_workloads
+        seeded = seeded or comparison.cross_seed
         items += [(s, comparison.overrides, comparison_root(comparison)) for s in comparison.studies]
     costs.update(gpu_hour_cost or {})
 
@@ -131,7 +135,7 @@ def plan_comparison(targets: list[str], storage: str, *, gpu_hour_cost: dict[str
     notes += [f"cost for {g} given, but no compared study runs on {g}" for g in sorted(set(costs) - used)]
     return ComparePlan(name=" vs ".join(names) if names else "comparison",
                        description=" ".join(d for d in descriptions if d), entries=entries,
-                       gpu_hour_cost=costs, notes=notes)
+                       gpu_hour_cost=costs, notes=notes, cross_seed=seeded if cross_seed is None else cross_seed)
 
 
 def workload_identity(spec: StudySpec) -> dict:

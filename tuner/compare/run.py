@@ -1,6 +1,7 @@
 """Run what a comparison needs through the normal study runner: studies not in storage are
 created and run (on the simulator where the GPUs or SGLang are absent, as ``--backend auto``
-decides), unfinished ones are continued, finished ones are read as they are."""
+decides), unfinished ones are continued, finished ones are read as they are. With cross-seeding,
+each study then also runs the other studies' best configurations it has not tried."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from typing import Callable
 from tuner.compare.plan import Action, ComparePlan, Entry
 from tuner.evaluation.registry import get_evaluator, resolve_auto
 from tuner.storage import db, repo
+from tuner.study import space as space_mod
+from tuner.study.proposer import config_key, planner_verdict
 from tuner.study.runner import StudyRunner
+from tuner.study.summary import study_summary
 from tuner.vocabulary import AUTO_BACKEND
 
 log = logging.getLogger(__name__)
@@ -71,3 +75,68 @@ def run_plan(plan: ComparePlan, storage: str, *, backend: str | None = None, use
         outcome = wrap(runner, e.spec, budget) if wrap else runner.run(budget)
         out.append(Ran(e.spec.name, e.action, kind, reason, time.time() - t0, outcome.stopped_reason))
     return out
+
+
+# ---- cross-seeding: each study's best configuration tried on the other studies ------------------
+def adapt_config(params: dict, spec) -> dict | None:
+    """``params`` (another study's best) as a configuration of ``spec``'s search space: a knob
+    the space fixes to one value (its checkpoint) takes that value, a knob it lacks is dropped;
+    None when a value is outside the space or a constraint fails."""
+    space = spec.space()
+    env = space_mod.env_for(spec)
+    out = {}
+    for name, p in space.params.items():
+        grid = p.grid()
+        value = params.get(name)
+        if value not in grid:
+            if len(grid) != 1:
+                return None
+            value = grid[0]
+        out[name] = value
+    for name in list(out):
+        if not space_mod.condition_holds(space, name, out, env):
+            out[name] = None
+    if space_mod.violated_constraints(space, out, env):
+        return None
+    flags, _ = space_mod.split(out, space.engine, space_mod.pinned_flags(spec))
+    fits, _, _ = planner_verdict(spec, flags)
+    return out if fits else None
+
+
+def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool = True,
+               ray_address: str | None = None, parallel: int = 1, workdir: str = "results/runs",
+               wrap: Callable | None = None, say: Callable[[str], None] = lambda s: None) -> dict[str, list[dict]]:
+    """Try every study's best configuration on each other study that can run it and has not
+    (hardware compared at the same configuration, not only at what each search found). Returns
+    study -> [{from, params}] of the configurations added."""
+    summaries = {e.spec.name: study_summary(storage, e.spec.name) for e in plan.entries}
+    bests = {n: s["best"] for n, s in summaries.items() if s["best"] and not s["best"]["is_baseline"]}
+    kinds = {r.name: r.backend_kind for r in ran}
+    added: dict[str, list[dict]] = {}
+    for e in plan.entries:
+        s = summaries[e.spec.name]
+        tried = {config_key(t["params"]) for t in s["trials"]}
+        configs, sources = [], []
+        for other, best in bests.items():
+            if other == e.spec.name:
+                continue
+            cfg = adapt_config(best["params"], e.spec)
+            if cfg is None or config_key(cfg) in tried:
+                continue
+            tried.add(config_key(cfg))
+            configs.append(cfg)
+            sources.append({"from": other, "trial": best["number"], "params": cfg})
+        if not configs:
+            continue
+        kind = kinds.get(e.spec.name) or s["backend_kind"]
+        runner = StudyRunner(e.spec, storage_url=storage, backend_kind=kind, backend_reason="cross-seeding",
+                             parallel=parallel, ray_address=ray_address, use_ray=use_ray, workdir=workdir,
+                             initial_configs=configs)
+        budget = s["trials_launched"] + len(configs)
+        say(f"{e.spec.name}: trying the best configuration of {', '.join(x['from'] for x in sources)}")
+        if wrap:
+            wrap(runner, e.spec, budget)
+        else:
+            runner.run(budget)
+        added[e.spec.name] = sources
+    return added

@@ -144,12 +144,14 @@ def study_row(entry: Entry, ran: Ran | None, summary: dict, costs: dict[str, flo
     return row
 
 
-def build(plan: ComparePlan, ran: list[Ran], storage: str) -> dict:
+def build(plan: ComparePlan, ran: list[Ran], storage: str, cross_seeded: dict[str, list[dict]] | None = None) -> dict:
     by_name = {r.name: r for r in ran}
     rows = []
     for e in plan.entries:
         summary = study_summary(storage, e.spec.name)
-        rows.append(study_row(e, by_name.get(e.spec.name), summary, plan.gpu_hour_cost))
+        row = study_row(e, by_name.get(e.spec.name), summary, plan.gpu_hour_cost)
+        row["cross_seeded"] = [{"from": x["from"], "trial": x["trial"]} for x in (cross_seeded or {}).get(e.spec.name, [])]
+        rows.append(row)
     served = [r for r in rows if r["best"]]
     per_gpu = sorted(served, key=lambda r: -(r["best"]["capacity_per_gpu"] or 0))
     costed = sorted((r for r in served if r["cost"] and r["cost"]["per_user_hour"]),
@@ -163,6 +165,7 @@ def build(plan: ComparePlan, ran: list[Ran], storage: str) -> dict:
         "ranking": {"capacity_per_gpu": [r["name"] for r in per_gpu],
                     "cost_per_user_hour": [r["name"] for r in costed]},
         "slo_scales": list(SLO_SCALES),
+        "cross_seed": plan.cross_seed,
         "notes": plan.notes + _backend_notes(rows),
     }
 

@@ -4,6 +4,7 @@
     description: GLM-5.1 on one 8-GPU node: H200 against B200, FP8 against NVFP4.
     studies: [glm-5.1-h200-fp8, glm-5.1-h200-nvfp4, glm-5.1-b200-fp8, glm-5.1-b200-nvfp4]
     gpu_hour_cost: {h200: 3.5, b200: 6.0}    # optional, per GPU-hour (any currency)
+    cross_seed: true                         # optional: each study also runs the others' best
     overrides:                               # optional, applied to every study (a quick variant)
       study_suffix: -quick                   # ... stored under NAME-quick, not beside the full study
       trials: 6
@@ -52,6 +53,8 @@ class ComparisonSpec(BaseModel):
     studies: list[str] = Field(min_length=1, max_length=MAX_COMPARED_STUDIES)
     gpu_hour_cost: dict[str, Cost] = Field(default_factory=dict)
     allow_different_workloads: bool = False
+    # also run each study's best configuration on the others (as far as their spaces express it)
+    cross_seed: bool = False
     overrides: StudyOverrides = StudyOverrides()
     source_path: str | None = None
 
