@@ -98,9 +98,26 @@ def adapt_config(params: dict, spec) -> dict | None:
             out[name] = None
     if space_mod.violated_constraints(space, out, env):
         return None
-    flags, _ = space_mod.split(out, space.engine, space_mod.pinned_flags(spec))
-    fits, _, _ = planner_verdict(spec, flags)
-    return out if fits else None
+    for candidate in _host_cache_variants(out, space):
+        flags, _ = space_mod.split(candidate, space.engine, space_mod.pinned_flags(spec))
+        if planner_verdict(spec, flags)[0]:
+            return candidate
+    return None
+
+
+def _host_cache_variants(cfg: dict, space) -> list[dict]:
+    """The configuration, then (HiCache's host pool is a ratio of the device KV pool, so a GPU with
+    a bigger pool may lack the host memory for the same ratio) smaller ratios, then HiCache off."""
+    out = [cfg]
+    if not cfg.get("enable-hierarchical-cache"):
+        return out
+    ratio = cfg.get("hicache-ratio")
+    if "hicache-ratio" in space.params and ratio is not None:
+        smaller = sorted((r for r in space.params["hicache-ratio"].grid() if r is not None and r < ratio), reverse=True)
+        out += [{**cfg, "hicache-ratio": r} for r in smaller]
+    if False in space.params.get("enable-hierarchical-cache").grid():
+        out.append({**cfg, "enable-hierarchical-cache": False, "hicache-ratio": None})
+    return out
 
 
 def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool = True,
