@@ -207,3 +207,22 @@ def test_cross_seeding_runs_each_best_configuration_on_the_others(ran, tmp_path)
             assert s["trial"] == src["best"]["trial"]
             wanted = {**src["best"]["params"], "quantization": row["quantization"]["flag"]}
             assert any(all(p.get(k) == v for k, v in wanted.items() if k in p) for p in params)
+
+
+def test_adapting_a_configuration_to_another_studys_space():
+    from tuner.compare.run import adapt_config
+    from tuner.config.load import load_study
+
+    h200_fp8, b200_nvfp4 = load_study("glm-5.1-h200-fp8"), load_study("glm-5.1-b200-nvfp4")
+    cfg = {"tp-size": 8, "attn-dp-size": 2, "ep-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3",
+           "max-running-requests": 32, "chunked-prefill-size": 4096, "mem-fraction-static": 0.9,
+           "cuda-graph-max-bs-decode": 64, "schedule-policy": "lpm", "enable-hierarchical-cache": True,
+           "hicache-ratio": 4.0, "router-policy": "cache_aware", "moe-tile-configs": "tuned"}
+    out = adapt_config(cfg, b200_nvfp4)
+    # the checkpoint is the study's own; a B200's bigger pool needs more host memory than 2 TB gives
+    # at ratio 4, so a smaller ratio is taken
+    assert out["quantization"] == "modelopt_fp4" and out["hicache-ratio"] in (2.0, None)
+    assert {k: v for k, v in out.items() if k not in ("quantization", "hicache-ratio", "enable-hierarchical-cache")} \
+        == {k: v for k, v in cfg.items() if k not in ("quantization", "hicache-ratio", "enable-hierarchical-cache")}
+    assert adapt_config(cfg, h200_fp8) == cfg  # fits as it is
+    assert adapt_config({**cfg, "max-running-requests": 48}, h200_fp8) is None  # not a value of the space
