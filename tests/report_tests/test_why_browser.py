@@ -102,8 +102,9 @@ def test_compare_report_draws_its_table_and_charts(browser, simulated, tmp_path)
     assert r.returncode == 0, r.stderr
     page, problems = _page(browser)
     page.goto(out.as_uri())
-    page.wait_for_selector("#compare-table tbody tr")
-    assert page.locator("#compare-table tbody tr").count() == 2
+    page.wait_for_selector("#compare-table tbody tr.compare-study")
+    assert page.locator("#compare-table tbody tr.compare-study").count() == 2
+    assert page.locator("#compare-table tbody tr.compare-config").count() == 2
     assert page.locator("#compare-kv-room tbody tr").count() == 2
     assert page.locator("#chart-compare-bars svg rect.bar").count() >= 6  # 2 studies x (3 groups + cost)
     assert page.locator("#chart-capacity-slo svg circle.pt").count() >= 10

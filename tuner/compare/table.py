@@ -150,7 +150,8 @@ def build(plan: ComparePlan, ran: list[Ran], storage: str, cross_seeded: dict[st
     for e in plan.entries:
         summary = study_summary(storage, e.spec.name)
         row = study_row(e, by_name.get(e.spec.name), summary, plan.gpu_hour_cost)
-        row["cross_seeded"] = [{"from": x["from"], "trial": x["trial"]} for x in (cross_seeded or {}).get(e.spec.name, [])]
+        row["cross_seeded"] = [{"from": x["from"], "trial": x["trial"], "params": x["params"]}
+                               for x in (cross_seeded or {}).get(e.spec.name, [])]
         rows.append(row)
     served = [r for r in rows if r["best"]]
     per_gpu = sorted(served, key=lambda r: -(r["best"]["capacity_per_gpu"] or 0))

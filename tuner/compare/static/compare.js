@@ -33,8 +33,8 @@ const TunerCompare = (() => {
     const color = (i) => PALETTE[i % PALETTE.length];
     const table = h("table", { class: "trials compare-table", id: "compare-table" });
     const cols = ["study", "hardware", "quantization", "backend", "best (users)", "per node", "per GPU", "KV capacity",
-      "cost per user-hour", "bottleneck of the best", "best configuration"];
-    const body = rows.map((r, i) => {
+      "cost per user-hour", "bottleneck of the best"];
+    const body = rows.flatMap((r, i) => {
       const b = r.best;
       const kv = r.kv_capacity_tokens;
       const cfg = b ? Object.entries(b.changes_from_baseline).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` })) : [];
@@ -43,9 +43,10 @@ const TunerCompare = (() => {
             style: { background: (TunerWhy.CAUSE_COLORS || {})[r.bottleneck.binding] || "#6b7280" }, text: r.bottleneck.binding.replace(/_/g, " ") }) : null,
            h("div", { class: "why-sentence", text: r.bottleneck.sentence })]
         : [h("span", { class: "muted", text: "–" })];
-      return h("tr", { "data-study": r.name },
+      const row = h("tr", { class: "compare-study", "data-study": r.name },
         h("td", {}, h("span", { class: "swatch", style: { borderColor: color(i) } }), h("b", { text: r.name }),
-          h("div", { class: "muted", text: `${r.action}, ${r.trials.launched}/${r.trials.budget} trials` })),
+          h("div", { class: "muted", text: `${r.action}, ${r.trials.launched} trials (budget ${r.trials.budget}` +
+            `${r.cross_seeded && r.cross_seeded.length ? `, ${r.cross_seeded.length} cross-seeded` : ""})` })),
         h("td", { text: hw(r) }),
         h("td", { text: r.quantization ? r.quantization.label : "–",
                   title: r.quantizations_searched.length ? `searched: ${r.quantizations_searched.join(", ")}` : null }),
@@ -56,8 +57,12 @@ const TunerCompare = (() => {
         h("td", { class: "num", text: kv && kv.total ? `${fmt(kv.total)}${kv.pools > 1 ? ` (${kv.pools} x ${fmt(kv.per_pool)})` : ""}` : "–" }),
         h("td", { class: "num", text: r.cost ? money(r.cost.per_user_hour) : "–",
                   title: r.cost ? `${money(r.cost.per_deployment_hour)} per hour for ${r.hardware.gpus} GPUs` : "no cost given" }),
-        h("td", { class: "compare-neck" }, ...neck),
-        h("td", { class: "config" }, ...(cfg.length ? cfg : [h("span", { class: "muted", text: b ? "the baseline" : "–" })])));
+        h("td", { class: "compare-neck" }, ...neck));
+      const config = h("tr", { class: "compare-config", "data-study": r.name },
+        h("td", { colspan: String(cols.length) }, h("div", { class: "compare-chips" },
+          h("span", { class: "muted", text: b ? `best trial ${b.trial}:` : "" }),
+          ...(cfg.length ? cfg : [h("span", { class: "muted", text: b ? "the baseline (SGLang defaults)" : "no completed trial" })]))));
+      return [row, config];
     });
     table.replaceChildren(h("thead", {}, h("tr", {}, ...cols.map((c) => h("th", { text: c })))), h("tbody", {}, ...body));
 
