@@ -56,14 +56,27 @@ def decode_step_parts(model: StepTimeModel, works: list[RankWork], running: int,
     return parts
 
 
+CACHES = ("_decode_cache", "_moe_cache", "_linear_cache")
+
+
 def window_report(model: StepTimeModel, ranks: list, window, overlap: bool, duration_s: float,
                   replicas: int) -> dict:
-    """The measurement window's attribution figures (JSON-ready) for ``extra["explain"]``."""
-    saved = copy.deepcopy(model._src), set(model._files)
+    """The measurement window's attribution figures (JSON-ready) for ``extra["explain"]``.
+
+    The step-time model is memoised across load points and its decode cache keeps the first value
+    of each context bucket, so these lookups run against empty caches (set aside, then put back)
+    and leave its provenance counters as they were: later load points are simulated exactly as
+    without this report."""
+    saved_src, saved_files = copy.deepcopy(model._src), set(model._files)
+    saved_caches = {name: getattr(model, name) for name in CACHES}
+    for name in CACHES:
+        setattr(model, name, {})
     try:
         return _report(model, ranks, window, overlap, duration_s, replicas)
     finally:
-        model._src, model._files = saved
+        model._src, model._files = saved_src, saved_files
+        for name, cache in saved_caches.items():
+            setattr(model, name, cache)
 
 
 def _report(model: StepTimeModel, ranks: list, w, overlap: bool, duration_s: float, replicas: int) -> dict:
