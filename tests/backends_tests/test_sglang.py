@@ -207,9 +207,19 @@ def test_tuned_moe_dir_layout_and_env(tmp_path):
     assert not list(moe.rglob("notes.json"))
 
 
-def test_tuned_moe_needs_a_valid_source(tmp_path):
+def test_tuned_moe_needs_a_valid_source(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="moe_config_dir"):
-        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}), tmp_path)
+        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"},
+                                           moe_config_dir=str(tmp_path / "absent")), tmp_path)
+    # without the option: the default results/kernels/<gpu>, as `tuner study export` uses it
+    monkeypatch.chdir(REPO)
+    plan = SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}),
+                                      tmp_path / "t")
+    assert plan.servers[0].env["SGLANG_MOE_CONFIG_DIR"] == plan.files["moe_config_dir"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="results/kernels/h200.*does not exist"):
+        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}),
+                                   tmp_path / "u")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "E=1,N=2,device_name=X.json").write_text("{not json")

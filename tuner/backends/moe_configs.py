@@ -45,6 +45,13 @@ from tuner.kernels.sglang_layout import gemm_config_filename
 log = logging.getLogger(__name__)
 
 CONFIG_DIR_ENV = "SGLANG_MOE_CONFIG_DIR"
+#: where `tuner kernels tune` results live unless backend_options.moe_config_dir says otherwise
+DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
+
+
+def tuned_source_dir(options, gpu_name: str) -> Path:
+    """The tuned tile directory of a study: ``backend_options.moe_config_dir`` or the default."""
+    return Path((options or {}).get("moe_config_dir") or DEFAULT_TUNED_MOE_DIR.format(gpu=gpu_name))
 _VERSION_DIR_RE = re.compile(r"^triton_\d+(_\d+)*$")
 _NAME_RE = re.compile(
     r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)"

@@ -356,10 +356,11 @@ class SGLangBackend(ProcessBackend):
         # MoE tile configs
         moe_env = moe_configs.env_for(None)
         if knobs.get("moe-tile-configs", "default") == "tuned":
-            source = options.get("moe_config_dir")
-            if not source:
-                raise ConfigError("moe-tile-configs: tuned needs backend_options.moe_config_dir "
-                                  "(e.g. results/kernels/h200)", key="backend_options.moe_config_dir")
+            source = moe_configs.tuned_source_dir(options, study.hardware.gpu)
+            if not source.is_dir():
+                raise ConfigError(f"moe-tile-configs: tuned needs tuned tile files; {str(source)!r} does not exist "
+                                  f"(run `tuner kernels tune`, or set backend_options.moe_config_dir)",
+                                  key="backend_options.moe_config_dir")
             required, required_gemm = [], []
             fusion = not flags.get("disable-shared-experts-fusion", False)
             gpu_spec = get_gpu(study.hardware.gpu)
