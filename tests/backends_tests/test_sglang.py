@@ -324,3 +324,20 @@ print('OK', ev.gpus_needed(req), plan.servers[0].argv[2:4])
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("OK 8")
+
+
+def test_the_version_comes_from_the_study_or_the_installed_package(monkeypatch, tmp_path):
+    from tuner.backends import sglang as backend
+
+    monkeypatch.setattr(backend, "installed_sglang_version", lambda: None)
+    assert backend.sglang_version_for({}) == "0.5.23"  # nothing installed: the default
+    assert backend.sglang_version_for({"sglang_version": "0.5.17"}) == "0.5.17"
+    monkeypatch.setattr(backend, "installed_sglang_version", lambda: "0.5.17")
+    assert backend.sglang_version_for({}) == "0.5.17"
+    plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 1, "cuda-graph-max-bs-decode": 64}), tmp_path / "a")
+    assert plan.facts["sglang_version"] == "0.5.17"
+    assert plan.facts["command_line_flags"] == ["--cuda-graph-max-bs-decode", "64"]  # 0.5.17's YAML refuses it
+    with pytest.raises(ConfigError, match="targets SGLang 0.5.23 .* 0.5.17 is installed"):
+        SGLangBackend().build_plan(request(tmp_path, {"tp-size": 1}, sglang_version="0.5.23"), tmp_path / "b")
+    with pytest.raises(ConfigError, match="did you mean --enable-dp-attention"):
+        SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8, "attn-dp-size": 8}), tmp_path / "c")
