@@ -42,7 +42,7 @@ class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
                  "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
                  "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
-                 "lock_len", "handle", "error", "rid")
+                 "lock_len", "handle", "error", "rid", "sched_t")
 
     def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
@@ -69,6 +69,7 @@ class Req:
         self.handle = None  # the online server's per-request stream
         self.error = None
         self.rid = None
+        self.sched_t = None  # when the scheduler first put it into a prefill batch
 
 
 class Rank:
@@ -126,6 +127,7 @@ class Stats:
         self.hicache_loads = 0
         self.retractions = 0
         self.aborts = 0
+        self.warmup_stalls = 0
         self.prefill_tokens = 0
         self.steps = 0
         self.events = 0
@@ -138,7 +140,7 @@ class ReplicaEngine:
     def __init__(self, ranks: list[Rank], model: StepTimeModel, rules: SchedulerRules, *, stats: Stats,
                  on_finish: Callable, window: tuple[float, float] = (0.0, math.inf),
                  computed_len: dict | None = None, on_token: Callable | None = None,
-                 max_jump: int = MAX_JUMP_STEPS):
+                 max_jump: int = MAX_JUMP_STEPS, fresh_server: bool = False):
         self.ranks = ranks
         self.model = model
         self.rules = rules
@@ -151,18 +153,36 @@ class ReplicaEngine:
         self.max_jump = 1 if on_token is not None else max_jump
         self.release_delay = 1 if rules.overlap else 0
         self._seq = 0
+        # the overlap scheduler forms the next batch while the GPU runs the current one: at a step
+        # boundary it has only seen requests that arrived before the step that just ended began
+        self.last_step_start = -math.inf
+        self.last_step_end = -math.inf
+        # a fresh server stalls a few times in its first seconds of traffic (calibration warmup_stalls)
+        count, stall_s, over_s = getattr(model, "warmup_stalls", (0, 0.0, 0.0))
+        self._warmup = (count, stall_s, over_s) if fresh_server and count > 0 and stall_s > 0 else None
+        self._stall_times: list[float] = []
 
     def has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
 
     # ---- admission (PrefillAdder) -----------------------------------------------------------
-    def _order(self, rank: Rank) -> list[Req]:
-        if self.rules.policy is Policy.LPM and 1 < len(rank.waiting) <= LPM_MAX_QUEUE:
+    def _order(self, rank: Rank, cutoff: float) -> list[Req]:
+        waiting = rank.waiting if cutoff == math.inf else [q for q in rank.waiting if q.arrival <= cutoff]
+        if self.rules.policy is Policy.LPM and 1 < len(waiting) <= LPM_MAX_QUEUE:
             cache = rank.cache
-            return sorted(rank.waiting, key=lambda q: -sum(cache.match(q)))
-        return rank.waiting
+            return sorted(waiting, key=lambda q: -sum(cache.match(q)))
+        return waiting
 
-    def _schedule_prefill(self, rank: Rank, work: RankWork) -> None:
+    def seen_cutoff(self) -> float:
+        """Arrivals the scheduler has received when it forms the next batch: with the overlap
+        scheduler (``Scheduler.event_loop_overlap``: receive, schedule and launch batch k+1, then
+        wait for batch k) those that came before the step that just ended began; after an idle
+        loop, or without overlap, every arrival so far."""
+        if self.rules.overlap and self.clock <= self.last_step_end:
+            return self.last_step_start
+        return math.inf
+
+    def _schedule_prefill(self, rank: Rank, work: RankWork, cutoff: float = math.inf) -> None:
         rules = self.rules
         if (rank.batch_is_full or not rank.waiting) and rank.chunked is None:
             return
@@ -214,7 +234,7 @@ class ReplicaEngine:
             new_chunked = req if truncated else None
 
         admitted = []
-        for req in self._order(rank):
+        for req in self._order(rank, cutoff):
             if len(items) >= rules.max_running_requests - running_bs:
                 rank.batch_is_full = True
                 break
@@ -292,6 +312,8 @@ class ReplicaEngine:
             c, chunked = trunc, True
         req.done = prefix
         req.loaded = loaded
+        if req.sched_t is None:
+            req.sched_t = min(self.clock, self.seen_cutoff())  # the batch is formed behind the running step
         stats = self.stats
         if loaded:
             stats.hicache_loads += 1
@@ -419,19 +441,36 @@ class ReplicaEngine:
     def step(self, horizon: float = math.inf) -> float:
         """Advance by one prefill step or one run of decode steps (not past ``horizon`` when
         only decoding). Returns the simulated seconds it took (0 when idle)."""
+        if self._warmup is not None and not self._stall_times and self.has_work():
+            count, _, over_s = self._warmup  # first traffic: the stalls spread over the next over_s
+            self._stall_times = [self.clock + over_s * (i + 0.5) / count for i in range(count)]
+        if self._stall_times and self._stall_times[0] <= self.clock:
+            return self._stall()
+        if self._stall_times:
+            horizon = min(horizon, self._stall_times[0])
         model = self.model
         works = [RankWork() for _ in self.ranks]
         any_prefill = False
+        cutoff = self.seen_cutoff()
+        unseen = False  # requests that arrived during the step that just ended
         for rank, w in zip(self.ranks, works):
             if rank.waiting or rank.chunked is not None:
                 rank.prefilling = []
-                self._schedule_prefill(rank, w)
+                self._schedule_prefill(rank, w, cutoff)
                 if w.prefill_tokens:
                     any_prefill = True
+                elif cutoff != math.inf and any(q.arrival > cutoff for q in rank.waiting):
+                    unseen = True
+        if unseen and not any_prefill and not any(r.running for r in self.ranks):
+            # nothing was launched behind the last step: the idle loop receives them at once
+            self.last_step_end = -math.inf
+            return self.step(horizon)
         t0 = self.clock
         self.stats.events += 1
         if any_prefill:
-            return self._prefill_step(works, t0)
+            dt = self._prefill_step(works, t0)
+            self.last_step_start, self.last_step_end = t0, t0 + dt
+            return dt
         active = [r for r in self.ranks if r.running]
         if len(active) < len(self.ranks):
             for rank in self.ranks:
@@ -469,7 +508,7 @@ class ReplicaEngine:
             w.decode_reqs = n
             w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
             running += n
-        k = max(1, k)
+        k = 1 if unseen else max(1, k)
         if not running:
             return 0.0
         dt = model.step_time(works, running, overlap=self.rules.overlap)
@@ -487,7 +526,20 @@ class ReplicaEngine:
             self._decode(rank, k, dt, t0)
             rank.ratio.decay_steps(k - 1 if rank.retracted else k)
         self.clock = t0 + k * dt
+        self.last_step_start, self.last_step_end = self.clock - dt, self.clock
         return k * dt
+
+    def _stall(self) -> float:
+        """A warm-up stall: nothing runs; requests in flight wait (their next token's gap grows)."""
+        self._stall_times.pop(0)
+        stall_s = self._warmup[1]
+        for rank in self.ranks:
+            if rank.running:
+                rank.stall_s += stall_s
+        self.clock += stall_s
+        self.last_step_end = -math.inf  # the loop comes back to receive requests
+        self.stats.warmup_stalls += 1
+        return stall_s
 
     def _prefill_step(self, works: list[RankWork], t0: float) -> float:
         decoding = []
