@@ -2,9 +2,8 @@
 
 The measurements are read by ``tuner.sim.measured`` (study databases of any schema version, and
 ``tuner-probe/1`` files). For each load point the same configuration, workload, user count, seed
-and window is re-simulated (``tuner.sim.simulate_load_point``, with the trial's SGLang version, and
-as a fresh server for the first load point a server measured) and predicted P50/P90 TTFT, P90
-TPOT, throughput and prefix-cache hit rate are compared with the measurement: absolute percentage
+and window is re-simulated (``tuner.sim.simulate_load_point``, with the trial's SGLang version)
+and predicted P50/P90 TTFT, P90 TPOT, throughput and prefix-cache hit rate are compared with the measurement: absolute percentage
 error per point, MAPE per metric, and whether the SLO verdict agrees. Beside them it shows
 SGLang's own per-request stages (queue time, prefill forward, TTFT means from ``/metrics``)
 against the simulator's, which says which part of TTFT is off. Targets: P90 TTFT MAPE <= 20 %,
@@ -75,7 +74,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
         m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users,
                                 warmup_s=p.warmup_s, duration_s=p.duration_s, seed=p.seed, nodes=p.nodes,
                                 host_memory_gb=p.host_memory_gb, calibration=calibration,
-                                sglang_version=sglang_version or p.sglang_version, fresh_server=p.fresh_server)
+                                sglang_version=sglang_version or p.sglang_version)
     except (TrialError, ConfigError) as exc:
         res.error = str(exc)
         return res

@@ -49,14 +49,15 @@ def fit(results_dirs, hold_out, write, as_json):
     GPU time per layer, HBM share of weight and KV reads, prefill launch cost, GEMM and
     extend-attention efficiencies) to SGLang's 40-step decode windows with the prefill batches
     that ran inside them. Stage 2 scales prefill time so that the simulated mean prefill-forward
-    stage equals SGLang's own (/metrics) on warm servers. Stage 3 measures the stalls of fresh
-    servers. docs/calibration.md says what each value means and where it came from.
+    stage equals SGLang's own (/metrics) on warm servers. It also reports the stalls of fresh
+    servers (measured, not simulated). docs/calibration.md says what each value means and where
+    it came from.
     """
     from datetime import date
 
     from tuner.bench.fidelity import format_report, held_out
     from tuner.sim.calibrate import write_fitted
-    from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, load_real_data
+    from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, load_real_data
 
     def say(msg):
         if not as_json:
@@ -69,15 +70,13 @@ def fit(results_dirs, hold_out, write, as_json):
     res = calibrate(trials, points, progress=lambda m: say(m) if "prefill scale" in m else None)
     doc = {
         "context": context, "trials": res.trials, "windows": res.windows,
-        "parameters": [{"name": p.name, "prior": res.prior.get(p.name), "fitted": res.values.get(p.name),
+        "parameters": [{"name": p.name, "prior": res.prior.get(p.name),
+                        "fitted": get_path(res.calibration, p.path) if p.name in res.values else None,
                         "meaning": p.meaning, "fitted_from_data": p.name in res.values,
                         "at_bound": p.name in res.at_bound} for p in PARAMETERS],
         "prefill_scale": None if res.prefill_scale is None else {
             "scale": res.prefill_scale.scale, "points": res.prefill_scale.points},
-        "warmup_stalls": None if res.warmup is None else {**res.warmup.as_calibration(),
-                                                           "servers": res.warmup.servers,
-                                                           "stalls": res.warmup.stalls,
-                                                           "later_per_min": res.warmup.later_rate_per_min},
+        "warmup_stalls": None if res.warmup is None else res.warmup.as_dict(),
         "residuals": res.residuals, "calibration": res.as_overrides(),
     }
     if hold_out != "none":
@@ -103,7 +102,7 @@ def fit(results_dirs, hold_out, write, as_json):
 
 
 def _format_fit(doc: dict) -> str:
-    lines = [f"{'parameter':<50}{'prior':>12}{'fitted':>12}  meaning"]
+    lines = [f"{'parameter':<50}{'prior':>12}{'fitted':>12}  meaning (fitted: after the prefill scale)"]
     for p in doc["parameters"]:
         fitted = "-" if p["fitted"] is None else f"{p['fitted']:.4g}"
         note = " (at bound)" if p["at_bound"] else "" if p["fitted_from_data"] else " (not in the data: prior kept)"
@@ -116,8 +115,9 @@ def _format_fit(doc: dict) -> str:
                          f"simulated / {r['measured_prefill_forward_s'] * 1e3:6.1f} ms measured")
     ws = doc["warmup_stalls"]
     if ws:
-        lines.append(f"\nfresh-server stalls: {ws['count']} per start over {ws['over_s']} s, {ws['stall_s']} s each "
-                     f"({len(ws['stalls'])} over {ws['servers']} starts; {ws['later_per_min']:.2f}/min later)")
+        lines.append(f"\nfresh-server stalls (measured, not simulated): {ws['count_per_start']} per server start in "
+                     f"its first {ws['over_s']} s of traffic, {ws['stall_s']} s each ({len(ws['stalls'])} over "
+                     f"{ws['servers']} starts; {ws['later_per_min']:.2f} per minute later)")
     lines.append("\nwindow-time error per trial (calibrated model against the log):")
     for label, r in doc["residuals"].items():
         lines.append(f"  {label:<32} {r['windows']:4d} windows, median |error| {r['median_abs_error']:.1%}, "

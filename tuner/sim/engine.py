@@ -127,7 +127,6 @@ class Stats:
         self.hicache_loads = 0
         self.retractions = 0
         self.aborts = 0
-        self.warmup_stalls = 0
         self.prefill_tokens = 0
         self.steps = 0
         self.events = 0
@@ -140,7 +139,7 @@ class ReplicaEngine:
     def __init__(self, ranks: list[Rank], model: StepTimeModel, rules: SchedulerRules, *, stats: Stats,
                  on_finish: Callable, window: tuple[float, float] = (0.0, math.inf),
                  computed_len: dict | None = None, on_token: Callable | None = None,
-                 max_jump: int = MAX_JUMP_STEPS, fresh_server: bool = False):
+                 max_jump: int = MAX_JUMP_STEPS):
         self.ranks = ranks
         self.model = model
         self.rules = rules
@@ -157,10 +156,6 @@ class ReplicaEngine:
         # boundary it has only seen requests that arrived before the step that just ended began
         self.last_step_start = -math.inf
         self.last_step_end = -math.inf
-        # a fresh server stalls a few times in its first seconds of traffic (calibration warmup_stalls)
-        count, stall_s, over_s = getattr(model, "warmup_stalls", (0, 0.0, 0.0))
-        self._warmup = (count, stall_s, over_s) if fresh_server and count > 0 and stall_s > 0 else None
-        self._stall_times: list[float] = []
 
     def has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
@@ -441,13 +436,6 @@ class ReplicaEngine:
     def step(self, horizon: float = math.inf) -> float:
         """Advance by one prefill step or one run of decode steps (not past ``horizon`` when
         only decoding). Returns the simulated seconds it took (0 when idle)."""
-        if self._warmup is not None and not self._stall_times and self.has_work():
-            count, _, over_s = self._warmup  # first traffic: the stalls spread over the next over_s
-            self._stall_times = [self.clock + over_s * (i + 0.5) / count for i in range(count)]
-        if self._stall_times and self._stall_times[0] <= self.clock:
-            return self._stall()
-        if self._stall_times:
-            horizon = min(horizon, self._stall_times[0])
         model = self.model
         works = [RankWork() for _ in self.ranks]
         any_prefill = False
@@ -528,18 +516,6 @@ class ReplicaEngine:
         self.clock = t0 + k * dt
         self.last_step_start, self.last_step_end = self.clock - dt, self.clock
         return k * dt
-
-    def _stall(self) -> float:
-        """A warm-up stall: nothing runs; requests in flight wait (their next token's gap grows)."""
-        self._stall_times.pop(0)
-        stall_s = self._warmup[1]
-        for rank in self.ranks:
-            if rank.running:
-                rank.stall_s += stall_s
-        self.clock += stall_s
-        self.last_step_end = -math.inf  # the loop comes back to receive requests
-        self.stats.warmup_stalls += 1
-        return stall_s
 
     def _prefill_step(self, works: list[RankWork], t0: float) -> float:
         decoding = []

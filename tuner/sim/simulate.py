@@ -138,15 +138,12 @@ def simulate_load_point(
     host_memory_gb: float | None = None,
     calibration: dict | str | None = None,
     sglang_version: str | None = None,
-    fresh_server: bool = False,
 ) -> LoadPointMetrics:
     """Predict what a replay of ``users`` closed-loop users would measure on this configuration.
 
     This signature is stable: it is what callers use to store the simulator's prediction beside a
     real trial (same configuration, workload, user count and window). ``sglang_version`` selects
     the scheduler rules and memory defaults of that SGLang release (default 0.5.23).
-    ``fresh_server`` says the server has just started (the first load point a server measures):
-    it pays the calibrated warm-up stalls of its first seconds of traffic.
     """
     model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -219,7 +216,7 @@ def simulate_load_point(
             ranks.append(Rank(cache, rules))
         all_ranks.extend(ranks)
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
-                                      computed_len=computed_len, fresh_server=fresh_server))
+                                      computed_len=computed_len))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)
@@ -295,7 +292,6 @@ def simulate_load_point(
         "hicache_load_tokens": stats.hicache_load_tokens,
         "retractions": stats.retractions,
         "aborts": stats.aborts,
-        "warmup_stalls": stats.warmup_stalls,
         "prefill_tokens": stats.prefill_tokens,
         "sim_steps": stats.steps,
         "sim_events": stats.events,

@@ -62,8 +62,9 @@ class Parameter:
     path: tuple[str, ...]
     lower: float
     upper: float
-    needs: str = "any"  # any | mla | gqa | prefill_with_prefix | prefill_without_prefix
+    needs: str = "any"  # any | mla | gqa | eager_prefill | mla_no_prefix
     meaning: str = ""
+    tied: tuple[tuple[str, ...], ...] = ()  # other keys set to the same value (the data cannot split them)
 
     @property
     def name(self) -> str:
@@ -81,12 +82,17 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(("overhead", "eager_prefill_per_layer_s"), 0.0, 5e-3, needs="eager_prefill",
               meaning="launch cost per layer of a prefill step without prefill CUDA graphs"),
     Parameter(("overhead", "prefill_batch_s"), 0.0, 0.2, meaning="fixed cost of a prefill step outside its kernels"),
-    Parameter(("compute_efficiency", "moe"), 0.02, 1.0, meaning="fused-MoE GEMMs in prefill (share of peak)"),
-    Parameter(("compute_efficiency", "dense"), 0.02, 1.0, meaning="linear-layer GEMMs in prefill (share of peak)"),
+    Parameter(("compute_efficiency", "moe"), 0.02, 1.0, tied=(("compute_efficiency", "dense"),),
+              meaning="fused-MoE and linear GEMMs in prefill (share of peak; one value: the windows cannot "
+                      "split them)"),
     Parameter(("compute_efficiency", "extend_attention", "gqa"), 0.01, 1.0, needs="gqa",
-              meaning="extend attention, GQA"),
+              meaning="extend attention over the cached prefix, GQA"),
+    Parameter(("compute_efficiency", "extend_attention", "gqa_causal"), 0.01, 1.0, needs="gqa",
+              meaning="extend attention over the new tokens (causal), GQA"),
     Parameter(("compute_efficiency", "extend_attention", "mla_absorbed"), 0.005, 1.0, needs="mla",
-              meaning="extend attention, MLA with a cached prefix (absorbed)"),
+              meaning="extend attention over the cached prefix, MLA (absorbed: a batch with a prefix)"),
+    Parameter(("compute_efficiency", "extend_attention", "mla_absorbed_causal"), 0.005, 1.0, needs="mla",
+              meaning="extend attention over the new tokens, MLA absorbed"),
     Parameter(("compute_efficiency", "extend_attention", "mla_mha"), 0.01, 1.0, needs="mla_no_prefix",
               meaning="extend attention, MLA without a cached prefix (MHA over expanded K/V)"),
 )
@@ -273,13 +279,12 @@ class FitResult:
 
     def as_overrides(self) -> dict:
         """The calibration keys this fit set, with their final values (after the prefill scale)."""
-        paths = [p.path for p in PARAMETERS if p.name in self.values]
-        if self.warmup is not None:
-            paths.append(("warmup_stalls",))
+        paths = [path for p in PARAMETERS if p.name in self.values for path in (p.path, *p.tied)]
         if self.prefill_scale is not None:
             paths += [*PREFILL_COMPUTE, ("overhead", "eager_prefill_per_layer_s"), ("overhead", "prefill_per_layer_s"),
                       ("overhead", "prefill_batch_s")]
-            paths += [("compute_efficiency", "extend_attention", m) for m in ("gqa", "mla_absorbed", "mla_mha")]
+            paths += [("compute_efficiency", "extend_attention", m) for m in
+                      ("gqa", "gqa_causal", "mla_absorbed", "mla_absorbed_causal", "mla_mha", "mla_mha_causal")]
         out: dict = {}
         for path in dict.fromkeys(paths):
             v = get_path(self.calibration, path)
@@ -327,7 +332,8 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
     def cal_for(x) -> dict:
         cal = copy.deepcopy(base)
         for p, v in zip(free, x):
-            set_path(cal, p.path, float(v))
+            for path in (p.path, *p.tied):
+                set_path(cal, path, float(v))
         return cal
 
     walls = [np.array([w.wall_s for w in t.windows]) for t in trials]
@@ -335,7 +341,7 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
 
     def residuals(x):
         cal = cal_for(x)
-        res = []
+        res = [_prior_residuals(free, x, prior)]
         for t, wall in zip(trials, walls):
             res.append((trial_window_times(t, cal) - wall) / wall)
         evals[0] += 1
@@ -391,7 +397,9 @@ def scale_prefill(calibration: dict, scale: float) -> dict:
     ext = get_path(cal, ("compute_efficiency", "extend_attention")) or {}
     base = get_path(cal, ("compute_efficiency", "attention"))
     for mode in ("gqa", "mla_absorbed", "mla_mha", "dsa"):
-        set_path(cal, ("compute_efficiency", "extend_attention", mode), float(ext.get(mode, base)) / scale)
+        for key in (mode, mode + "_causal"):
+            set_path(cal, ("compute_efficiency", "extend_attention", key),
+                     float(ext.get(key, ext.get(mode, base))) / scale)
     ov = cal["overhead"]
     ov["eager_prefill_per_layer_s"] = ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]) * scale
     ov["prefill_per_layer_s"] = ov["prefill_per_layer_s"] * scale
@@ -407,7 +415,7 @@ def steady_points(points) -> list:
 def simulated_stages(p, calibration: dict) -> dict:
     m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users, warmup_s=p.warmup_s,
                             duration_s=p.duration_s, seed=p.seed, nodes=p.nodes, host_memory_gb=p.host_memory_gb,
-                            calibration=calibration, sglang_version=p.sglang_version, fresh_server=p.fresh_server)
+                            calibration=calibration, sglang_version=p.sglang_version)
     return m.extra["server_stage_means"]
 
 
@@ -482,8 +490,10 @@ class WarmupStalls:
     stalls: list[dict] = field(default_factory=list)  # log, seconds after first traffic, excess
     later_rate_per_min: float = 0.0  # the same excess after WARMUP_LOOK_S, per minute (should be ~0)
 
-    def as_calibration(self) -> dict:
-        return {"count": int(round(self.count)), "stall_s": round(self.stall_s, 3), "over_s": round(self.over_s, 1)}
+    def as_dict(self) -> dict:
+        return {"count_per_start": round(self.count, 2), "stall_s": round(self.stall_s, 3),
+                "over_s": round(self.over_s, 1), "servers": self.servers,
+                "later_per_min": round(self.later_rate_per_min, 3), "stalls": self.stalls}
 
 
 def warmup_stalls(trials: list[TrialSteps], calibration: dict) -> WarmupStalls | None:
@@ -525,11 +535,27 @@ def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = No
         scale = fit_prefill_scale(pts, res.calibration, progress)
         res.prefill_scale = scale
         res.calibration = scale_prefill(res.calibration, scale.scale)
+    # measured and reported, not simulated: as discrete stalls they made the cross-validated P90
+    # TTFT worse (docs/calibration.md, "Fresh servers")
     res.warmup = warmup_stalls(trials, res.calibration)
-    if res.warmup is not None:
-        res.calibration["warmup_stalls"] = res.warmup.as_calibration()
     res.residuals = residual_summary(trials, res.calibration)
     return res
+
+
+PRIOR_WEIGHT = 1.0  # a factor of e from an efficiency's prior costs as much as one window 100 % off
+
+
+def _prior_residuals(free: list[Parameter], x, prior: dict[str, float]) -> np.ndarray:
+    """A weak pull toward the priors (maximum a posteriori): a direction the windows cannot see
+    (e.g. weight against KV bandwidth inside one trial) stays near the prior instead of drifting."""
+    out = []
+    for p, v in zip(free, x):
+        p0 = prior[p.name]
+        if p.path[0] in ("memory_efficiency", "kv_memory_efficiency", "compute_efficiency") and p0 > 0:
+            out.append(PRIOR_WEIGHT * math.log(max(v, 1e-9) / p0))
+        else:  # times: relative to the parameter's range
+            out.append(PRIOR_WEIGHT * (v - p0) / (p.upper - p.lower) * 0.1)
+    return np.array(out)
 
 
 def _starts(free: list[Parameter], prior: dict[str, float], trials: list[TrialSteps]) -> list[list[float]]:
@@ -549,6 +575,8 @@ def _prior(cal: dict, p: Parameter) -> float:
     # keys the step-time model derives from others when absent
     if p.path == ("kv_memory_efficiency",):
         return float(cal["memory_efficiency"])
+    if p.path[:2] == ("compute_efficiency", "extend_attention") and p.path[2].endswith("_causal"):
+        return _prior(cal, Parameter(p.path[:2] + (p.path[2][:-len("_causal")],), p.lower, p.upper))
     if p.path[:2] == ("compute_efficiency", "extend_attention") or p.path == ("compute_efficiency",
                                                                                "decode_attention"):
         return float(cal["compute_efficiency"]["attention"])

@@ -135,6 +135,10 @@ class StepTimeModel:
             mode_keys = ("gqa", "gqa")
         # extend-attention rate per mode (no cached prefix, cached prefix)
         self.extend_rates = tuple(bf16 * float(ext_eff.get(k, eff["attention"])) for k in mode_keys)
+        # the part of an extend over the new tokens themselves (causal) may run at another rate than
+        # the part over the cached prefix (the Triton kernel's two stages)
+        self.extend_causal_rates = tuple(bf16 * float(ext_eff.get(k + "_causal", ext_eff.get(k, eff["attention"])))
+                                         for k in mode_keys)
         self.is_mla = model.is_mla and model.attention != "dsa"
         self.dsa = model.attention == "dsa"
         if self.dsa:
@@ -193,10 +197,6 @@ class StepTimeModel:
         self.prefill_ov_s = ov["prefill_per_layer_s"] * self.layers
         self.prefill_graph = prefill_graph_enabled(model, flags, version_tuple(sglang_version))
         self.eager_prefill_s = ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]) * self.layers
-        warm = calibration.get("warmup_stalls") or {}
-        # a fresh server's stalls in its first seconds of traffic: (count, seconds each, over seconds)
-        self.warmup_stalls = (int(warm.get("count", 0)), float(warm.get("stall_s", 0.0)),
-                              float(warm.get("over_s", 30.0)))
         self.prefill_batch_s = float(ov.get("prefill_batch_s", 0.0))
         self.dp_sync_s = ov["dp_attention_sync_s"] if layout.attn_dp > 1 else 0.0
 
@@ -285,11 +285,15 @@ class StepTimeModel:
         self._src["extend_attention"][1] += 1
         units = w.prefill_ctx_units
         prefix = any(p for _, p in w.extend_items)
-        rate = self.extend_rates[1 if prefix else 0]
+        mode = 1 if prefix else 0
+        rate = self.extend_rates[mode]
         if self.dsa:
             attended = min(units, w.prefill_tokens * self.topk)
             return attended * self.prefill_attn_flops / rate + units * self.index_flops / self.index_rate
         flops = self.absorbed_attn_flops if prefix and self.absorbed_extend else self.prefill_attn_flops
+        if w.extend_items:
+            causal = sum(c * c / 2 for c, _ in w.extend_items)
+            return ((units - causal) * flops / rate + causal * flops / self.extend_causal_rates[mode])
         return units * flops / rate
 
     def layer_misc_time(self, tokens: int) -> float:
