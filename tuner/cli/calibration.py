@@ -55,7 +55,7 @@ def fit(results_dirs, hold_out, write, as_json):
     """
     from datetime import date
 
-    from tuner.bench.fidelity import format_report, held_out
+    from tuner.bench.fidelity import format_report, held_out, run_fidelity
     from tuner.sim.calibrate import write_fitted
     from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, load_real_data
 
@@ -79,8 +79,17 @@ def fit(results_dirs, hold_out, write, as_json):
         "warmup_stalls": None if res.warmup is None else res.warmup.as_dict(),
         "residuals": res.residuals, "calibration": res.as_overrides(),
     }
+    say("checking the calibrated simulator on every load point (tuner bench fidelity)")
+    fid = run_fidelity(results_dirs, calibration=res.calibration)
+    doc["fidelity"] = {k: fid[k] for k in ("mape", "verdict_agreement", "target_results", "passed")}
+    rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
+    checked = {"load_points": len(fid["points"]), "mape": rnd(fid["mape"]), "verdict_agreement": fid["verdict_agreement"],
+               "date": date.today().isoformat(), "command": "tuner bench fidelity --results "
+                                                            + " ".join(results_dirs)}
     if hold_out != "none":
         doc["held_out"] = held_out(trials, points, by=hold_out, progress=say)
+        checked["held_out"] = {"by": hold_out, "mape": rnd(doc["held_out"]["mape"]),
+                               "verdict_agreement": doc["held_out"]["verdict_agreement"]}
     if write:
         gpu = trials[0].gpu.name
         name = f"{gpu}-sglang-{context['sglang_version']}-{context['attention_backend']}" + (
@@ -88,12 +97,16 @@ def fit(results_dirs, hold_out, write, as_json):
         source = (f"tuner calibration fit --results {' '.join(results_dirs)} on {date.today().isoformat()}: "
                   f"{len(res.trials)} trials ({', '.join(res.trials)}), {res.windows} decode windows; "
                   f"docs/calibration.md")
-        path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name, source=source)
+        path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name, source=source, checked=checked)
         doc["written"] = str(path)
     if as_json:
         emit_json(doc)
         return
     click.echo(_format_fit(doc))
+    m = doc["fidelity"]["mape"]
+    click.echo(f"\ncalibrated simulator on all {checked['load_points']} load points: P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
+               f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, throughput {m['throughput_tokens_per_s']:.1%}, verdicts "
+               f"{doc['fidelity']['verdict_agreement']:.0%} (tuner bench fidelity prints the table)")
     if "held_out" in doc:
         click.echo(f"\nheld out by {hold_out} (each fold fitted without it):")
         click.echo(format_report({**doc["held_out"], "skipped": []}))

@@ -67,7 +67,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     entries = cal.pop("fitted", None) or []
     if not isinstance(entries, list):
         raise ConfigError("must be a list of {when, values, source}", file=file, key="fitted")
-    applied = []
+    applied, checks = [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
             raise ConfigError("needs a mapping 'values'", file=file, key=f"fitted[{i}]")
@@ -79,7 +79,10 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
         if context is not None and _matches(when, context):
             cal = _merge(cal, entry["values"])
             applied.append(str(entry.get("name") or entry.get("source") or f"fitted[{i}]"))
+            if isinstance(entry.get("checked"), dict):
+                checks.append(entry["checked"])
     cal["fitted_applied"] = applied
+    cal["fitted_checks"] = checks
     return cal
 
 
@@ -194,7 +197,7 @@ def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
 
 
 def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name: str, source: str,
-                 directory: Path = CALIBRATION_DIR) -> Path:
+                 checked: dict[str, Any] | None = None, directory: Path = CALIBRATION_DIR) -> Path:
     """Put a fitted entry into ``<gpu>.yaml`` (replacing the entry with the same ``when``),
     keeping the file's header comments and every other key."""
     unknown = set(when) - set(CONTEXT_KEYS)
@@ -203,7 +206,10 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
     path = Path(directory) / f"{gpu}.yaml"
     current = _read(path) if path.exists() else {}
     entries = [e for e in (current.get("fitted") or []) if (e or {}).get("when") != when]
-    entries.append({"name": name, "when": dict(when), "source": source, "values": values})
+    entry = {"name": name, "when": dict(when), "source": source, "values": values}
+    if checked:
+        entry["checked"] = checked  # the fidelity figures of the calibrated simulator on these data
+    entries.append(entry)
     current["fitted"] = entries
     header = []
     if path.exists():

@@ -286,6 +286,7 @@ def simulate_load_point(
         "backend": "simulator",
         "sglang_version": version,
         "step_time_source": step_model.source_summary(),
+        "calibration_applied": list(cal.get("fitted_applied") or []),
         "evicted_tokens": evicted,
         "reprefill_tokens": stats.reprefill_tokens,
         "hicache_loads": stats.hicache_loads,
