@@ -188,7 +188,8 @@ def find_planner_probes(dirs: Iterable[str | Path]) -> list[Path]:
         if d.is_file() and d.suffix == ".json":
             out.add(d)
         elif d.is_dir():
-            out |= {*d.rglob("*.planner.json"), *d.rglob("planner/*.json")}
+            out |= {p for p in d.rglob("*.json") if p.name.endswith(".planner.json") or p.parent.name == "planner"
+                    or (d.name == "planner" and p.parent == d)}
     return sorted(out)
 
 

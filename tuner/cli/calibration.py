@@ -56,7 +56,7 @@ def fit(results_dirs, hold_out, write, as_json):
     from datetime import date
 
     from tuner.bench.fidelity import format_report, held_out, run_fidelity
-    from tuner.sim.calibrate import write_fitted
+    from tuner.sim.calibrate import load_calibration, write_fitted
     from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, load_real_data
 
     def say(msg):
@@ -80,7 +80,9 @@ def fit(results_dirs, hold_out, write, as_json):
         "residuals": res.residuals, "calibration": res.as_overrides(),
     }
     say("checking the calibrated simulator on every load point (tuner bench fidelity)")
-    fid = run_fidelity(results_dirs, calibration=res.calibration)
+    # with the values as they are written (rounded), so the record is what the file reproduces
+    written = load_calibration(trials[0].gpu.name, res.as_overrides())
+    fid = run_fidelity(results_dirs, calibration=written)
     doc["fidelity"] = {k: fid[k] for k in ("mape", "verdict_agreement", "target_results", "passed")}
     rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
     checked = {"load_points": len(fid["points"]), "mape": rnd(fid["mape"]), "verdict_agreement": fid["verdict_agreement"],

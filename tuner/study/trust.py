@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from tuner.catalog import get_gpu, get_model
+from tuner.config.schema import StudySpec
+from tuner.evaluation.prediction import PREDICTION_KEY, predict
 from tuner.sim.calibrate import calibration_context, load_calibration
+from tuner.storage import repo
 from tuner.vocabulary import BackendKind
 
-PREDICTION_KEY = "simulator_prediction"
 COMPARED = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
 TARGETS = {"p90_ttft_s": 0.20, "p90_tpot_s": 0.10, "verdict_agreement": 0.95}  # as tuner bench fidelity
 
@@ -105,12 +109,6 @@ def backfill_predictions(engine, *, study: str | None = None, force: bool = Fals
     """Store the simulator's prediction in every real, valid measurement that lacks one (or every
     one with ``force``), as a study run would have: the study's seed, trial and step give the
     replay's seed, the study's window its warm-up and duration. Returns counts per outcome."""
-    import yaml
-
-    from tuner.config.schema import StudySpec
-    from tuner.evaluation.prediction import predict
-    from tuner.storage import repo
-
     counts = {"predicted": 0, "kept": 0, "unpredictable": 0}
     for row in repo.list_studies(engine):
         if study is not None and row.name != study:
