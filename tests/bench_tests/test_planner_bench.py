@@ -98,7 +98,7 @@ def test_matrix_files_are_checked(tmp_path):
     bad.write_text(_matrix(tmp_path).read_text().replace("mem-fraction-static: 0.5, ", ""))
     with pytest.raises(ConfigError, match="cuda_graphs: false changes SGLang's default"):
         load_matrix(bad)
-    m = load_matrix(REPO / "studies" / "planner-matrix-h200.yaml")
+    m = load_matrix(REPO / "probes" / "planner-matrix-h200.yaml")
     assert len(m.configurations) >= 6  # with the 6 committed trials: >= 12 configurations
 
 

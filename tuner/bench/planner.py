@@ -317,7 +317,7 @@ def format_planner_report(doc: dict) -> str:
     lines.append(f"coverage: {cov}")
     if doc["missing"]:
         lines.append("not covered yet: " + "; ".join(f"{k} {', '.join(v)}" for k, v in doc["missing"].items())
-                     + " (run `tuner bench planner-probe studies/planner-matrix-h200.yaml` on the GPU)")
+                     + " (run `tuner bench planner-probe probes/planner-matrix-h200.yaml` on the GPU)")
     return "\n".join(lines)
 
 
