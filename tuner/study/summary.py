@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tuner.errors import StudyNotFoundError
 from tuner.storage import db, repo
+from tuner.study import trust
 
 MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
                       "p50_tpot_s", "p90_tpot_s", "p99_tpot_s", "p90_itl_s", "throughput_tokens_per_s",
@@ -20,7 +21,9 @@ def _engine(storage: str, readonly: bool = False):
 
 
 def measurement_dict(m) -> dict:
-    return {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d = {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d[trust.PREDICTION_KEY] = trust.prediction_of(m.extra)
+    return d
 
 
 def trial_dict(t, ms: list) -> dict:
@@ -73,7 +76,13 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
         "best": best_d, "baseline": base_d, "improvement_over_baseline": improvement,
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
         "trials": trials,
+        **_ledger(trials),
     }
+
+
+def _ledger(trials: list[dict]) -> dict:
+    rows = trust.ledger_rows(trials)
+    return {"simulator_ledger": rows, "simulator_fidelity": trust.running_fidelity(rows)}
 
 
 def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
