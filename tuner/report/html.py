@@ -14,6 +14,7 @@ from importlib import resources
 from tuner import __version__
 from tuner.lifecycle import StudyStatus, TrialStatus
 from tuner.report.why import why_html
+from tuner.report.ledger import ledger_html
 
 STATIC = "tuner.report"
 
@@ -188,6 +189,7 @@ def render_report(s: dict, importance: dict) -> str:
 <main>
 <h2>Study {esc(s['name'])}</h2>
 {summary_html(s)}
+{ledger_html(s)}
 <div id="study-view"><noscript><p>The charts and the trials table need JavaScript.</p></noscript></div>
 <div id="why-view"></div>
 </main>

@@ -177,3 +177,9 @@ class StudyRecords:
 
     def set_status(self, status: StudyStatus) -> None:
         set_study_status(self.engine, self.study_name, status)
+
+
+def set_measurement_extra(engine: Engine, measurement_id: int, extra: dict) -> None:
+    """Replace one measurement's extra JSON (e.g. to add the simulator's prediction of it)."""
+    with Session(engine) as s, s.begin():
+        s.execute(update(MeasurementRow).where(MeasurementRow.id == measurement_id).values(extra=_plain(extra)))

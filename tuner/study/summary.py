@@ -6,6 +6,7 @@ from __future__ import annotations
 from tuner import explain
 from tuner.errors import StudyNotFoundError
 from tuner.storage import db, repo
+from tuner.study import trust
 
 MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
                       "p50_tpot_s", "p90_tpot_s", "p99_tpot_s", "p90_itl_s", "throughput_tokens_per_s",
@@ -21,7 +22,9 @@ def _engine(storage: str, readonly: bool = False):
 
 
 def measurement_dict(m) -> dict:
-    return {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d = {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d[trust.PREDICTION_KEY] = trust.prediction_of(m.extra)
+    return d
 
 
 def trial_dict(t, ms: list, diagnosis: explain.TrialDiagnosis | None = None) -> dict:
@@ -87,6 +90,7 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
                             "resolution_users": ctx.resolution_users},
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
         "trials": trials,
+        **_ledger(trials),
     }
 
 
@@ -104,6 +108,11 @@ def what_if_summary(summary: dict, p90_ttft_s: float, p90_tpot_s: float) -> dict
     best = explain.best_of(results)
     return {"slo": {"p90_ttft_s": p90_ttft_s, "p90_tpot_s": p90_tpot_s}, "resolution_users": resolution,
             "trials": rows, "best": best.to_dict() if best else None}
+
+
+def _ledger(trials: list[dict]) -> dict:
+    rows = trust.ledger_rows(trials)
+    return {"simulator_ledger": rows, "simulator_fidelity": trust.running_fidelity(rows)}
 
 
 def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
