@@ -14,3 +14,15 @@ def test_without_nvml_everything_is_empty_not_an_error():
     assert gpu.wait_memory_released([0], [1], timeout_s=0.1)["released"] is None
     s = gpu.GPUSampler([0], interval_s=0.01).start()
     assert s.stop() == {"samples": 0, "interval_s": 0.01}
+
+
+def test_utilization_over_one_load_point():
+    s = gpu.GPUSampler([0, 1], interval_s=1.0)
+    s.samples += [{"t_s": 0, "util_pct_0": 10, "util_pct_1": 20}]
+    mark = s.mark()
+    s.samples += [{"t_s": 1, "util_pct_0": 90, "util_pct_1": 50}, {"t_s": 2, "util_pct_0": 70, "util_pct_1": 30},
+                  {"t_s": 3}]  # a sample NVML could not read
+    u = s.utilization_since(mark)
+    assert u == {"samples": 3, "interval_s": 1.0, "mean_utilization_pct": 60.0,
+                 "per_gpu_mean_utilization_pct": {"0": 80.0, "1": 40.0}}
+    assert s.utilization_since(s.mark()) is None  # nothing sampled since

@@ -263,3 +263,31 @@ def test_every_real_load_point_keeps_the_simulators_prediction(finished):
     valid = sum(1 for r in rows if r[3])
     assert s["simulator_fidelity"]["load_points"] == valid == len(s["simulator_ledger"])
     assert s["simulator_fidelity"]["mape"]["p90_ttft_s"] is not None
+
+
+def test_real_load_points_carry_the_step_time_models_decode_split(finished):
+    """The server exports no per-operator times: the prediction stored beside each real load point
+    carries the calibrated step-time model's split of the decode step, and the diagnosis shows it
+    as the model's (not a measurement)."""
+    tmp, storage, _ = finished
+    from tuner.explain import Cause
+    from tuner.study.summary import study_summary
+
+    s = study_summary(storage, "fake-sglang", readonly=True)
+    for t in s["trials"]:
+        for m in t["measurements"]:
+            pred = m["simulator_prediction"]
+            split = pred["decode_step_split"]
+            assert set(split) <= {"attention", "moe", "dense", "communication", "overhead"} and "moe" in split
+            assert sum(split.values()) == pytest.approx(1.0) and pred["decode_step_s"] > 0
+    shown = 0
+    for t in s["trials"]:
+        point = (t["bottleneck"] or {}).get("point") or {}
+        step = next((f for f in point.get("findings", []) if f["cause"] == Cause.DECODE_STEP), None)
+        if step is None or step["coverage"] != "measured":
+            continue
+        assert step["figures"]["decode_parts_source"] == "step_time_model"
+        assert "by the calibrated step-time model at this configuration: " in step["text"]
+        assert "not a measurement" in step["missing"]
+        shown += 1
+    assert shown

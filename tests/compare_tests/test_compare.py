@@ -198,6 +198,33 @@ def test_cross_seeding_runs_each_best_configuration_on_the_others(ran, tmp_path)
         # a cross-seeded configuration can only raise the best
         assert row["best"]["capacity_users"] >= before[row["name"]]["best"]["capacity_users"]
     assert added_any
+    # each study's best as the others ran it: after seeding every runnable cell has run, unpruned
+    same = {r["source"]: r for r in doc["same_configuration"]}
+    assert set(same) == {x["name"] for x in doc["studies"] if not x["best"]["is_baseline"]}
+    rows = {x["name"]: x for x in doc["studies"]}
+    for src, r in same.items():
+        assert r["capacity_users"] == rows[src]["best"]["capacity_users"]
+        assert [c["study"] for c in r["in"]] == NAMES
+        for c in r["in"]:
+            if c["study"] == src:
+                assert c["trial"] == r["source_trial"] and c["capacity_users"] == r["capacity_users"]
+                assert c["changed"] == []
+            if c["params"] is None:
+                assert c["trial"] is None and c["reason"]
+                continue
+            assert c["trial"] is not None and c["status"] == "complete", c
+            assert c["capacity_users"] <= rows[c["study"]]["best"]["capacity_users"]
+            assert c["capacity_per_gpu"] == c["capacity_users"] / 8
+            assert set(c["changed"]) <= {"quantization", "enable-hierarchical-cache", "hicache-ratio"}
+            assert ("quantization" in c["changed"]) == (c["study"].split("-")[3] != src.split("-")[3])
+    # before seeding the same cells said they were not tried
+    before_same = {r["source"]: r for r in first["same_configuration"]}
+    assert any(c["reason"] and c["reason"].startswith("not tried") for r in before_same.values() for c in r["in"])
+    # a rerun finds the seeded trials in storage: the same table, nothing new to run
+    r = run_cli(["compare", str(CI), "--cross-seed", "--json", "--no-ray", "--storage", f"sqlite:///{db}"], cwd=tmp)
+    again = json.loads(r.stdout)
+    assert r.returncode == 0 and all(x["cross_seeded"] == [] for x in again["studies"])
+    assert again["same_configuration"] == doc["same_configuration"]
     from tuner.study.summary import study_summary
 
     adapted = ("quantization", "enable-hierarchical-cache", "hicache-ratio")  # own checkpoint; host memory

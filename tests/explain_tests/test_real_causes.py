@@ -186,6 +186,39 @@ def test_gpus_idle_while_throughput_plateaus():
     assert busy.binding.cause is not Cause.GPU_IDLE
 
 
+def test_gpu_utilisation_of_the_load_point_itself_is_preferred_over_the_trials_mean():
+    # the trial's mean is high (its smaller load points kept the GPUs busy); this load point's own is low
+    trial = _trial(gpu_mean_utilization=0.9)
+    low = _point(users=32, throughput_tokens_per_s=1000.0)
+    high = _point(users=64, throughput_tokens_per_s=1050.0, p90_tpot_s=0.030, p50_itl_s=0.025,
+                  extra={"backend": "sglang", "server_metrics": _sm(),
+                         "gpu_utilization": {"samples": 60, "mean_utilization_pct": 40.0}})
+    d = diagnose_point(high, trial, CTX, prev=low)
+    idle = d.finding(Cause.GPU_IDLE)
+    assert d.binding.cause is Cause.GPU_IDLE and idle.share == pytest.approx(0.6) and idle.missing == ""
+    assert "busy 40% of the time (NVML over the load point, warm-up included)" in d.sentence
+    # without it, the trial's mean stands in and the gap is said
+    d2 = diagnose_point(_point(users=64, throughput_tokens_per_s=1050.0, p90_tpot_s=0.030, p50_itl_s=0.025,
+                               extra={"backend": "sglang", "server_metrics": _sm()}), trial, CTX, prev=low)
+    assert d2.finding(Cause.GPU_IDLE).share == 0.0 and "per load point" in d2.finding(Cause.GPU_IDLE).missing
+
+
+def test_the_decode_split_of_a_real_point_comes_from_the_stored_prediction():
+    pred = {"p90_tpot_s": 0.02, "decode_step_s": 0.018,
+            "decode_step_split": {"moe": 0.5, "attention": 0.2, "dense": 0.2, "communication": 0.05, "overhead": 0.05}}
+    point = _point(p90_tpot_s=0.024, p50_itl_s=0.021,
+                   extra={"backend": "sglang", "server_metrics": _sm(), "simulator_prediction": pred})
+    d = diagnose_point(point, _trial(), CTX)
+    assert d.binding.cause is Cause.DECODE_STEP and d.binding.coverage is Coverage.MEASURED
+    assert "by the calibrated step-time model at this configuration: MoE 50%, attention 20%, dense 20%" in d.sentence
+    assert d.binding.figures["decode_parts_share"]["moe"] == pytest.approx(0.5)
+    assert "not a measurement" in d.binding.missing
+    # a prediction that failed says nothing about the split
+    failed = _point(p90_tpot_s=0.024, p50_itl_s=0.021,
+                    extra={"backend": "sglang", "server_metrics": _sm(), "simulator_prediction": {"error": "x"}})
+    assert "step-time model" not in diagnose_point(failed, _trial(), CTX).sentence
+
+
 def test_a_failed_load_point_is_bound_by_its_errors():
     point = _point(valid=False, invalid_reason="error rate 12.0% above 5%", errors=12, requests=100)
     d = diagnose_point(point, _trial(), CTX)

@@ -98,14 +98,23 @@ def test_compare_report_draws_its_table_and_charts(browser, simulated, tmp_path)
         "gpu_hour_cost": {"h200": 3.5, "b200": 6.0},
         "overrides": {"study_suffix": "-br", "trials": 2, "measurement": {"warmup_s": 30, "duration_s": 90}}}))
     out = tmp_path / "compare.html"
-    r = run_cli(["compare", str(comparison), "--no-ray", "--storage", storage, "-o", str(out)], cwd=tmp)
+    r = run_cli(["compare", str(comparison), "--cross-seed", "--no-ray", "--storage", storage, "-o", str(out)], cwd=tmp)
     assert r.returncode == 0, r.stderr
+    doc = json.loads(run_cli(["compare", str(comparison), "--json", "--storage", storage], cwd=tmp).stdout)
     page, problems = _page(browser)
     page.goto(out.as_uri())
     page.wait_for_selector("#compare-table tbody tr.compare-study")
     assert page.locator("#compare-table tbody tr.compare-study").count() == 2
     assert page.locator("#compare-table tbody tr.compare-config").count() == 2
     assert page.locator("#compare-kv-room tbody tr").count() == 2
+    # each best configuration as the other study ran it: one row per source, a cell per study
+    same = doc["same_configuration"]
+    assert same and page.locator("#compare-same tbody tr").count() == len(same)
+    for r in same:
+        for c in r["in"]:
+            cell = page.locator(f"#compare-same tr[data-source='{r['source']}'] td[data-study='{c['study']}']")
+            assert cell.locator("b").first.inner_text() == str(c["capacity_users"]) if c["trial"] is not None \
+                else cell.inner_text() == "–"
     assert page.locator("#chart-compare-bars svg rect.bar").count() >= 6  # 2 studies x (3 groups + cost)
     assert page.locator("#chart-capacity-slo svg circle.pt").count() >= 10
     for i in range(2):

@@ -216,6 +216,25 @@ class GPUSampler:
             self._thread.join(timeout=5)
         return self.summary()
 
+    def mark(self) -> int:
+        """Where the samples taken from now on start (for :meth:`utilization_since`)."""
+        return len(self.samples)
+
+    def utilization_since(self, mark: int) -> dict | None:
+        """Mean utilisation of each GPU over the samples taken since ``mark`` (one load point), and
+        the mean over the GPUs; None when no sample has a utilisation (no NVML, too short)."""
+        rows = self.samples[mark:]
+        per_gpu = {}
+        for i in self.indices:
+            util = [r[f"util_pct_{i}"] for r in rows if f"util_pct_{i}" in r]
+            if util:
+                per_gpu[str(i)] = round(sum(util) / len(util), 1)
+        if not per_gpu:
+            return None
+        return {"samples": len(rows), "interval_s": self.interval_s,
+                "mean_utilization_pct": round(sum(per_gpu.values()) / len(per_gpu), 1),
+                "per_gpu_mean_utilization_pct": per_gpu}
+
     def summary(self) -> dict:
         out: dict = {"samples": len(self.samples), "interval_s": self.interval_s}
         for i in self.indices:

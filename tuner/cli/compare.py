@@ -124,6 +124,7 @@ def _print(doc: dict) -> None:
                 for k in r["kv_room_by_attention_dp"]]
         if room:
             console.print("  KV room at SGLang defaults (planner): " + ", ".join(room), soft_wrap=True)
+    _print_same_configuration(console, doc)
     rank = doc["ranking"]
     if rank["capacity_per_gpu"]:
         console.print("most users per GPU: " + " > ".join(rank["capacity_per_gpu"]))
@@ -131,6 +132,30 @@ def _print(doc: dict) -> None:
         console.print("cheapest per served user-hour: " + " < ".join(rank["cost_per_user_hour"]))
     for n in doc["notes"]:
         console.print(f"note: {escape(n)}", soft_wrap=True)
+
+
+def _same_cell(c: dict) -> str:
+    if c["trial"] is None:
+        return f"{c['study']} - ({c['reason']})"
+    users = c["capacity_users"]
+    text = f"{c['study']} {users if users is not None else '-'}"
+    if c["status"] != "complete":
+        text += f" ({c['status']}" + (", at least" if c["status"] == "pruned" else "") + ")"
+    if c["changed"]:
+        text += " [" + ", ".join(f"{k}={c['params'].get(k)}" for k in c["changed"]) + "]"
+    return text
+
+
+def _print_same_configuration(console, doc: dict) -> None:
+    rows = doc.get("same_configuration") or []
+    if not rows:
+        return
+    from rich.markup import escape
+
+    console.print("[bold]same configuration[/bold] (each study's best, as the others ran it; users):")
+    for r in rows:
+        cells = "; ".join(_same_cell(c) for c in r["in"])
+        console.print(f"  best of {escape(r['source'])} (trial {r['source_trial']}): {escape(cells)}", soft_wrap=True)
 
 
 def _tokens(v) -> str:

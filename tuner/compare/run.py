@@ -78,10 +78,23 @@ def run_plan(plan: ComparePlan, storage: str, *, backend: str | None = None, use
 
 
 # ---- cross-seeding: each study's best configuration tried on the other studies ------------------
-def adapt_config(params: dict, spec) -> dict | None:
+@dataclass(frozen=True)
+class Adapted:
+    """Another study's configuration as one of this study's: ``config`` (None when it cannot be
+    run here), ``changed`` (the knobs that had to differ: the checkpoint, host memory) and, when
+    it cannot, ``reason``."""
+
+    config: dict | None
+    changed: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+def adapt(params: dict, spec) -> Adapted:
     """``params`` (another study's best) as a configuration of ``spec``'s search space: a knob
-    the space fixes to one value (its checkpoint) takes that value, a knob it lacks is dropped;
-    None when a value is outside the space or a constraint fails."""
+    the space fixes to one value (its checkpoint) takes that value, a knob it lacks is dropped; a
+    HiCache ratio the node's host memory cannot hold is lowered (or HiCache turned off). Not
+    runnable when a value is outside the space, a constraint fails or the planner says it cannot
+    fit."""
     space = spec.space()
     env = space_mod.env_for(spec)
     out = {}
@@ -90,19 +103,29 @@ def adapt_config(params: dict, spec) -> dict | None:
         value = params.get(name)
         if value not in grid:
             if len(grid) != 1:
-                return None
+                return Adapted(None, reason=f"{name}={value} is not in its search space")
             value = grid[0]
         out[name] = value
     for name in list(out):
         if not space_mod.condition_holds(space, name, out, env):
             out[name] = None
-    if space_mod.violated_constraints(space, out, env):
-        return None
+    broken = space_mod.violated_constraints(space, out, env)
+    if broken:
+        return Adapted(None, reason=f"breaks its constraint: {broken[0]}")
+    why = None
     for candidate in _host_cache_variants(out, space):
         flags, _ = space_mod.split(candidate, space.engine, space_mod.pinned_flags(spec))
-        if planner_verdict(spec, flags)[0]:
-            return candidate
-    return None
+        fits, reason, _ = planner_verdict(spec, flags)
+        if fits:
+            changed = tuple(sorted(k for k in set(candidate) | set(params) if candidate.get(k) != params.get(k)))
+            return Adapted(candidate, changed)
+        why = why or reason
+    return Adapted(None, reason=f"the planner says it does not fit: {why}")
+
+
+def adapt_config(params: dict, spec) -> dict | None:
+    """The runnable configuration of :func:`adapt`, or None."""
+    return adapt(params, spec).config
 
 
 def _host_cache_variants(cfg: dict, space) -> list[dict]:
@@ -146,9 +169,10 @@ def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool
         if not configs:
             continue
         kind = kinds.get(e.spec.name) or s["backend_kind"]
+        # not pruned: a configuration run for the comparison needs its capacity, not only "below the best"
         runner = StudyRunner(e.spec, storage_url=storage, backend_kind=kind, backend_reason="cross-seeding",
                              parallel=parallel, ray_address=ray_address, use_ray=use_ray, workdir=workdir,
-                             initial_configs=configs)
+                             initial_configs=configs, prune=False)
         budget = s["trials_launched"] + len(configs)
         say(f"{e.spec.name}: trying the best configuration of {', '.join(x['from'] for x in sources)}")
         if wrap:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import tuner
 from tuner import catalog
 from tuner.compare.plan import ComparePlan, Entry
-from tuner.compare.run import Ran
+from tuner.compare.run import Adapted, Ran, adapt
 from tuner.errors import ConfigError
 from tuner.explain import LoadPoint, best_of, what_if
+from tuner.lifecycle import TrialStatus
 from tuner.planner import plan_memory
+from tuner.study.proposer import config_key
 from tuner.study.summary import study_summary
 
 # targets as multiples of each study's own, for the capacity-against-target chart
@@ -144,11 +146,52 @@ def study_row(entry: Entry, ran: Ran | None, summary: dict, costs: dict[str, flo
     return row
 
 
+def _ran_as(trials: list[dict], config: dict) -> dict | None:
+    """The trial of ``trials`` that ran ``config``: the completed one that served most, else the
+    latest launch (pruned, failed ...)."""
+    key = config_key(config)
+    same = [t for t in trials if t["launched"] and config_key(t["params"]) == key]
+    done = [t for t in same if t["status"] == TrialStatus.COMPLETE]
+    if done:
+        return max(done, key=lambda t: (t["capacity_users"] or 0, -t["number"]))
+    return same[-1] if same else None
+
+
+def same_configuration(plan: ComparePlan, summaries: dict[str, dict]) -> list[dict]:
+    """Each study's best configuration (when it is not its baseline) as every compared study ran
+    it, from storage: the configuration adapted to that study (its own checkpoint, a HiCache ratio
+    its host memory holds), the trial that ran it, its status and capacity; or why it cannot run
+    there, or that it was not tried (``--cross-seed`` runs it)."""
+    out = []
+    for e in plan.entries:
+        best = summaries[e.spec.name]["best"]
+        if not best or best["is_baseline"]:
+            continue
+        cells = []
+        for other in plan.entries:
+            gpus = other.spec.hardware.gpus_per_node * other.spec.hardware.nodes
+            a = Adapted(dict(best["params"])) if other is e else adapt(best["params"], other.spec)
+            cell = {"study": other.spec.name, "params": a.config, "changed": list(a.changed), "reason": a.reason,
+                    "trial": None, "status": None, "capacity_users": None, "capacity_per_gpu": None}
+            t = _ran_as(summaries[other.spec.name]["trials"], a.config) if a.config is not None else None
+            if t is not None:
+                cap = t["capacity_users"]
+                cell.update(trial=t["number"], status=t["status"], capacity_users=cap,
+                            capacity_per_gpu=cap / gpus if cap is not None and gpus else None)
+            elif a.config is not None:
+                cell["reason"] = "not tried (tuner compare --cross-seed runs it)"
+            cells.append(cell)
+        out.append({"source": e.spec.name, "source_trial": best["number"], "params": best["params"],
+                    "capacity_users": best["capacity_users"], "in": cells})
+    return out
+
+
 def build(plan: ComparePlan, ran: list[Ran], storage: str, cross_seeded: dict[str, list[dict]] | None = None) -> dict:
     by_name = {r.name: r for r in ran}
     rows = []
+    summaries = {e.spec.name: study_summary(storage, e.spec.name) for e in plan.entries}
     for e in plan.entries:
-        summary = study_summary(storage, e.spec.name)
+        summary = summaries[e.spec.name]
         row = study_row(e, by_name.get(e.spec.name), summary, plan.gpu_hour_cost)
         row["cross_seeded"] = [{"from": x["from"], "trial": x["trial"], "params": x["params"]}
                                for x in (cross_seeded or {}).get(e.spec.name, [])]
@@ -167,6 +210,7 @@ def build(plan: ComparePlan, ran: list[Ran], storage: str, cross_seeded: dict[st
                     "cost_per_user_hour": [r["name"] for r in costed]},
         "slo_scales": list(SLO_SCALES),
         "cross_seed": plan.cross_seed,
+        "same_configuration": same_configuration(plan, summaries),
         "notes": plan.notes + _backend_notes(rows),
     }
 

@@ -166,6 +166,7 @@ class LiveDeployment(Deployment):
         kwargs = self._replay_kwargs(users)
         profile = self.request.study.workload_profile()
         metrics_before = self._scrape_metrics()
+        gpu_mark = self.sampler.mark()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
         worker.start()
         watch = _HealthWatch(self._answers_health)
@@ -205,6 +206,9 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
+        utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
+        if utilization is not None:
+            extra["gpu_utilization"] = utilization
         metrics_after = self._scrape_metrics()
         server_metrics = _metrics_delta(metrics_before, metrics_after)
         if server_metrics:

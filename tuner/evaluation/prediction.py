@@ -9,8 +9,9 @@ from typing import Any
 
 from tuner.errors import ConfigError, TrialError
 from tuner.sim import simulate_load_point
+from tuner.workload.metrics import PREDICTION_KEY
 
-PREDICTION_KEY = "simulator_prediction"  # where a measurement's extra JSON keeps it
+__all__ = ["PREDICTED_METRICS", "PREDICTION_KEY", "decode_step_split", "predict"]
 PREDICTED_METRICS = ("p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p90_tpot_s",
                      "throughput_tokens_per_s", "prefix_cache_hit_rate")
 
@@ -37,6 +38,21 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
         "step_time_source": (m.extra.get("step_time_source") or {}).get("overall"),
         "calibration": list(m.extra.get("calibration_applied") or []),
         "server_stage_means": m.extra.get("server_stage_means"),
+        **decode_step_split(m.extra.get("explain") or {}),
         "cpu_s": round(time.process_time() - t0, 3),
     })
     return out
+
+
+def decode_step_split(window: dict) -> dict[str, Any]:
+    """The step-time model's split of the predicted decode step (attention, MoE, dense,
+    communication, overhead) as shares, with the step it splits: what a real trial's decode step
+    is made of according to the calibrated model (the server exports no per-operator times)."""
+    parts = window.get("decode_parts_s") or {}
+    total = sum(parts.values())
+    if total <= 0:
+        return {}
+    batch = [b for b in window.get("mean_batch_per_rank") or [] if b]
+    return {"decode_step_s": window.get("mean_decode_itl_s"),
+            "decode_step_split": {k: v / total for k, v in parts.items()},
+            "decode_batch_per_rank": sum(batch) / len(batch) if batch else None}

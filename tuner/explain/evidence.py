@@ -340,6 +340,15 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
         text += f" (the server's mean inter-token time, prefill pauses included, is {fmt.ms(itl)})"
     missing = ("the decode step's split into attention, MoE, dense, communication and overhead "
                "(the server exports no per-operator times)")
+    split = model_split(p)
+    if split is not None:
+        shares, predicted_s = split
+        order = sorted(shares.items(), key=lambda kv: -kv[1])
+        text += ("; by the calibrated step-time model at this configuration: "
+                 + ", ".join(f"{PART_NAMES.get(k, k)} {fmt.pct(v)}" for k, v in order))
+        figures.update(decode_parts_share=shares, decode_parts_source="step_time_model",
+                       predicted_decode_step_s=predicted_s)
+        missing += "; the split shown is the calibrated step-time model's, not a measurement"
     step = Finding(Cause.DECODE_STEP, Coverage.MEASURED, 1.0 - (stall_share or 0.0), text, figures, missing)
     if stall_share is None:
         inter = Finding(Cause.PREFILL_INTERFERENCE, Coverage.NOT_MEASURED, text="no P50 inter-token time recorded")
@@ -349,6 +358,23 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
                         f"(P90 TPOT {fmt.ms(p.p90_tpot_s)} against a P50 inter-token time of {fmt.ms(p.p50_itl_s)})",
                         figures)
     return step, inter
+
+
+def model_split(p: LoadPoint) -> tuple[dict[str, float], float | None] | None:
+    """(shares of the decode step by part, the predicted step in s) from the simulator's prediction
+    stored beside a real load point, or None when it holds none."""
+    pred = p.prediction
+    shares = pred.get("decode_step_split") if pred else None
+    if not isinstance(shares, dict) or not shares:
+        return None
+    try:
+        shares = {str(k): float(v) for k, v in shares.items() if k in DECODE_PARTS}
+    except (TypeError, ValueError):
+        return None
+    total = sum(shares.values())
+    if total <= 0:
+        return None
+    return {k: v / total for k, v in shares.items()}, pred.get("decode_step_s")
 
 
 # --------------------------------------------------------------------------- idle GPUs, plateau
@@ -364,6 +390,9 @@ def gpu_idle(p: LoadPoint, prev: LoadPoint | None, trial: TrialFacts) -> Finding
         coverage = Coverage.SIMULATED
         where = "simulated"
         missing = ""
+    elif (p.extra.get("gpu_utilization") or {}).get("mean_utilization_pct") is not None:
+        util = float(p.extra["gpu_utilization"]["mean_utilization_pct"]) / 100.0
+        coverage, where, missing = Coverage.MEASURED, "NVML over the load point, warm-up included", ""
     else:
         util, coverage, where = trial.gpu_mean_utilization, Coverage.MEASURED, "NVML, mean over the trial"
         missing = "GPU utilisation per load point (NVML was summarised over the whole trial)"

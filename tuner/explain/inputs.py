@@ -11,6 +11,7 @@ import yaml
 
 from tuner.config.schema import StudySpec
 from tuner.lifecycle import TrialStatus
+from tuner.workload.metrics import PREDICTION_KEY
 from tuner.workload.session import WorkloadProfile
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,13 @@ class LoadPoint:
     @property
     def server_metrics(self) -> dict:
         return self.extra.get("server_metrics") or {}
+
+    @property
+    def prediction(self) -> dict:
+        """The simulator's prediction stored beside a real load point (empty when none, or when
+        it could not be made)."""
+        pred = self.extra.get(PREDICTION_KEY)
+        return pred if isinstance(pred, dict) and not pred.get("error") else {}
 
     @property
     def sim(self) -> dict:

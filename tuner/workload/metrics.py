@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 
+# where a real load point's ``extra`` keeps the simulator's prediction of it (the ledger of trust)
+PREDICTION_KEY = "simulator_prediction"
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as the client saw it. Times are seconds on the client's clock."""

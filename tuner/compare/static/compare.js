@@ -75,6 +75,7 @@ const TunerCompare = (() => {
         if (!k.fits) return h("td", { class: "miss", text: "does not fit", title: k.reason || "" });
         return h("td", { class: "num", text: `${fmt(k.kv_tokens_total)}${n > 1 ? ` (${n} x ${fmt(k.kv_tokens_per_pool)})` : ""}` });
       })))));
+    const same = sameConfiguration(d.same_configuration || [], rows);
     const bars = h("div", { class: "chart-box", id: "chart-compare-bars" });
     const overview = h("div", { class: "chart-box", id: "chart-capacity-slo" });
     const per = rows.map((r, i) => h("div", { class: "chart-box", id: `chart-slo-${i}`, "data-study": r.name }));
@@ -83,6 +84,9 @@ const TunerCompare = (() => {
       h("section", { class: "card wide" }, h("h3", { text: "KV room by attention-DP size" }),
         h("p", { class: "help", text: "The planner's KV capacity (tokens; pools x tokens per pool) of each study's checkpoint on its hardware at each attention-DP size, expert parallelism across the node, SGLang's defaults otherwise: how much room the weights leave for context. No trial needed." }),
         h("div", { class: "table-wrap" }, room)),
+      same ? h("section", { class: "card wide" }, h("h3", { text: "Same configuration across studies" }),
+        h("p", { class: "help", text: "Each study's best configuration as the other studies ran it (users served): the hardware compared at one configuration, not only at what each search found. A configuration takes each study's own checkpoint, and a smaller HiCache ratio where the node's host memory needs it; cells say why it cannot run there, or that it was not tried (tuner compare --cross-seed runs it)." }),
+        h("div", { class: "table-wrap" }, same)) : null,
       h("div", { class: "grid compare-grid" },
         card("Capacity, KV room and cost", "Best capacity of each study per node and per GPU, the KV capacity of its best configuration, and the cost per served user-hour where costs were given.", bars),
         card("Capacity against the SLO target", "Users the best stored trial serves with both P90 targets scaled from each study's own (1 = the study's targets). From stored load points only: hollow points are not bracketed by them (at least / between / fewer than).", overview)),
@@ -114,6 +118,24 @@ const TunerCompare = (() => {
     rows.forEach((r, i) => TunerCharts.line(per[i], {
       series: Object.keys(MODES).map((m) => ({ name: MODES[m], color: color(i), dash: MODE_DASH[m], points: pts(r, m) })),
       xLabel: "target (x the study's)", yLabel: "capacity (users)", yMin: 0, empty: "no stored load points" }));
+  }
+
+  function sameConfiguration(list, rows) {
+    if (!list.length) return null;
+    const names = rows.map((r) => r.name);
+    const cell = (c) => {
+      if (c.trial === null) return h("td", { class: "muted", text: "–", title: c.reason || "", "data-study": c.study });
+      const users = c.capacity_users === null ? "–" : String(c.capacity_users);
+      const note = c.status === "complete" ? null : h("div", { class: "muted", text: c.status === "pruned" ? "stopped early: at least" : c.status });
+      const chips = (c.changed || []).map((k) => h("span", { class: "chip", text: `${k}=${c.params[k]}` }));
+      return h("td", { class: "num", "data-study": c.study, title: `trial ${c.trial}` }, h("b", { text: users }), note,
+        chips.length ? h("div", { class: "compare-chips" }, ...chips) : null);
+    };
+    return h("table", { class: "trials compare-same", id: "compare-same" },
+      h("thead", {}, h("tr", {}, h("th", { text: "best configuration of" }), ...names.map((n) => h("th", { text: n })))),
+      h("tbody", {}, ...list.map((r) => h("tr", { "data-source": r.source },
+        h("td", {}, h("b", { text: r.source }), h("div", { class: "muted", text: `trial ${r.source_trial}` })),
+        ...names.map((n) => { const c = r.in.find((x) => x.study === n); return c ? cell(c) : h("td", { class: "muted", text: "–" }); })))));
   }
 
   return { render };
