@@ -240,7 +240,7 @@ def test_cross_seeding_runs_each_best_configuration_on_the_others(ran, tmp_path)
 
 
 def test_adapting_a_configuration_to_another_studys_space():
-    from tuner.compare.run import adapt_config
+    from tuner.compare.run import adapt, adapt_config
     from tuner.config.load import load_study
 
     h200_fp8, b200_nvfp4 = load_study("glm-5.1-h200-fp8"), load_study("glm-5.1-b200-nvfp4")
@@ -256,3 +256,10 @@ def test_adapting_a_configuration_to_another_studys_space():
         == {k: v for k, v in cfg.items() if k not in ("quantization", "hicache-ratio", "enable-hierarchical-cache")}
     assert adapt_config(cfg, h200_fp8) == cfg  # fits as it is
     assert adapt_config({**cfg, "max-running-requests": 48}, h200_fp8) is None  # not a value of the space
+    assert "max-running-requests=48 is not in its search space" in adapt({**cfg, "max-running-requests": 48}, h200_fp8).reason
+    # knobs a condition turns off stay off: no attention DP (no ep-size, no router), HiCache off (no ratio)
+    plain = {**cfg, "attn-dp-size": 1, "ep-size": None, "router-policy": None, "enable-hierarchical-cache": False,
+             "hicache-ratio": None}
+    got = adapt(plain, b200_nvfp4)
+    assert got.config == {**plain, "quantization": "modelopt_fp4"} and got.changed == ("quantization",)
+    assert adapt(plain, h200_fp8).config == plain and adapt(plain, h200_fp8).changed == ()

@@ -6,6 +6,7 @@ import pytest
 
 from tuner.config.load import load_study
 from tuner.explain import Cause, Coverage, LoadPoint, StudyContext, TrialFacts, diagnose_point
+from tuner.explain.diagnose import ROOT_THRESHOLDS
 from tuner.lifecycle import TrialStatus
 from tuner.sim import simulate_load_point
 
@@ -105,3 +106,21 @@ def test_a_decode_bound_point_splits_its_step_into_parts_that_add_up(study):
     # scaled to the window's mean decode inter-token time
     assert sum(parts_s.values()) == pytest.approx(point.extra["explain"]["mean_decode_itl_s"], rel=1e-6)
     assert "MoE" in d.sentence and "requests per rank" in d.sentence
+
+
+def test_a_request_cap_that_makes_arrivals_wait_is_prefill_queueing(study):
+    # four running requests at a time for 16 users on one B200 pool the working set fits: TTFT is
+    # mostly waiting for admission, not computing, not the pool
+    ctx = StudyContext.of_spec(study).with_slo(0.5, 1.0)
+    capped = {**NVFP4_TP8, "max-running-requests": 4}
+    point, trial = _point(study, capped, {}, 16, gpu="b200")
+    d = diagnose_point(point, trial, ctx)
+    queue = d.finding(Cause.PREFILL_QUEUEING)
+    assert d.binding.cause is Cause.PREFILL_QUEUEING and queue.coverage is Coverage.SIMULATED
+    s = point.extra["explain"]
+    assert queue.share == pytest.approx(s["mean_queue_s"] / s["mean_ttft_s"]) and queue.share > 0.7
+    assert d.sentence.startswith("misses P90 TTFT at 16 users") and "of TTFT is waiting for admission" in d.sentence
+    assert d.finding(Cause.KV_CAPACITY).share < ROOT_THRESHOLDS[Cause.KV_CAPACITY]
+    # without the cap the same users wait far less
+    free, trial = _point(study, NVFP4_TP8, {}, 16, gpu="b200")
+    assert diagnose_point(free, trial, ctx).finding(Cause.PREFILL_QUEUEING).share < queue.share / 2

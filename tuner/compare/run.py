@@ -97,8 +97,11 @@ def adapt(params: dict, spec) -> Adapted:
     fit."""
     space = spec.space()
     env = space_mod.env_for(spec)
-    out = {}
+    out: dict = {}
     for name, p in space.params.items():
+        if not space_mod.condition_holds(space, name, out, env):
+            out[name] = None  # inactive here (ep-size without attention DP, a ratio without HiCache)
+            continue
         grid = p.grid()
         value = params.get(name)
         if value not in grid:
@@ -106,9 +109,6 @@ def adapt(params: dict, spec) -> Adapted:
                 return Adapted(None, reason=f"{name}={value} is not in its search space")
             value = grid[0]
         out[name] = value
-    for name in list(out):
-        if not space_mod.condition_holds(space, name, out, env):
-            out[name] = None
     broken = space_mod.violated_constraints(space, out, env)
     if broken:
         return Adapted(None, reason=f"breaks its constraint: {broken[0]}")

@@ -304,7 +304,7 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
         shares = {k: v / total for k, v in parts.items()}
         batch = [b for b in s.get("mean_batch_per_rank") or [] if b]
         order = sorted(shares.items(), key=lambda kv: -kv[1])
-        split = ", ".join(f"{PART_NAMES.get(k, k)} {fmt.pct(v)}" for k, v in order)
+        split = split_text(order)
         per_rank = f" at {round(sum(batch) / len(batch))} requests per rank" if batch else ""
         figures = {"mean_decode_step_s": itl, "prefill_stall_per_token_s": stall, "decode_parts_share": shares,
                    "mean_batch_per_rank": batch}
@@ -345,7 +345,7 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
         shares, predicted_s = split
         order = sorted(shares.items(), key=lambda kv: -kv[1])
         text += ("; by the calibrated step-time model at this configuration: "
-                 + ", ".join(f"{PART_NAMES.get(k, k)} {fmt.pct(v)}" for k, v in order))
+                 + split_text(order))
         figures.update(decode_parts_share=shares, decode_parts_source="step_time_model",
                        predicted_decode_step_s=predicted_s)
         missing += "; the split shown is the calibrated step-time model's, not a measurement"
@@ -358,6 +358,11 @@ def decode(p: LoadPoint) -> tuple[Finding, Finding]:
                         f"(P90 TPOT {fmt.ms(p.p90_tpot_s)} against a P50 inter-token time of {fmt.ms(p.p50_itl_s)})",
                         figures)
     return step, inter
+
+
+def split_text(order: list[tuple[str, float]]) -> str:
+    """"MoE 58%, dense 27%, ...": the parts that round to at least 1% of the step."""
+    return ", ".join(f"{PART_NAMES.get(k, k)} {fmt.pct(v)}" for k, v in order if v >= 0.005)
 
 
 def model_split(p: LoadPoint) -> tuple[dict[str, float], float | None] | None:
