@@ -1,4 +1,5 @@
-"""The package map (tests/arch_tests/structure.py LAYERS) is true, and the README shows it."""
+"""The package map (tests/arch_tests/structure.py LAYERS) is true, and the README and
+docs/architecture.md show it."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def test_the_readme_layout_is_the_map():
     shown = _readme_layers()
     expected = [layer for layer in s.LAYERS if layer not in (("__main__",), ("__init__",))]
     assert [set(layer) for layer in shown] == [set(layer) for layer in expected]
+
+
+def _architecture_layers() -> dict[int, list[str]]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows: dict[int, list[str]] = {}
+    for line in text.split("\n## Packages\n", 1)[1].split("\n## ", 1)[0].splitlines():
+        m = re.match(r"^\| (\d+) \| (.*?) \|", line)
+        if m:
+            rows[int(m.group(1))] = [re.sub(r"/$|\.py$", "", n.strip(" `")) for n in m.group(2).split(",")]
+    return rows
+
+
+def test_the_architecture_page_numbers_the_same_layers():
+    expected = [layer for layer in s.LAYERS if layer not in (("__main__",), ("__init__",))]
+    numbered = {len(expected) - 1 - i: set(layer) for i, layer in enumerate(expected)}  # as the README numbers them
+    assert {k: set(v) for k, v in _architecture_layers().items()} == numbered
 
 
 def test_imports_inside_functions_are_heavy_libraries_or_command_loading():

@@ -139,8 +139,10 @@ def _same_cell(c: dict) -> str:
         return f"{c['study']} - ({c['reason']})"
     users = c["capacity_users"]
     text = f"{c['study']} {users if users is not None else '-'}"
-    if c["status"] != "complete":
-        text += f" ({c['status']}" + (", at least" if c["status"] == "pruned" else "") + ")"
+    from tuner.lifecycle import TrialStatus
+
+    if c["status"] != TrialStatus.COMPLETE:
+        text += f" ({c['status']}" + (", at least" if c["status"] == TrialStatus.PRUNED else "") + ")"
     if c["changed"]:
         text += " [" + ", ".join(f"{k}={c['params'].get(k)}" for k in c["changed"]) + "]"
     return text
