@@ -45,6 +45,7 @@ def test_the_json_contract(ran):
         assert isinstance(b["capacity_users"], int) and b["capacity_users"] > 0
         assert b["capacity_per_node"] == b["capacity_users"] and b["capacity_per_gpu"] == b["capacity_users"] / 8
         assert b["params"]["quantization"] == r["quantization"]["flag"]
+        assert b["at_search_limit"] == (r["bottleneck"]["bound"] == "search_limit")
         assert r["quantization"]["label"] == ("FP8" if "fp8" in r["name"] else "NVFP4")
         assert r["quantizations_searched"] == [r["quantization"]["label"]]
         kv = r["kv_capacity_tokens"]
@@ -165,6 +166,22 @@ def test_unknown_duplicate_and_changed_studies_are_refused(tmp_path, ran):
     changed = _study_file(tmp_path, NAMES[0], slo={"p90_ttft_s": 10.0, "p90_tpot_s": 0.05})
     with pytest.raises(ConfigError, match="was started from a different spec"):
         plan_comparison([str(changed)], storage)
+
+
+def test_a_capacity_at_the_search_limit_is_shown_as_a_lower_bound(tmp_path):
+    # the H200 FP8 baseline serves about 20 users: a search that stops at 16 cannot say where it ends
+    a = _study_file(tmp_path, "lim", trials=1, target_users=16, capacity={"start_users": 8, "max_users": 16, "resolution_users": 4},
+                    measurement={"warmup_s": 30, "duration_s": 120})
+    storage = f"sqlite:///{tmp_path}/l.db"
+    r = run_cli(["compare", str(a), "--json", "--no-ray", "--storage", storage], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)["studies"][0]
+    assert row["best"]["capacity_users"] == 16 and row["best"]["at_search_limit"] is True
+    assert row["bottleneck"]["bound"] == "search_limit"
+    assert any(n.startswith("lim meets both targets at its capacity search's largest user count (16): its capacity "
+                            "is at least that") for n in json.loads(r.stdout)["notes"])
+    text = run_cli(["compare", str(a), "--storage", storage], cwd=tmp_path).stdout
+    assert ">= 16" in text
 
 
 def test_comparison_files_validate(tmp_path):

@@ -113,7 +113,8 @@ def test_compare_report_draws_its_table_and_charts(browser, simulated, tmp_path)
     for r in same:
         for c in r["in"]:
             cell = page.locator(f"#compare-same tr[data-source='{r['source']}'] td[data-study='{c['study']}']")
-            assert cell.locator("b").first.inner_text() == str(c["capacity_users"]) if c["trial"] is not None \
+            shown = ("≥ " if c["at_search_limit"] else "") + str(c["capacity_users"])
+            assert cell.locator("b").first.inner_text() == shown if c["trial"] is not None \
                 else cell.inner_text() == "–"
     assert page.locator("#chart-compare-bars svg rect.bar").count() >= 6  # 2 studies x (3 groups + cost)
     assert page.locator("#chart-capacity-slo svg circle.pt").count() >= 10

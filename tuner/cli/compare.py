@@ -108,7 +108,7 @@ def _print(doc: dict) -> None:
         hw = r["hardware"]
         table.add_row(
             r["name"], f"{hw['nodes']}x{hw['gpus_per_node']} {hw['gpu']}", (r["quantization"] or {}).get("label", "-"),
-            r["backend_kind"], str(b["capacity_users"]) if b else "-", f"{b['capacity_per_node']:g}" if b else "-",
+            r["backend_kind"], _users(b) if b else "-", f"{b['capacity_per_node']:g}" if b else "-",
             f"{b['capacity_per_gpu']:.3g}" if b else "-", _tokens(kv["total"]) if kv and kv["total"] else "-",
             f"{c['per_user_hour']:.3g}" if c and c["per_user_hour"] else "-",
             ((r["bottleneck"] or {}).get("binding") or "-").replace("_", " "))
@@ -134,11 +134,15 @@ def _print(doc: dict) -> None:
         console.print(f"note: {escape(n)}", soft_wrap=True)
 
 
+def _users(x: dict) -> str:
+    """A capacity; ">= N" where the capacity search stopped at its largest user count still meeting."""
+    return (">= " if x.get("at_search_limit") else "") + str(x["capacity_users"])
+
+
 def _same_cell(c: dict) -> str:
     if c["trial"] is None:
         return f"{c['study']} - ({c['reason']})"
-    users = c["capacity_users"]
-    text = f"{c['study']} {users if users is not None else '-'}"
+    text = f"{c['study']} {_users(c) if c['capacity_users'] is not None else '-'}"
     from tuner.lifecycle import TrialStatus
 
     if c["status"] != TrialStatus.COMPLETE:

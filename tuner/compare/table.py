@@ -10,7 +10,7 @@ from tuner import catalog
 from tuner.compare.plan import ComparePlan, Entry
 from tuner.compare.run import Adapted, Ran, adapt
 from tuner.errors import ConfigError
-from tuner.explain import LoadPoint, best_of, what_if
+from tuner.explain import Bound, LoadPoint, best_of, what_if
 from tuner.lifecycle import TrialStatus
 from tuner.planner import plan_memory
 from tuner.study.proposer import config_key
@@ -127,6 +127,7 @@ def study_row(entry: Entry, ran: Ran | None, summary: dict, costs: dict[str, flo
         "params": {k: v for k, v in best["params"].items() if v is not None},
         "changes_from_baseline": {k: v for k, v in best["params"].items() if base is not None and base_params.get(k) != v},
         "at_capacity": best.get("at_capacity"),
+        "at_search_limit": _at_search_limit(best),  # the capacity is a lower bound
     }
     at = best.get("at_capacity") or {}
     total = best.get("measured_kv_capacity_tokens") or at.get("kv_capacity_tokens_total") \
@@ -144,6 +145,10 @@ def study_row(entry: Entry, ran: Ran | None, summary: dict, costs: dict[str, flo
         row["cost"] = {"per_gpu_hour": cost, "per_node_hour": cost * hw.gpus_per_node, "per_deployment_hour": node_hour,
                        "per_user_hour": node_hour / cap if cap else None}
     return row
+
+
+def _at_search_limit(trial: dict) -> bool:
+    return ((trial.get("bottleneck") or {}).get("bound")) == Bound.SEARCH_LIMIT.value
 
 
 def _ran_as(trials: list[dict], config: dict) -> dict | None:
@@ -172,12 +177,14 @@ def same_configuration(plan: ComparePlan, summaries: dict[str, dict]) -> list[di
             gpus = other.spec.hardware.gpus_per_node * other.spec.hardware.nodes
             a = Adapted(dict(best["params"])) if other is e else adapt(best["params"], other.spec)
             cell = {"study": other.spec.name, "params": a.config, "changed": list(a.changed), "reason": a.reason,
-                    "trial": None, "status": None, "capacity_users": None, "capacity_per_gpu": None}
+                    "trial": None, "status": None, "capacity_users": None, "capacity_per_gpu": None,
+                    "at_search_limit": False}
             t = _ran_as(summaries[other.spec.name]["trials"], a.config) if a.config is not None else None
             if t is not None:
                 cap = t["capacity_users"]
                 cell.update(trial=t["number"], status=t["status"], capacity_users=cap,
-                            capacity_per_gpu=cap / gpus if cap is not None and gpus else None)
+                            capacity_per_gpu=cap / gpus if cap is not None and gpus else None,
+                            at_search_limit=_at_search_limit(t))
             elif a.config is not None:
                 cell["reason"] = "not tried (tuner compare --cross-seed runs it)"
             cells.append(cell)
@@ -211,7 +218,7 @@ def build(plan: ComparePlan, ran: list[Ran], storage: str, cross_seeded: dict[st
         "slo_scales": list(SLO_SCALES),
         "cross_seed": plan.cross_seed,
         "same_configuration": same_configuration(plan, summaries),
-        "notes": plan.notes + _backend_notes(rows),
+        "notes": plan.notes + _backend_notes(rows) + _limit_notes(rows),
     }
 
 
@@ -221,3 +228,10 @@ def _backend_notes(rows: list[dict]) -> list[str]:
         return []
     return ["the studies ran on different backends (" + ", ".join(f"{r['name']}: {r['backend_kind']}" for r in rows)
             + "): simulated and measured capacities are compared as they are"]
+
+
+def _limit_notes(rows: list[dict]) -> list[str]:
+    at = [r for r in rows if r["best"] and r["best"]["at_search_limit"]]
+    return [f"{r['name']} meets both targets at its capacity search's largest user count "
+            f"({r['best']['capacity_users']}): its capacity is at least that (raise capacity.max_users to find "
+            "where it ends)" for r in at]

@@ -26,6 +26,7 @@ const TunerCompare = (() => {
   const card = (title, help, ...body) => h("section", { class: "card" }, h("h3", { text: title }),
     help ? h("p", { class: "help", text: help }) : null, ...body);
   const hw = (r) => `${r.hardware.nodes > 1 ? r.hardware.nodes + " x " : ""}${r.hardware.gpus_per_node}x ${r.hardware.gpu.toUpperCase()}`;
+  const users = (x) => `${x.at_search_limit ? "≥ " : ""}${x.capacity_users}`;  // a lower bound at the search limit
   const money = (v) => (v === null || v === undefined ? "–" : v < 1 ? v.toFixed(3) : v.toFixed(2));
 
   function render(root, d) {
@@ -51,7 +52,8 @@ const TunerCompare = (() => {
         h("td", { text: r.quantization ? r.quantization.label : "–",
                   title: r.quantizations_searched.length ? `searched: ${r.quantizations_searched.join(", ")}` : null }),
         h("td", { text: r.backend_kind }),
-        h("td", { class: "num strong", text: b ? String(b.capacity_users) : "–" }),
+        h("td", { class: "num strong", text: b ? users(b) : "–",
+                  title: b && b.at_search_limit ? "meets both targets at the capacity search's largest user count: at least this many" : null }),
         h("td", { class: "num", text: b ? fmt(b.capacity_per_node) : "–" }),
         h("td", { class: "num", text: b && b.capacity_per_gpu !== null ? (+b.capacity_per_gpu.toPrecision(3)).toString() : "–" }),
         h("td", { class: "num", text: kv && kv.total ? `${fmt(kv.total)}${kv.pools > 1 ? ` (${kv.pools} x ${fmt(kv.per_pool)})` : ""}` : "–" }),
@@ -125,10 +127,10 @@ const TunerCompare = (() => {
     const names = rows.map((r) => r.name);
     const cell = (c) => {
       if (c.trial === null) return h("td", { class: "muted", text: "–", title: c.reason || "", "data-study": c.study });
-      const users = c.capacity_users === null ? "–" : String(c.capacity_users);
+      const served = c.capacity_users === null ? "–" : users(c);
       const note = c.status === "complete" ? null : h("div", { class: "muted", text: c.status === "pruned" ? "stopped early: at least" : c.status });
       const chips = (c.changed || []).map((k) => h("span", { class: "chip", text: `${k}=${c.params[k]}` }));
-      return h("td", { class: "num", "data-study": c.study, title: `trial ${c.trial}` }, h("b", { text: users }), note,
+      return h("td", { class: "num", "data-study": c.study, title: `trial ${c.trial}` }, h("b", { text: served }), note,
         chips.length ? h("div", { class: "compare-chips" }, ...chips) : null);
     };
     return h("table", { class: "trials compare-same", id: "compare-same" },
