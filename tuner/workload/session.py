@@ -52,6 +52,12 @@ class LogNormal(BaseModel):
 
     def sample(self, rng: np.random.Generator, size: int | None = None):
         x = rng.lognormal(self.mu, self.sigma, size=size)
+        if size is None:  # one draw: plain comparisons (np.clip on a scalar costs most of a session's generation)
+            if self.min is not None and x < self.min:
+                x = float(self.min)
+            if self.max is not None and x > self.max:
+                x = float(self.max)
+            return x
         if self.min is not None or self.max is not None:
             x = np.clip(x, self.min if self.min is not None else -np.inf,
                         self.max if self.max is not None else np.inf)
