@@ -213,10 +213,13 @@ const TunerCharts = (() => {
           title(r, `${it.label}: ${(g.fmt || fmt)(it.value)} ${g.unit}`);
           text(svg, cx, ys(it.value) - 5, (g.fmt || fmt)(it.value), { "text-anchor": "middle", class: "bar-value" });
         }
-        text(svg, cx, bottom + 16, it.label, { "text-anchor": "middle", class: "tick" });
+        // a label wider than its bar's slot goes word by word onto lines of its own
+        const words = String(it.label).split(" ");
+        const lines = words.length > 1 && String(it.label).length * 6.2 > bw + 12 ? words : [String(it.label)];
+        lines.forEach((w, n) => text(svg, cx, bottom + 16 + 12 * n, w, { "text-anchor": "middle", class: "tick" }));
       });
       el("line", { x1: gx + 10, x2: gx + gw - 10, y1: bottom, y2: bottom, class: "axis" }, svg);
-      if (g.note) text(svg, gx + gw / 2, bottom + 34, g.note, { "text-anchor": "middle", class: "note" });
+      if (g.note) text(svg, gx + gw / 2, bottom + 40, g.note, { "text-anchor": "middle", class: "note" });
     });
     return svg;
   }
