@@ -77,6 +77,11 @@ def test_status_list_and_export(finished_study):
     text = out.read_text()
     assert "# study: e2e" in text and f"capacity: {outcome['best_capacity_users']} concurrent users" in text
     assert "sglang serve" in text
+    # the header says what bounds the exported configuration, in the sentence `study status` shows
+    why = status["best"]["bottleneck"]
+    assert why["sentence"] and f"# bottleneck: {why['sentence']}" in text
+    status_text = " ".join(run_cli(["study", "status", "e2e", "--storage", storage], cwd=tmp).stdout.split())
+    assert " ".join(why["sentence"].split()) in status_text
     config = yaml.safe_load(text)
     assert all("_" not in k for k in config), "SGLang --config keys use dashes"
     assert config["model-path"].startswith("nvidia/GLM-5.1") or config["model-path"].startswith("zai-org/")
