@@ -1,5 +1,7 @@
 """NVML telemetry degrades to "no GPUs" on a machine without a driver (CI), never raising."""
 
+import pytest
+
 from tuner.backends import gpu
 
 
@@ -26,3 +28,20 @@ def test_utilization_over_one_load_point():
     assert u == {"samples": 3, "interval_s": 1.0, "mean_utilization_pct": 60.0,
                  "per_gpu_mean_utilization_pct": {"0": 80.0, "1": 40.0}}
     assert s.utilization_since(s.mark()) is None  # nothing sampled since
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu.nvml_available(), reason="needs NVML and a GPU")
+def test_utilization_over_one_load_point_on_a_real_gpu():
+    import time
+
+    s = gpu.GPUSampler([0], interval_s=0.05).start()
+    try:
+        time.sleep(0.3)
+        mark = s.mark()
+        time.sleep(0.5)
+        u = s.utilization_since(mark)
+    finally:
+        s.stop()
+    assert u is not None and u["samples"] >= 3 and set(u["per_gpu_mean_utilization_pct"]) == {"0"}
+    assert 0.0 <= u["mean_utilization_pct"] <= 100.0
