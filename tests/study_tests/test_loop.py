@@ -91,3 +91,21 @@ def test_ctrl_c_marks_the_running_trials_interrupted(tmp_path):
     assert loop.stop is StopReason.INTERRUPTED and ex.shut_down
     assert _statuses(records) == {0: TrialStatus.INTERRUPTED, 1: TrialStatus.INTERRUPTED}
     assert records.trials[0]["outcome"].reason == "interrupted by the user"
+
+
+def test_a_simulator_start_begins_each_search_at_the_predicted_capacity(tmp_path):
+    from tuner.evaluation.prediction import predicted_capacity
+
+    ex = ScriptedExecutor(capacity=lambda n: 12)
+    loop, records = _loop(tmp_path, ex, 2, prune=False)
+    loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(update={"start": "simulator"})})
+    loop.run()
+    for n, t in records.trials.items():
+        if not t["outcome"].launched:
+            continue
+        measured = [args for key, op, *args in ex.calls if key == n and op is Operation.MEASURE]
+        proposal_flags, proposal_knobs = t["flags"], t["knobs"]
+        predicted, basis = predicted_capacity(loop.study, proposal_flags, proposal_knobs, seed=n)
+        assert predicted is not None and "simulator" in basis
+        assert measured[0][0] == max(1, min(predicted, 64))  # the first load point is the prediction
+        assert t["outcome"].capacity_users == 12  # and the search still finds the true capacity

@@ -10,7 +10,7 @@ from tuner.cli._common import emit_json, json_option, storage_option
 from tuner.limits import MAX_SEED, MAX_TRIALS
 from tuner.cli.study_report import report
 from tuner.lifecycle import TrialStatus
-from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, names
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, CapacityStart, Engine, names
 
 
 @click.group()
@@ -203,8 +203,14 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
 @click.option("--time-limit", "time_limit", default=None, metavar="DURATION",
               help="Wall-clock budget of this run (e.g. 540, 9m, 2h); see `study start --help`.")
+@click.option("--capacity-start", type=click.Choice(names(CapacityStart)), default=None,
+              help="Where each new trial's capacity search starts from now on (stored with the study): "
+                   "start_users (gallop from capacity.start_users) or simulator (the simulator's predicted "
+                   "capacity of the configuration, stepping out by capacity.resolution_users: two load "
+                   "points when the prediction is right). Capacities found stay comparable: both search "
+                   "to the same resolution.")
 @json_option
-def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, as_json):
+def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start, as_json):
     """Continue study NAME to its budget: trials left running by a dead process are marked
     interrupted and their server processes reaped by recorded PID.
 
@@ -216,6 +222,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
 
     spec = load_existing(storage, name)
     row = repo.get_study(db.get_engine(storage, create=False), name)
+    if capacity_start is not None and capacity_start != spec.capacity.start:
+        spec = _restart_capacity_search(storage, spec, capacity_start, quiet=as_json)
     runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
                          parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures,
                          time_limit_s=parse_duration(time_limit))
@@ -223,6 +231,20 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     if recovered and not as_json:
         click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
     _run(runner, spec, trials or row.trials_budget, as_json)
+
+
+def _restart_capacity_search(storage: str, spec, start: str, *, quiet: bool):
+    import yaml
+
+    from tuner.storage import db, repo
+
+    was = spec.capacity.start
+    spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update={"start": start})})
+    repo.set_study_spec(db.get_engine(storage, create=False), spec.name,
+                        yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    if not quiet:
+        click.echo(f"capacity search of new trials starts from {start} (was {was}); stored with the study", err=True)
+    return spec
 
 
 @study.command()

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from tuner.errors import ConfigError, TrialError
+from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
 
 PREDICTION_KEY = "simulator_prediction"  # where a measurement's extra JSON keeps it
@@ -40,3 +41,21 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
         "cpu_s": round(time.process_time() - t0, 3),
     })
     return out
+
+
+def predicted_capacity(study, flags: dict, knobs: dict, *, seed: int) -> tuple[int | None, str]:
+    """The simulator's capacity for this configuration: the study's own capacity search (from
+    ``capacity.start_users``), each load point simulated with the study's window. Returns (users,
+    what it rests on); users is None when the simulator cannot predict this configuration."""
+    search = CapacitySearch.for_study(study)
+    m = study.measurement
+    sources: set[str] = set()
+    while not search.done:
+        users = search.next_users()
+        p = predict(study, flags, knobs, users, warmup_s=m.warmup_s, duration_s=m.duration_s, seed=seed)
+        if p.get("error"):
+            return None, f"the simulator cannot predict it ({p['error']})"
+        sources.update(p.get("calibration") or [])
+        search.record(users, bool(p["meets_slo"]))
+    basis = ", ".join(sorted(sources)) or "uncalibrated step times"
+    return search.capacity_users, f"the simulator's capacity for this configuration ({basis})"

@@ -51,6 +51,12 @@ def set_study_status(engine: Engine, name: str, status: StudyStatus, **fields) -
                   .values(status=StudyStatus(status).value, updated_at=time.time(), **fields))
 
 
+def set_study_spec(engine: Engine, name: str, spec_yaml: str) -> None:
+    """Replace the stored study (a resume that changes how trials are measured, not what they mean)."""
+    with Session(engine) as s, s.begin():
+        s.execute(update(StudyRow).where(StudyRow.name == name).values(spec_yaml=spec_yaml, updated_at=time.time()))
+
+
 def start_trial(engine: Engine, *, study_name: str, trial_number: int, optuna_trial_id: int | None,
                 backend_kind: str, params: dict, flags: dict, knobs: dict, is_baseline: bool,
                 predicted_kv_capacity_tokens: int | None = None) -> None:

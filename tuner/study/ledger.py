@@ -114,6 +114,11 @@ class Ledger:
         self.on_event("trial_start", {"number": proposal.number, "config": proposal.values,
                                       "baseline": proposal.is_baseline})
 
+    def search_starts(self, proposal: Proposal, users: int, basis: str) -> None:
+        """Where the trial's capacity search starts, and why (a guided start is a prediction)."""
+        proposal.trial.set_user_attr("capacity_search_start", {"users": users, "basis": basis})
+        self.on_event("capacity_start", {"number": proposal.number, "users": users, "basis": basis})
+
     # ---------------------------------------------------------------- a launched trial
     def deployed(self, proposal: Proposal, info: dict) -> None:
         predicted = info.get("predicted_kv_capacity_tokens_total")

@@ -17,11 +17,13 @@ from typing import Any, Callable
 
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
+from tuner.evaluation.prediction import predicted_capacity
 from tuner.lifecycle import Operation, Outcome, StopReason, TrialStatus
 from tuner.config.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.proposer import Proposal, Proposer, max_asks
 from tuner.study.pruning import prune_reason, should_prune
+from tuner.vocabulary import CapacityStart
 
 RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
 
@@ -103,8 +105,18 @@ class TrialLoop:
                                workdir=self.workdir, seed=self.seed + p.number)
         num_gpus = self.gpus_needed(request)
         self.ledger.started(p)
-        self.running[p.number] = RunningTrial(p, CapacitySearch.for_study(self.study), num_gpus)
+        self.running[p.number] = RunningTrial(p, self._capacity_search(p), num_gpus)
         self.executor.submit(p.number, Operation.DEPLOY, self.backend_kind, request, num_gpus=num_gpus)
+
+    def _capacity_search(self, p: Proposal) -> CapacitySearch:
+        """The trial's capacity search: from the study's start_users, or from the simulator's prediction."""
+        if self.study.capacity.start != CapacityStart.SIMULATOR:
+            return CapacitySearch.for_study(self.study)
+        users, basis = predicted_capacity(self.study, p.flags, p.knobs, seed=self.seed + p.number)
+        search = CapacitySearch.for_study(self.study, predicted_users=users)
+        self.ledger.search_starts(p, search.next_users(), basis if users is not None else
+                                  f"start_users: {basis}")
+        return search
 
     # ---------------------------------------------------------------- collect
     def _advance(self, result) -> None:

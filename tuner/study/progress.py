@@ -46,6 +46,10 @@ class StudyProgress:
         elif kind == "trial_start":
             cfg = {k: v for k, v in data["config"].items() if v is not None}
             self.running[data["number"]] = {"config": cfg, "steps": [], "baseline": data.get("baseline")}
+        elif kind == "capacity_start":
+            r = self.running.get(data["number"])
+            if r is not None:
+                r["steps"].append(f"(from {data['users']})")
         elif kind == "measurement":
             r = self.running.get(data["number"])
             if r is not None:
