@@ -11,7 +11,8 @@
 # resumes the study with each new trial's capacity search starting at the simulator's prediction.
 #
 # Needs, in the checkout (ignored by git): .sglkit/ (the kit, without archives/hf.tar.xz) and .whl/
-# (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12); see README.md beside this file.
+# (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12, or pylibs.tar.xz: the same
+# installed with `pip install --no-deps --no-compile --target DIR` and packed); see README.md beside this file.
 set -uo pipefail
 STUDY=${STUDY:?name of a studies/*.yaml}
 LIMIT=${LIMIT:-480}
@@ -22,8 +23,12 @@ t0=$(date +%s)
 mkdir -p "$OUT"
 SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-  >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+if [ -f .whl/pylibs.tar.xz ]; then  # the same wheels, installed beforehand and packed (1 MB smaller)
+  tar -xJf .whl/pylibs.tar.xz -C /tmp/site
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+fi
 export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 python3 - > "$OUT/versions.txt" 2>&1 <<'PY' &
