@@ -19,8 +19,10 @@ def main(out_dir: str, call: str) -> None:
     calls.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix == ".db":
+            for side in ("-wal", "-shm"):  # a local reader's leftovers would be replayed onto the new file
+                (HERE / (f.name + side)).unlink(missing_ok=True)
             shutil.copyfile(f, HERE / f.name)
-        elif f.suffix in (".log", ".csv", ".json") and f.is_file():
+        elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
             shutil.copyfile(f, calls / f.name)
     for tgz in src.glob("runs-*.tgz"):
         with tarfile.open(tgz) as tar:
