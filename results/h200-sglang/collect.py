@@ -24,7 +24,13 @@ def main(out_dir: str, call: str) -> None:
             shutil.copyfile(f, HERE / f.name)
         elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
             shutil.copyfile(f, calls / f.name)
-    for tgz in src.glob("runs-*.tgz"):
+    logs = src / "call-logs.tgz"  # the call's small files, packed (a call returns at most 8 files)
+    if logs.exists():
+        with tarfile.open(logs) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    (calls / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+    for tgz in [*src.glob("runs-*.tgz"), *src.glob("runs.tgz")]:
         with tarfile.open(tgz) as tar:
             for m in tar.getmembers():
                 if not m.isfile():

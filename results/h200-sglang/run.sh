@@ -20,18 +20,22 @@ STEPS=${STEPS:-study}
 OUT=${OUT:-/tmp/out}
 DB="results/h200-sglang/$STUDY.db"
 t0=$(date +%s)
-mkdir -p "$OUT"
-SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# at most 8 files come back from a call: the small ones are written under $LOGS and packed into
+# $OUT/call-logs.tgz on the way out (also when the call fails early)
+LOGS=/tmp/call-logs
+rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
+trap 'tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
+SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
 tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
 if [ -f .whl/pylibs.tar.xz ]; then  # the same wheels, installed beforehand and packed (1 MB smaller)
   tar -xJf .whl/pylibs.tar.xz -C /tmp/site
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+    >> "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; exit 1; }
 fi
 export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python3 - > "$OUT/versions.txt" 2>&1 <<'PY' &
+python3 - > "$LOGS/versions.txt" 2>&1 <<'PY' &
 import importlib.metadata as m, sys, time
 t = time.time()
 import sglang, ray, optuna, sqlalchemy, transformers, torch, tuner  # noqa: F401
@@ -39,14 +43,14 @@ print(f"python {sys.version.split()[0]} sglang {m.version('sglang')} ray {ray.__
       f"torch {torch.__version__} transformers {transformers.__version__} cuda {torch.cuda.is_available()} "
       f"({time.time() - t:.1f} s to import)")
 PY
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu-before.csv"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
 free -g | head -2
 STORE="sqlite:///$DB"
 if [[ " $STEPS " == *" verify "* ]]; then
-  python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$OUT/best-$STUDY.yaml" --sglang-version 0.5.17 \
-    2>&1 | tee "$OUT/export.log"
-  timeout -s INT 330 python3 -m tuner study verify-export "$STUDY" "$OUT/best-$STUDY.yaml" --storage "$STORE" \
-    -o "$OUT/export-check.json" 2>&1 | tee "$OUT/export-check.log"
+  python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$LOGS/best-$STUDY.yaml" --sglang-version 0.5.17 \
+    2>&1 | tee "$LOGS/export.log"
+  timeout -s INT 330 python3 -m tuner study verify-export "$STUDY" "$LOGS/best-$STUDY.yaml" --storage "$STORE" \
+    -o "$LOGS/export-check.json" 2>&1 | tee "$LOGS/export-check.log"
   echo "verify took $(( $(date +%s) - t0 )) s since the call began"
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
@@ -58,16 +62,16 @@ if [ -n "${STUDY_SKIP:-}" ] || [ "$left" -lt 120 ]; then
 elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
   timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} ${CAPACITY_START:+--capacity-start $CAPACITY_START} \
-    2>&1 | tee "$OUT/study.log"
+    2>&1 | tee "$LOGS/study.log"
 else
   timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
-    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
+    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$LOGS/study.log"
 fi
-python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$OUT/status.json" 2>&1
+python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$LOGS/status.json" 2>&1
 cp "$DB" "$OUT/"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu-after.csv"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$LOGS/gpu-after.csv"
 # logs, --config YAML, rendered config.json and /server_info of every trial (PID files left out)
 tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs $(cd results/runs && ls -d "$STUDY" "$STUDY"-export-check 2>/dev/null) 2>/dev/null
 wait
-ls -la "$OUT"
+ls -la "$OUT" "$LOGS"
 echo "call took $(( $(date +%s) - t0 )) s"
