@@ -46,6 +46,15 @@ def main(out_dir: str, call: str) -> None:
                         g.write(data)
                 else:
                     dest.write_bytes(data)
+    planner = src / "planner.tgz"  # planner probes: results/h200-planner/<name>.json, <name>.log.gz
+    if planner.exists():
+        with tarfile.open(planner) as tar:
+            for m in tar.getmembers():
+                rel = Path(m.name)
+                if m.isfile() and rel.parts[0] == "h200-planner" and ".." not in rel.parts:
+                    dest = HERE.parent / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(tar.extractfile(m).read())
     print(f"collected {src} -> {HERE} (call {call})")
 
 

@@ -9,6 +9,9 @@
 # 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
 # resumes the study with each new trial's capacity search starting at the simulator's prediction.
+# "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
+# them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
+# in a later call.
 #
 # Needs, in the checkout (ignored by git): .sglkit/ (the kit, without archives/hf.tar.xz) and .whl/
 # (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12, or pylibs.tar.xz: the same
@@ -66,6 +69,14 @@ elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite://
 else
   timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$LOGS/study.log"
+fi
+if [[ " $STEPS " == *" probe "* ]]; then
+  left=$(( LIMIT - ($(date +%s) - t0) ))
+  if [ "$left" -gt 90 ]; then
+    timeout -s INT "$left" python3 -m tuner bench planner-probe probes/planner-matrix-h200.yaml \
+      --out results/h200-planner ${PROBES:-} 2>&1 | tee "$LOGS/planner-probe.log"
+  fi
+  tar -czf "$OUT/planner.tgz" -C results h200-planner 2>/dev/null
 fi
 python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$LOGS/status.json" 2>&1
 cp "$DB" "$OUT/"
