@@ -149,12 +149,11 @@ class TrialLoop:
             self._next_load_point(rt)
 
     def _next_load_point(self, rt: RunningTrial) -> None:
-        if self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
-            self._close(rt, Outcome.interrupted(self.winding_down))
-            return
         users = rt.search.next_users()
-        if users is None:
+        if users is None:  # the search has its answer, whatever the clock says
             self._close(rt, Outcome.complete(rt.search.capacity_users))
+        elif self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
+            self._close(rt, Outcome.interrupted(self.winding_down))
         else:
             self.executor.submit(rt.proposal.number, Operation.MEASURE, users)
 
