@@ -18,6 +18,7 @@ import traceback
 import click
 
 from tuner.errors import TunerError
+from tuner.study.signals import stop_signal
 
 # name -> (module:attribute, one-line help shown by `tuner --help` without importing the module)
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -90,9 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     except TunerError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP where a command stops on them
+        sig = stop_signal(exc)
+        click.echo(f"Error: {sig.reason}.", err=True)
+        sys.exit(sig.exit_code)
     except Exception:  # the one place internal errors are turned into a message
         if os.environ.get("TUNER_DEBUG") == "1" or "--debug" in (argv or sys.argv):
             raise

@@ -10,6 +10,7 @@ from tuner.cli._common import emit_json, json_option, storage_option
 from tuner.limits import MAX_SEED, MAX_TRIALS
 from tuner.cli.study_report import report
 from tuner.lifecycle import TrialStatus
+from tuner.study.signals import stopping_on_signals
 from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, names
 
 
@@ -87,9 +88,9 @@ def _run(runner, spec, budget, as_json):
         emit_json(outcome.to_dict())
     else:
         _print_outcome(outcome, runner.storage_url)
-    if outcome.stop.exit_code:
+    if outcome.exit_code:
         click.echo(f"Error: {outcome.stopped_reason}", err=True)
-        sys.exit(outcome.stop.exit_code)
+        sys.exit(outcome.exit_code)
 
 
 def _print_outcome(o, storage):
@@ -148,20 +149,25 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
         return
     db.parse_url(storage)
     kind, reason = _resolve_backend(spec, backend)
-    initial = []
-    if warm_k:
-        from tuner.study.warm_start import simulated_top_k
+    limit_s = parse_duration(time_limit)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
+        initial = []
+        if warm_k:
+            from tuner.study.warm_start import simulated_top_k
 
-        sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
-                                                    ray_address=ray_address, parallel=parallel)
-        click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
-                   + (" (reused)" if reused else ""), err=True)
-    runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
-                         ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
-                         prune=not no_pruning, initial_configs=initial, time_limit_s=parse_duration(time_limit))
-    runner.create(trials or spec.trials)
-    click.echo(f"backend: {kind} ({reason})", err=True)
-    _run(runner, spec, trials or spec.trials, as_json)
+            sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
+                                                        ray_address=ray_address, parallel=parallel)
+            click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
+                       + (" (reused)" if reused else ""), err=True)
+        runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
+                             ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
+                             prune=not no_pruning, initial_configs=initial, time_limit_s=limit_s)
+        try:
+            runner.create(trials or spec.trials)
+            click.echo(f"backend: {kind} ({reason})", err=True)
+            _run(runner, spec, trials or spec.trials, as_json)
+        finally:
+            runner.release()
 
 
 def _dry_run(spec, backend, budget, seed, warm_k, as_json):
@@ -192,7 +198,8 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
 
 @study.command()
 @click.argument("name")
-@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None, help="Total trial budget (default: the budget it was started with).")
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None,
+              help="Total trial budget from now on (default: the budget it was started with, which is stored).")
 @storage_option
 @click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)
@@ -202,24 +209,41 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="Wall-clock budget of this run (e.g. 540, 9m, 2h); see `study start --help`.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, as_json):
-    """Continue study NAME to its budget: trials left running by a dead process are marked
-    interrupted and their server processes reaped by recorded PID.
+    """Continue study NAME to its budget (the one it was started with, or --trials).
 
-    A trial counts as dead once its heartbeat is older than 30 s (TUNER_HEARTBEAT_GRACE_S
-    changes it); run resume from the directory the study was started in (trial logs and PID
-    files are under results/runs/NAME)."""
+    One process drives a study at a time (its driver lease in the database). A driver on this
+    host that died (kill -9, a crash, a reboot) is taken over at once: the processes it left --
+    trial servers, its local Ray -- are reaped by recorded identity (PID, start time, command
+    line), and its running trials are marked interrupted. A live driver is refused with who
+    holds the study (exit 4). A driver on another host is taken over once its heartbeat is older
+    than 30 s (TUNER_LEASE_TTL_S changes it). Run resume from the directory the study was started
+    in (trial logs and PID files are under results/runs/NAME)."""
     from tuner.storage import db, repo
     from tuner.study.runner import StudyRunner, load_existing
 
     spec = load_existing(storage, name)
     row = repo.get_study(db.get_engine(storage, create=False), name)
-    runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
-                         parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures,
-                         time_limit_s=parse_duration(time_limit))
-    recovered = runner.recover_interrupted()
-    if recovered and not as_json:
-        click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
-    _run(runner, spec, trials or row.trials_budget, as_json)
+    limit_s = parse_duration(time_limit)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
+        runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
+                             parallel=parallel, ray_address=ray_address, use_ray=not no_ray,
+                             max_failures=max_failures, time_limit_s=limit_s, command="resume")
+        try:
+            acquired = runner.take_over(on_wait=lambda text: click.echo(text, err=True))
+            if acquired.previous is not None and not as_json:
+                killed = sorted(p for p, o in runner.dead_driver_reaped.items() if o == "killed")
+                click.echo(f"took over from the dead driver (PID {acquired.previous.pid} on "
+                           f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
+                           err=True)
+            recovered = runner.recover_interrupted()
+            if recovered and not as_json:
+                click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
+            budget = trials or row.trials_budget
+            if budget != row.trials_budget and not as_json:
+                click.echo(f"budget: {budget} trials from now on (it was {row.trials_budget})", err=True)
+            _run(runner, spec, budget, as_json)
+        finally:
+            runner.release()
 
 
 @study.command()

@@ -1,5 +1,7 @@
 """Summaries of studies (for `study status`, `study list`, reports and the dashboard). They only
-read; a database of an older schema is upgraded first, or refused when it is opened read-only."""
+read: a file this process cannot write (read-only file, directory or file system, ``mode=ro``)
+is opened read-only. A database of an older schema is upgraded first where it can be written,
+or refused with the command that upgrades it where it cannot."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_
 
 
 def _engine(storage: str, readonly: bool = False):
-    engine = db.get_engine(storage, create=False, readonly=readonly)
+    engine = db.get_engine(storage, create=False, readonly=True) if readonly else db.reader_engine(storage)
     if not db.has_schema(engine):
         raise StudyNotFoundError(f"no tuner studies in {storage}")
     db.require_current(engine, storage, readonly=readonly)
