@@ -58,7 +58,8 @@ class StorageFault(StrEnum):
     """What went wrong reading or writing the study database (``StorageFaultError.fault``)."""
 
     DISK_FULL = "disk_full"
-    CORRUPT = "corrupt"  # damaged pages, or not a database at all
+    CORRUPT = "corrupt"  # damaged pages
+    NOT_A_DATABASE = "not_a_database"  # not SQLite at all (or its first page is damaged): exit 2
     READ_ONLY = "read_only"  # the file, its directory or its file system cannot be written
     PERMISSION = "permission"  # the file or its directory cannot be opened
     LOCKED = "locked"  # another process held the database past the busy timeout
@@ -72,6 +73,8 @@ class StorageFaultError(StorageError):
 
     def __init__(self, fault: StorageFault | str, message: str):
         self.fault = StorageFault(fault)
+        if self.fault is StorageFault.NOT_A_DATABASE:  # most often a --storage naming the wrong file
+            self.exit_code = 2
         super().__init__(message)
 
 

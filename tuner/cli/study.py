@@ -222,7 +222,7 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     from tuner.study.runner import StudyRunner, load_existing
 
     spec = load_existing(storage, name)
-    row = repo.get_study(db.get_engine(storage, create=False), name)
+    row = repo.get_study(db.reader_engine(storage), name)
     limit_s = parse_duration(time_limit)
     with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
         runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",

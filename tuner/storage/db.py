@@ -176,11 +176,11 @@ def writable_problem(url: str) -> str | None:
     except OSError:
         pass
     if path.exists() and not os.access(path, os.W_OK):
-        return f"{path} is not writable ({faults.describe_access(path)})"
+        return f"the file is not writable here: {faults.describe_access(path)}"
     directory = path.parent if path.parent.exists() else target
     if not os.access(directory, os.W_OK | os.X_OK):
         # SQLite writes its journal (-wal, -shm) beside the database
-        return f"its directory {directory} is not writable ({faults.describe_access(directory)})"
+        return f"its directory is not writable here: {faults.describe_access(directory / path.name)}"
     return None
 
 

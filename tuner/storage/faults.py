@@ -21,7 +21,7 @@ from tuner.errors import StorageFault, StorageFaultError
 _SQLITE = {
     13: StorageFault.DISK_FULL,  # SQLITE_FULL
     11: StorageFault.CORRUPT,  # SQLITE_CORRUPT
-    26: StorageFault.CORRUPT,  # SQLITE_NOTADB
+    26: StorageFault.NOT_A_DATABASE,  # SQLITE_NOTADB
     8: StorageFault.READ_ONLY,  # SQLITE_READONLY
     3: StorageFault.PERMISSION,  # SQLITE_PERM
     23: StorageFault.PERMISSION,  # SQLITE_AUTH
@@ -70,7 +70,7 @@ def _from_sqlite_text(text: str) -> StorageFault | None:
     """Older Pythons carry no result code: the messages SQLite gives for them."""
     text = text.lower()
     for needle, fault in (("disk is full", StorageFault.DISK_FULL), ("malformed", StorageFault.CORRUPT),
-                          ("not a database", StorageFault.CORRUPT), ("readonly database", StorageFault.READ_ONLY),
+                          ("not a database", StorageFault.NOT_A_DATABASE), ("readonly database", StorageFault.READ_ONLY),
                           ("unable to open", StorageFault.PERMISSION), ("database is locked", StorageFault.LOCKED),
                           ("disk i/o error", StorageFault.IO)):
         if needle in text:
@@ -100,9 +100,8 @@ def describe_access(path: Path) -> str:
             st = p.stat()
         except OSError:
             continue
-        parts.append(f"{p} is mode {stat.filemode(st.st_mode)} owned by uid {st.st_uid}")
-    parts.append(f"tuner runs as uid {os.geteuid()}")
-    return "; ".join(parts)
+        parts.append(f"{p}: {stat.filemode(st.st_mode)}, owner uid {st.st_uid}")
+    return "; ".join(parts) + f"; tuner runs as uid {os.geteuid()}"
 
 
 def message(fault: StorageFault, where: str, detail: str, path: Path | None = None) -> str:
@@ -110,6 +109,9 @@ def message(fault: StorageFault, where: str, detail: str, path: Path | None = No
     if fault is StorageFault.DISK_FULL:
         return (f"the disk holding the study database {where} is full ({detail}); free some space, then run the "
                 f"command again (a stopped study continues with `tuner study resume NAME`)")
+    if fault is StorageFault.NOT_A_DATABASE:
+        return (f"{where} is not a study database ({detail}): it is not an SQLite file, or its first page is "
+                f"damaged; the storage must name an SQLite study database, e.g. sqlite:///results/tuner.db")
     if fault is StorageFault.CORRUPT:
         salvage = f"; salvage what is readable with `sqlite3 {path} .recover | sqlite3 recovered.db`" if path else ""
         return f"the study database {where} is damaged ({detail}); restore it from a copy{salvage}"

@@ -31,6 +31,7 @@ from tuner.config.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.proposer import Proposal, Proposer, max_asks
 from tuner.study.pruning import prune_reason, should_prune
+from tuner.study.signals import StopSignal, signals_received, stop_signal
 
 RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
 
@@ -84,7 +85,8 @@ class TrialLoop:
                 pass
         except KeyboardInterrupt as exc:
             self.stop = StopReason.INTERRUPTED
-            self.abandon(str(getattr(exc, "reason", "") or "interrupted by the user"))
+            self.abandon(stop_signal(exc).reason if isinstance(exc, StopSignal) or signals_received()
+                         else "interrupted by the user")
             raise
         except BaseException:
             self.shut_down()  # the servers stop now; the runner records what it can

@@ -118,6 +118,7 @@ class StudyRunner:
         self.workdir = os.path.abspath(workdir)  # Ray workers run elsewhere: trial dirs as the driver sees them
         paths.inside(self.workdir, study.name)  # the study's directory must lie inside the runs directory
         self.prescreen = prescreen
+        db.require_writable(storage_url)  # before opening it for writing: a clear refusal, nothing written
         self.engine = db.get_engine(storage_url)
         self.records = repo.StudyRecords(self.engine, study.name)
         self.lease = DriverLease(self.engine, study.name, command=command)
@@ -226,6 +227,10 @@ class StudyRunner:
         recorded at deploy, and those its servers wrote beside their logs when they started."""
         identities = list(identities) + _pid_files(str(paths.trial_dir(self.workdir, self.study.name, trial_number)))
         outcomes = reap_pids(identities, tree=True) if identities else {}  # {pid: gone | not_ours | killed | survived}
+        for ident in identities:  # reaped already with the dead driver's own processes
+            pid = int(ident.get("pid", -1))
+            if self.dead_driver_reaped.get(pid) == "killed" and outcomes.get(pid) == "gone":
+                outcomes[pid] = "killed"
         return sorted(pid for pid, outcome in outcomes.items() if outcome == "killed"), outcomes
 
     # ---------------------------------------------------------------- a run
@@ -341,7 +346,8 @@ class StudyRunner:
                 unrecorded = unrecorded or sorted(set(self.records.running_trial_numbers()))
         note = (f"; trial(s) {', '.join(map(str, unrecorded))} could not be recorded as interrupted: "
                 f"`tuner study resume {self.study.name}` records them" if unrecorded else "")
-        raise StorageFaultError(exc.fault, f"{exc}{note}") from exc
+        text = str(exc).replace("`tuner study resume NAME`", f"`tuner study resume {self.study.name}`")
+        raise StorageFaultError(exc.fault, f"{text}{note}") from exc
 
     def _after_crash(self, exc: BaseException, loop: TrialLoop, ledger: Ledger) -> None:
         reason = f"the driver stopped on an unexpected error ({type(exc).__name__}: {str(exc)[:200]})"

@@ -46,8 +46,14 @@ class StopSignal(KeyboardInterrupt):
 
 
 def stop_signal(exc: BaseException) -> StopSignal:
-    """A KeyboardInterrupt as the StopSignal it stands for (a bare one is Ctrl-C)."""
-    return exc if isinstance(exc, StopSignal) else StopSignal(signal.SIGINT)
+    """A KeyboardInterrupt as the StopSignal it stands for: itself, the signal our handler
+    received (a library may re-raise it as a bare KeyboardInterrupt: Ray's ``wait`` does), or Ctrl-C."""
+    if isinstance(exc, StopSignal):
+        return exc
+    for handler in reversed(_active):
+        if handler.received is not None:
+            return handler.received
+    return _last_received[0] if _last_received else StopSignal(signal.SIGINT)
 
 
 class _Handler:
@@ -57,6 +63,7 @@ class _Handler:
     def __call__(self, signum, _frame):
         if self.received is None:
             self.received = StopSignal(signum)
+            _last_received[:] = [self.received]
             raise self.received
         sys.stderr.write(f"\n{signal.Signals(signum).name} received: already stopping (stopping the trial servers "
                          f"and recording the running trials); kill -9 ends tuner at once, resume recovers\n")
@@ -64,6 +71,7 @@ class _Handler:
 
 
 _active: list[_Handler] = []
+_last_received: list[StopSignal] = []  # the last signal handled (for the CLI's message after the block)
 
 
 def install() -> None:
@@ -82,6 +90,7 @@ def stopping_on_signals() -> Iterator[None]:
         return
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     _active.append(_Handler())
+    _last_received.clear()
     try:
         install()
         yield
@@ -96,3 +105,8 @@ def stopping_on_signals() -> Iterator[None]:
 
 def already_stopping() -> bool:
     return bool(_active) and _active[-1].received is not None
+
+
+def signals_received() -> bool:
+    """A stop signal was handled in the active block (a bare KeyboardInterrupt then stands for it)."""
+    return any(h.received is not None for h in _active)
