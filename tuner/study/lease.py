@@ -23,6 +23,7 @@ study) learns it at its next heartbeat (``lost``) and stops without writing anyt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -47,6 +48,11 @@ log = logging.getLogger(__name__)
 LEASE_TTL_S = max(1.0, float(os.environ.get("TUNER_LEASE_TTL_S", "30")))
 HEARTBEAT_INTERVAL_S = max(0.2, LEASE_TTL_S / 6)
 CONFIRM_BEATS = 3  # a heartbeat already past the TTL by its holder's clock must stay still this many beats
+# The driver's processes are looked at this often (one /proc scan) and written when they changed,
+# so a process started a moment before a kill -9 is still known to the resume; while Ray starts
+# (raylet, GCS server, agents appear within seconds) more often.
+PROCESS_SCAN_S = 1.0
+PROCESS_SCAN_CLOSELY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -124,8 +130,12 @@ class DriverLease:
         self.identity = DriverIdentity.current()
         self.held = False
         self.lost = threading.Event()  # set when another driver took the study over
+        self._last_beat = 0.0
         self._processes: dict[tuple[int, int], dict] = {}
+        self._recorded: set[tuple[int, int]] = set()  # the process set last written
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._closely = 0
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- taking it
@@ -211,35 +221,55 @@ class DriverLease:
         return sorted(live.values(), key=lambda d: d["pid"])
 
     def beat(self) -> bool:
-        """Renew the lease now; False (and ``lost`` set) when it is not ours any more."""
+        """Renew the lease now, with the processes the driver started; False (and ``lost`` set)
+        when it is not ours any more."""
         if not self.held:
             return False
-        if not leases.beat(self.engine, self.study_name, self.token, self.processes()):
+        processes = self.processes()
+        if not leases.beat(self.engine, self.study_name, self.token, processes):
             self.held = False
             self.lost.set()
             log.error("the lease of study %s was taken over by another driver", self.study_name)
             return False
+        self._recorded = {(p["pid"], p["start_ticks"]) for p in processes}
+        self._last_beat = time.monotonic()
         return True
 
     def start_heartbeat(self) -> None:
         if self._thread is not None or not self.held:
             return
         self._stop.clear()
+        self._last_beat = time.monotonic()
         self._thread = threading.Thread(target=self._beat_loop, name=f"lease-{self.study_name}", daemon=True)
         self._thread.start()
 
+    @contextlib.contextmanager
+    def watching_closely(self):
+        """Within the block (Ray starting), new processes are recorded within a tenth of a second."""
+        self._closely += 1
+        self._wake.set()
+        try:
+            yield
+        finally:
+            self._closely -= 1
+
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(PROCESS_SCAN_CLOSELY_S if self._closely else min(PROCESS_SCAN_S, self.interval_s))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
-                if not self.beat():
-                    return
-            except StorageError:  # the database is unreachable or full: try again next beat
-                log.warning("lease heartbeat of study %s failed", self.study_name, exc_info=True)
-            except Exception:
+                due = time.monotonic() - self._last_beat >= self.interval_s
+                if due or {(p["pid"], p["start_ticks"]) for p in self.processes()} != self._recorded:
+                    if not self.beat():
+                        return
+            except Exception:  # the database is unreachable or full: try again next beat
                 log.warning("lease heartbeat of study %s failed", self.study_name, exc_info=True)
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None

@@ -303,7 +303,8 @@ class StudyRunner:
         """Ray (or in-process), with our stop signals in place again afterwards: ``ray.init``
         puts in a SIGTERM handler of its own (it exits at once, recording nothing)."""
         try:
-            executor = self._make_executor()
+            with self.lease.watching_closely():  # Ray's processes appear now: record them as they do
+                executor = self._make_executor()
         except SystemExit as exc:  # Ray's handler: SIGTERM came while Ray started
             if exc.code == signal.SIGTERM:
                 shutdown_ray()
