@@ -80,7 +80,11 @@ def cli(ctx, debug):
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click turns a stop signal into Abort
+            sig = stop_signal(exc.__cause__)
+            click.echo(f"Error: {sig.reason}.", err=True)
+            sys.exit(sig.exit_code)
         click.echo("Aborted!", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:

@@ -262,17 +262,18 @@ class StudyRunner:
                             initial_configs=self.initial_configs, prescreen=self.prescreen)
         self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
                                 "budget": budget, "done": ledger.counters.launched})
-        executor = self._start_executor()
-        loop = TrialLoop(self.study, proposer, ledger, executor, backend_kind=self.backend_kind,
-                         budget=budget, gpus_needed=get_evaluator(self.backend_kind).gpus_needed,
-                         workdir=str(paths.inside(self.workdir, self.study.name)), seed=self.seed,
-                         parallel=self.parallel, max_failures=self.max_failures, prune=self.prune,
-                         time_limit_s=self.time_limit_s, reap_servers=self._reap_running,
-                         on_event=self._event(self.on_event), lease_lost=self.lease.lost)
         stop_heartbeat = threading.Event()
-        threading.Thread(target=_heartbeat_loop, args=(optuna, loop, stop_heartbeat), daemon=True).start()
         stopped_by: StopSignal | None = None
+        loop: TrialLoop | None = None
         try:
+            executor = self._start_executor()
+            loop = TrialLoop(self.study, proposer, ledger, executor, backend_kind=self.backend_kind,
+                             budget=budget, gpus_needed=get_evaluator(self.backend_kind).gpus_needed,
+                             workdir=str(paths.inside(self.workdir, self.study.name)), seed=self.seed,
+                             parallel=self.parallel, max_failures=self.max_failures, prune=self.prune,
+                             time_limit_s=self.time_limit_s, reap_servers=self._reap_running,
+                             on_event=self._event(self.on_event), lease_lost=self.lease.lost)
+            threading.Thread(target=_heartbeat_loop, args=(optuna, loop, stop_heartbeat), daemon=True).start()
             stop = loop.run()
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the loop recorded its trials
             stopped_by, stop = stop_signal(exc), StopReason.INTERRUPTED
@@ -285,7 +286,7 @@ class StudyRunner:
             raise
         finally:
             stop_heartbeat.set()
-        interrupted = loop.interrupted
+        interrupted = loop.interrupted if loop is not None else []
         ledger.close_out(stopped_by.reason if stopped_by else "the run ended before this trial was recorded")
         ledger.conclude(stop)
         outcome = self._outcome(ledger, stop, time.time() - t0)
@@ -331,15 +332,16 @@ class StudyRunner:
         killed, _ = self._reap(trial_number, deploy_info.get("process_identities") or [])
         return killed
 
-    def _after_storage_fault(self, exc: StorageFaultError, loop: TrialLoop, ledger: Ledger) -> None:
+    def _after_storage_fault(self, exc: StorageFaultError, loop: TrialLoop | None, ledger: Ledger) -> None:
         """The servers are stopped (the loop did it); record the running trials as interrupted
         where writing may work again, then re-raise with what is left for the resume."""
-        unrecorded = sorted(loop.running)
+        unrecorded = sorted(loop.running) if loop is not None else []
         if exc.fault in _WRITABLE_AGAIN:
             if exc.fault is StorageFault.DISK_FULL and self.reserve is not None:
                 self.reserve.free()  # room for the last writes
             reason = f"the study stopped: the study database could not be written ({exc.fault})"
-            _, unrecorded = loop.abandon(reason)
+            if loop is not None:
+                _, unrecorded = loop.abandon(reason)
             try:
                 ledger.close_out(reason)
                 ledger.conclude(StopReason.STORAGE_FAULT)
@@ -350,10 +352,11 @@ class StudyRunner:
         text = str(exc).replace("`tuner study resume NAME`", f"`tuner study resume {self.study.name}`")
         raise StorageFaultError(exc.fault, f"{text}{note}") from exc
 
-    def _after_crash(self, exc: BaseException, loop: TrialLoop, ledger: Ledger) -> None:
+    def _after_crash(self, exc: BaseException, loop: TrialLoop | None, ledger: Ledger) -> None:
         reason = f"the driver stopped on an unexpected error ({type(exc).__name__}: {str(exc)[:200]})"
         try:
-            loop.abandon(reason)
+            if loop is not None:
+                loop.abandon(reason)
             ledger.close_out(reason)
             ledger.conclude(StopReason.INTERRUPTED)
         except Exception:  # the next resume records what could not be recorded now

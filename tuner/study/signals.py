@@ -95,10 +95,14 @@ def stopping_on_signals() -> Iterator[None]:
         install()
         yield
     finally:
-        _active.pop()
-        for sig, handler in previous.items():
+        handler = _active.pop()
+        for sig, before in previous.items():
+            if handler.received is not None:
+                # stopping: the process exits soon, with our exit code; SIG_IGN, not a Python
+                # handler, because the interpreter puts back SIG_DFL for those while it shuts down
+                before = signal.SIG_IGN
             try:
-                signal.signal(sig, handler)
+                signal.signal(sig, before)
             except (TypeError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
 
