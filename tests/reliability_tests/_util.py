@@ -254,7 +254,9 @@ def check_case(result, *, code: int, message: str, db: Path | None = None, befor
     assert "Internal error" not in err and "Traceback" not in err, err[-3000:]
     if db is not None:
         if before is not None:
-            assert table_rows(db, live_driver=live_driver) == before, "the database changed"
+            after = table_rows(db, live_driver=live_driver)
+            changed = {t: (before.get(t), rows) for t, rows in after.items() if before.get(t) != rows}
+            assert not changed and set(after) == set(before), f"the database changed: {changed}"
         if not allow_running:
             assert running_anywhere(db) == [], running_anywhere(db)
             assert leases_held(db) == [], leases_held(db)

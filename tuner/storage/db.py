@@ -186,6 +186,10 @@ def writable_problem(url: str) -> str | None:
 
 def require_writable(url: str) -> None:
     """Refuse, before writing anything, a database this process cannot write (StorageFaultError)."""
+    path = sqlite_path(url)
+    if path is not None and path.is_file() and not os.access(path, os.R_OK):
+        raise StorageFaultError(StorageFault.PERMISSION, faults.message(
+            StorageFault.PERMISSION, str(path), "permission denied", path))
     problem = writable_problem(url)
     if problem is not None:
         raise StorageFaultError(StorageFault.READ_ONLY, faults.message(
@@ -215,8 +219,10 @@ def require_sound(engine: Engine) -> None:
         problems = [r[0] for r in conn.execute(text("PRAGMA quick_check(5)"))]
     if problems != ["ok"]:
         where = str(engine.url.database).removeprefix("file:").split("?")[0]
+        lines = [ln.strip() for p in problems for ln in str(p).splitlines()
+                 if ln.strip() and not ln.startswith("*** in database")]
         raise StorageFaultError(StorageFault.CORRUPT, faults.message(
-            StorageFault.CORRUPT, where, "; ".join(problems)[:500], Path(where)))
+            StorageFault.CORRUPT, where, "quick check: " + "; ".join(lines)[:500], Path(where)))
 
 
 def ensure_schema(engine: Engine) -> None:

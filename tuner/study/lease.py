@@ -136,6 +136,7 @@ class DriverLease:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._closely = 0
+        self._failing = False
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- taking it
@@ -264,8 +265,11 @@ class DriverLease:
                 if due or {(p["pid"], p["start_ticks"]) for p in self.processes()} != self._recorded:
                     if not self.beat():
                         return
-            except Exception:  # the database is unreachable or full: try again next beat
-                log.warning("lease heartbeat of study %s failed", self.study_name, exc_info=True)
+                self._failing = False
+            except Exception as exc:  # the database is unreachable or full: try again next beat
+                if not self._failing:  # said once per run of failures, not every beat
+                    log.warning("lease heartbeat of study %s failed: %s", self.study_name, exc)
+                self._failing = True
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
@@ -283,6 +287,6 @@ class DriverLease:
         self.held = False
         try:
             leases.release(self.engine, self.study_name, self.token)
-        except StorageError:
-            log.warning("could not release the lease of study %s; the next driver takes it over",
-                        self.study_name, exc_info=True)
+        except StorageError as exc:
+            log.warning("could not release the lease of study %s (%s); the next driver takes it over",
+                        self.study_name, exc)

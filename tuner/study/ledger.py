@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol
 
+from tuner.errors import StorageFaultError
 from tuner.lifecycle import Outcome, StopReason, TrialStatus
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.proposer import Decision, Proposal
@@ -142,6 +143,8 @@ class Ledger:
                                      metrics=metrics, meets_slo=passed, wall_time_s=wall_time_s)
         try:
             proposal.trial.report(float(capacity_users), step + 1)
+        except StorageFaultError:  # the database cannot be written: the study stops, whatever the write was
+            raise
         except Exception:  # an intermediate value is informative; the trial goes on without it
             log.debug("report failed", exc_info=True)
         self.on_event("measurement", {"number": proposal.number, "users": metrics.users, "passed": passed,

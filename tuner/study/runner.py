@@ -175,8 +175,8 @@ class StudyRunner:
             try:  # as it was: no half-made study left behind (resume would finish making it)
                 ledger.discard_new_study(self.lease.token)
                 self.lease.held = False
-            except Exception:
-                log.warning("could not take back the half-made study %s", self.study.name, exc_info=True)
+            except Exception as exc:
+                log.warning("could not take back the half-made study %s (%s)", self.study.name, exc)
             raise
         self._hold()
 
@@ -359,8 +359,8 @@ class StudyRunner:
                 loop.abandon(reason)
             ledger.close_out(reason)
             ledger.conclude(StopReason.INTERRUPTED)
-        except Exception:  # the next resume records what could not be recorded now
-            log.warning("could not record the running trials of %s as interrupted", self.study.name, exc_info=True)
+        except Exception as exc:  # the next resume records what could not be recorded now
+            log.warning("could not record the running trials of %s as interrupted (%s)", self.study.name, exc)
 
     def _outcome(self, ledger: Ledger, stop: StopReason, wall_time_s: float) -> StudyOutcome:
         best = repo.best_trial(self.engine, self.study.name)
