@@ -302,10 +302,13 @@ def _search_facts(summary: dict, storage: str, name: str) -> dict:
     trials = summary["trials"]
     facts = {"prescreened": sum(1 for t in trials if t["screened_by_planner"]),
              TrialStatus.PRUNED.value: summary["counts"].get(TrialStatus.PRUNED, 0)}
+    notes: list[str] = []
     try:
-        facts["cost"] = study_cost(load_existing(storage, name), trials)
+        facts["cost"] = study_cost(load_existing(storage, name, notes=notes), trials)
     except Exception as exc:  # the estimate is informative; status must still print
         facts["cost"] = {"error": str(exc)}
+    for note in notes:  # a stored value today's schema refuses (read as its default for the estimate)
+        click.echo(f"note: {note}", err=True)
     return facts
 
 
