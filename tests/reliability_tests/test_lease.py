@@ -243,3 +243,23 @@ def test_release_removes_only_its_own_holding(engine):
     assert not leases.release(engine, "s", "someone-else") and leases.get(engine, "s") is not None
     a.release()
     assert leases.get(engine, "s") is None
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate):
+        self.sqlstate = sqlstate
+
+
+@pytest.mark.parametrize("exc,fault", [
+    (_PgError("53100"), "disk_full"), (_PgError("XX001"), "corrupt"), (_PgError("25006"), "read_only"),
+    (_PgError("42501"), "permission"), (_PgError("55P03"), "locked"), (_PgError("08006"), "io"),
+    (_PgError("57P01"), "io"), (_PgError("23505"), None), (OSError(28, "No space left on device"), "disk_full"),
+    (OSError(30, "Read-only file system"), "read_only"), (OSError(13, "Permission denied"), "permission"),
+    (OSError(2, "No such file"), None), (ValueError("not a database error"), None),
+])
+def test_database_errors_are_named_as_the_storage_faults_they_are(exc, fault):
+    """PostgreSQL SQLSTATEs and the OSErrors under SQLite, as tuner.storage.faults reads them
+    (SQLite's own result codes are met for real in test_storage_faults)."""
+    from tuner.storage.faults import fault_of
+
+    assert fault_of(exc) == fault

@@ -28,7 +28,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),
     "workload": ("tuner.cli.workload:workload", "Fit, import and inspect workloads."),
     "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
-    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency."),
+    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency, crash recovery."),
     "calibration": ("tuner.cli.calibration:calibration", "Refit the simulator's calibration from kernel measurements."),
     "db": ("tuner.cli.db:db", "The study database: upgrade its schema."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),

@@ -56,7 +56,11 @@ def fault_of(exc: BaseException, path: Path | None = None) -> StorageFault | Non
         return _ERRNO[exc.errno]
     sqlstate = getattr(exc, "sqlstate", None)
     if isinstance(sqlstate, str):
-        return _SQLSTATE.get(sqlstate)
+        if sqlstate in _SQLSTATE:
+            return _SQLSTATE[sqlstate]
+        if sqlstate.startswith("08") or sqlstate in ("57P01", "57P02", "57P03"):
+            return StorageFault.IO  # the connection was lost, or the server is shutting down or restarting
+        return None
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         fault = _SQLITE.get(code & 0xFF) if isinstance(code, int) else _from_sqlite_text(str(exc))
