@@ -77,10 +77,11 @@ def test_a_signal_mid_measurement_stops_the_servers_and_records_the_trial(signam
         assert rows[running[0]]["status"] == "interrupted"
         assert rows[running[0]]["failure_reason"] == REASON[signame].replace("\\", "")
         assert query(db, "SELECT status FROM tuner_studies") == [("stopped",)]
-        r = run_tuner(["study", "resume", "sig", "--storage", storage, "--no-ray", "--json"], cwd=tmp_path,
-                      env=tuner_env(mark), timeout=240)
-        check_case(r, code=0, message=r"", db=db, mark=mark)
-        assert json.loads(r.stdout)["trials_run"] == 3
+        if signame == "SIGTERM":  # the study goes on from there (the other signals leave the same records)
+            r = run_tuner(["study", "resume", "sig", "--storage", storage, "--no-ray", "--json"], cwd=tmp_path,
+                          env=tuner_env(mark), timeout=240)
+            check_case(r, code=0, message=r"", db=db, mark=mark)
+            assert json.loads(r.stdout)["trials_run"] == 3
     finally:
         kill_marked(mark)
 

@@ -6,6 +6,7 @@ messages, a consistent database (nothing running, no lease left) and no orphan p
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,7 +50,7 @@ def _pg_running(url):
     return ours, theirs, held, studies, budgets
 
 
-@pytest.mark.parametrize("round_", [1, 2, 3])
+@pytest.mark.parametrize("round_", [1, 2])
 def test_concurrent_starts_of_two_studies_on_a_fresh_sqlite_database_both_succeed(round_, tmp_path):
     mark = new_mark()
     try:
@@ -64,7 +65,7 @@ def test_concurrent_starts_of_two_studies_on_a_fresh_sqlite_database_both_succee
         kill_marked(mark)
 
 
-@pytest.mark.parametrize("round_", [1, 2, 3])
+@pytest.mark.parametrize("round_", [1, 2])
 def test_concurrent_starts_of_one_study_on_a_fresh_sqlite_database_one_says_already_exists(round_, tmp_path):
     mark = new_mark()
     try:
@@ -122,6 +123,10 @@ def test_a_resume_during_the_drivers_start_up_is_refused_with_who_holds_it(tmp_p
         check_case(r, code=4, db=db, before=before, allow_running=True, live_driver=True,
                    message=rf"Error: study 'busy' is being run by `tuner study start` PID {driver.pid} on host \S+ "
                            rf"\(since .*\); stop it first \(`kill -TERM {driver.pid}`")
+        r = run_tuner(["study", "status", "busy", "--storage", storage, "--json"], cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+        driver_row = json.loads(r.stdout)["driver"]
+        assert (driver_row["pid"], driver_row["command"]) == (driver.pid, "start") and driver_row["heartbeat_age_s"] < 30
         # and the same for a second start of the study: the ordinary message
         r = run_tuner(["study", "start", str(study), "--storage", storage, "--no-ray"], cwd=tmp_path, env=env, timeout=60)
         check_case(r, code=1, db=db, before=before, allow_running=True, live_driver=True,

@@ -233,10 +233,13 @@ def ensure_schema(engine: Engine) -> None:
         _check_not_newer(version)
     for attempt in range(SCHEMA_CREATE_ATTEMPTS):
         try:
-            Base.metadata.create_all(engine)
+            # the version row first, the study tables after it: a reader that finds the study
+            # tables (has_schema) also finds the version, even while another process creates them
+            SchemaInfo.__table__.create(engine, checkfirst=True)
             with Session(engine) as s, s.begin():
-                if s.get(SchemaInfo, 1) is None:  # tables made just now, by us or a concurrent start
-                    s.add(SchemaInfo(id=1, version=SCHEMA_VERSION))
+                if s.get(SchemaInfo, 1) is None:
+                    s.add(SchemaInfo(id=1, version=SCHEMA_VERSION if version is None else version))
+            Base.metadata.create_all(engine)
             break
         except (OperationalError, ProgrammingError, IntegrityError) as exc:
             # another process created a table, an index or the version row between our check and
@@ -299,5 +302,9 @@ def _check_not_newer(version: int) -> None:
                            f"{SCHEMA_VERSION}); upgrade tuner. Nothing was written to it")
 
 
+CORE_TABLES = frozenset({"tuner_studies", "tuner_trials", "tuner_measurements"})  # in every schema version
+
+
 def has_schema(engine: Engine) -> bool:
-    return inspect(engine).has_table("tuner_studies")
+    """tuner's study tables are all there (a database another process is creating them in has none yet)."""
+    return CORE_TABLES <= set(inspect(engine).get_table_names())

@@ -5,8 +5,10 @@ or refused with the command that upgrades it where it cannot."""
 
 from __future__ import annotations
 
+import time
+
 from tuner.errors import StudyNotFoundError
-from tuner.storage import db, repo
+from tuner.storage import db, leases, repo
 
 MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
                       "p50_tpot_s", "p90_tpot_s", "p99_tpot_s", "p90_itl_s", "throughput_tokens_per_s",
@@ -74,8 +76,18 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
         "tuner_version": row.tuner_version, "spec_hash": row.spec_hash,
         "best": best_d, "baseline": base_d, "improvement_over_baseline": improvement,
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
+        "driver": driver_dict(leases.get(engine, name)),
         "trials": trials,
     }
+
+
+def driver_dict(lease) -> dict | None:
+    """Who holds the study's driver lease (None: no driver): it may be running it, or have died
+    (a resume takes a dead one over)."""
+    if lease is None:
+        return None
+    return {"command": lease.command, "host": lease.host, "pid": lease.pid, "acquired_at": lease.acquired_at,
+            "heartbeat_age_s": round(max(0.0, time.time() - lease.heartbeat_at), 1)}
 
 
 def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
