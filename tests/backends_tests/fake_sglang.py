@@ -128,7 +128,7 @@ def main() -> None:
 
     log(f"server_args=ServerArgs(model_path='{model_path}', load_format='dummy', ...)")
     log(f"Load weight end. elapsed=0.10 s, type={model.architecture}, avail mem=80.00 GB, "
-        f"mem usage={plan.weights_gb_per_gpu:.2f} GB.")
+        f"mem usage={plan.weights_gb_per_gpu * 1e9 / 2**30:.2f} GB.")  # SGLang's "GB" are GiB
     if not plan.fits:
         log("Traceback (most recent call last):")
         _die(f"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. ({plan.reason})")

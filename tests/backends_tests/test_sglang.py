@@ -207,9 +207,19 @@ def test_tuned_moe_dir_layout_and_env(tmp_path):
     assert not list(moe.rglob("notes.json"))
 
 
-def test_tuned_moe_needs_a_valid_source(tmp_path):
+def test_tuned_moe_needs_a_valid_source(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="moe_config_dir"):
-        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}), tmp_path)
+        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"},
+                                           moe_config_dir=str(tmp_path / "absent")), tmp_path)
+    # without the option: the default results/kernels/<gpu>, as `tuner study export` uses it
+    monkeypatch.chdir(REPO)
+    plan = SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}),
+                                      tmp_path / "t")
+    assert plan.servers[0].env["SGLANG_MOE_CONFIG_DIR"] == plan.files["moe_config_dir"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="results/kernels/h200.*does not exist"):
+        SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}),
+                                   tmp_path / "u")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "E=1,N=2,device_name=X.json").write_text("{not json")
@@ -314,3 +324,20 @@ print('OK', ev.gpus_needed(req), plan.servers[0].argv[2:4])
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("OK 8")
+
+
+def test_the_version_comes_from_the_study_or_the_installed_package(monkeypatch, tmp_path):
+    from tuner.backends import sglang as backend
+
+    monkeypatch.setattr(backend, "installed_sglang_version", lambda: None)
+    assert backend.sglang_version_for({}) == "0.5.23"  # nothing installed: the default
+    assert backend.sglang_version_for({"sglang_version": "0.5.17"}) == "0.5.17"
+    monkeypatch.setattr(backend, "installed_sglang_version", lambda: "0.5.17")
+    assert backend.sglang_version_for({}) == "0.5.17"
+    plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 1, "cuda-graph-max-bs-decode": 64}), tmp_path / "a")
+    assert plan.facts["sglang_version"] == "0.5.17"
+    assert plan.facts["command_line_flags"] == ["--cuda-graph-max-bs-decode", "64"]  # 0.5.17's YAML refuses it
+    with pytest.raises(ConfigError, match="targets SGLang 0.5.23 .* 0.5.17 is installed"):
+        SGLangBackend().build_plan(request(tmp_path, {"tp-size": 1}, sglang_version="0.5.23"), tmp_path / "b")
+    with pytest.raises(ConfigError, match="did you mean --enable-dp-attention"):
+        SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8, "attn-dp-size": 8}), tmp_path / "c")

@@ -244,3 +244,22 @@ def test_verify_export_refuses_a_file_that_is_not_an_export(finished, tmp_path):
     bogus.write_text("tp-size: 1\n")
     r = run_cli(["study", "verify-export", "fake-sglang", str(bogus), "--storage", storage], cwd=tmp)
     assert r.returncode == 2 and "launch:" in r.stderr
+
+
+def test_every_real_load_point_keeps_the_simulators_prediction(finished):
+    tmp, storage, _ = finished
+    con = sqlite3.connect(tmp / "t.db")
+    rows = con.execute("SELECT trial_number, step, users, valid, extra FROM tuner_measurements").fetchall()
+    assert rows
+    for trial, step, users, valid, extra in rows:
+        pred = json.loads(extra)["simulator_prediction"]
+        # the same load point simulated: its seed is the replay's, its version the study's
+        assert pred.get("error") is None, pred
+        assert pred["sglang_version"] == "0.5.17" and pred["seed"] == 0 + trial + 1009 * step
+        assert pred["p90_ttft_s"] > 0 and pred["throughput_tokens_per_s"] > 0 and "meets_slo" in pred
+    from tuner.study.summary import study_summary
+
+    s = study_summary(storage, "fake-sglang", readonly=True)
+    valid = sum(1 for r in rows if r[3])
+    assert s["simulator_fidelity"]["load_points"] == valid == len(s["simulator_ledger"])
+    assert s["simulator_fidelity"]["mape"]["p90_ttft_s"] is not None

@@ -56,6 +56,13 @@ def _online(model, gpu, flags, knobs, capacity, version):
     return engine, rep, step, done, plan
 
 
+def _at(req, clock):
+    """The online engine stamps arrivals with the wall clock; stepped by hand here, its requests
+    arrive at the engine's own clock, as the offline ones do."""
+    req.arrival = clock
+    return req
+
+
 def _run(model, gpu, flags, knobs, capacity, version="0.5.23", out_scale=1):
     """Drive both engines with the same closed-loop sessions (next turn as soon as a turn ends)."""
     eng, submit_off, done_off, plan = _offline(model, gpu, flags, knobs, capacity, version)
@@ -66,7 +73,7 @@ def _run(model, gpu, flags, knobs, capacity, version="0.5.23", out_scale=1):
         out *= out_scale
         ids = sys_ids + [5000 + 10_000 * s + i for i in range(first)]
         off[(s, 0)] = submit_off(s, 0, len(ids), out)
-        on[(s, 0)] = online.submit(ids, out)
+        on[(s, 0)] = _at(online.submit(ids, out), rep.clock)
     seen_off, seen_on = 0, 0
     for _ in range(5000):
         if not eng.has_work() and not rep.has_work():
@@ -83,7 +90,7 @@ def _run(model, gpu, flags, knobs, capacity, version="0.5.23", out_scale=1):
                 ids = req_on.tokens[:req_on.input_len + req_on.output_len] + \
                     [7000 + 10_000 * s + 100 * turn + i for i in range(new)]
                 off[(s, turn + 1)] = submit_off(s, turn + 1, len(ids), out)
-                on[(s, turn + 1)] = online.submit(ids, out)
+                on[(s, turn + 1)] = _at(online.submit(ids, out), rep.clock)
         seen_off, seen_on = len(done_off), len(done_on)
     assert len(done_off) == len(done_on) == sum(1 + len(t) for _, t, _ in SESSIONS)
     return off, on, eng, rep

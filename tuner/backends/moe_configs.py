@@ -23,7 +23,6 @@ The installed package is never written to, and a default trial is untouched.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -35,16 +34,21 @@ from typing import Iterable
 
 from tuner.errors import ConfigError
 from tuner.kernels.configfile import moe_config_filename, read_configs
-from tuner.kernels.shapes import moe_shape
-from tuner.kernels.sglang_layout import parse_gemm_config_filename
-from tuner.kernels.configfile import read_configs
-from tuner.kernels.sglang_env import installed_sglang, sglang_at
 from tuner.kernels.gemm_shapes import gemm_shapes
-from tuner.kernels.sglang_layout import gemm_config_filename
+from tuner.kernels.shapes import moe_shape
+from tuner.kernels.sglang_env import installed_sglang, sglang_at
+from tuner.kernels.sglang_layout import MOE_CONFIG_SUBDIR, gemm_config_filename, parse_gemm_config_filename
 
 log = logging.getLogger(__name__)
 
 CONFIG_DIR_ENV = "SGLANG_MOE_CONFIG_DIR"
+#: where `tuner kernels tune` results live unless backend_options.moe_config_dir says otherwise
+DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
+
+
+def tuned_source_dir(options, gpu_name: str) -> Path:
+    """The tuned tile directory of a study: ``backend_options.moe_config_dir`` or the default."""
+    return Path((options or {}).get("moe_config_dir") or DEFAULT_TUNED_MOE_DIR.format(gpu=gpu_name))
 _VERSION_DIR_RE = re.compile(r"^triton_\d+(_\d+)*$")
 _NAME_RE = re.compile(
     r"^E=(?P<E>\d+),N=(?P<N>\d+),device_name=(?P<device>[^,]+?)"
@@ -110,7 +114,7 @@ def trial_config_keys(model, gpu, weight_format: str, *, tp_size: int, ep_size: 
     if weight_format not in _TRITON_WEIGHT_DTYPE:
         return []  # e.g. nvfp4 runs flashinfer/cutlass MoE kernels, not the Triton ones
     dtype, block = _TRITON_WEIGHT_DTYPE[weight_format]
-    shape = moe_shape(model.name, tp_size, ep_size, dtype or "bf16", block,
+    shape = moe_shape(model, tp_size, ep_size, dtype or "bf16", block,
                       disable_shared_experts_fusion=not shared_experts_fusion)
     return [MoEConfigKey(shape.num_experts, shape.intermediate, gpu.device_name, dtype, block, down=d)
             for d in (False, True)]
@@ -118,17 +122,8 @@ def trial_config_keys(model, gpu, weight_format: str, *, tp_size: int, ep_size: 
 
 def installed_sglang_config_root() -> Path | None:
     """SGLang's shipped ``configs/`` directory, located without importing sglang."""
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for base in spec.submodule_search_locations:
-        root = Path(base) / "srt/layers/moe/moe_runner/triton_utils/configs"
-        if root.is_dir():
-            return root
-    return None
+    found = installed_sglang()
+    return found.package_dir / MOE_CONFIG_SUBDIR if found is not None else None
 
 
 def installed_triton_version() -> str | None:

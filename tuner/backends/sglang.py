@@ -309,132 +309,61 @@ class SGLangBackend(ProcessBackend):
         return int(f.get("tp-size") or 1) * int(f.get("dp-size") or 1) * int(f.get("pp-size") or 1)
 
     def build_plan(self, request, trial_dir: Path) -> LaunchPlan:
+        """Flags for the trial's SGLang version, the model path (a rendered config.json for dummy
+        weights), tile files, the --config YAML, then one launch per server and the router."""
         study = request.study
         options = dict(getattr(study, "backend_options", None) or {})
-        version = sglang_version_for(options)
-        installed = installed_sglang_version()
-        if installed is not None and resolve_version(installed, key="installed sglang") != version:
-            raise ConfigError(f"the study targets SGLang {version} (backend_options.sglang_version) but "
-                              f"SGLang {installed} is installed where the trial runs",
-                              key="backend_options.sglang_version")
-        fs = load_flagset(version)
-        tuned = normalize_flags(request.flags, fs)
-        pinned = normalize_flags(pinned_server_flags(options), fs, where="backend_options.server_flags")
-        flags = {**pinned, **tuned}
+        fs = load_flagset(_launch_version(options))
+        flags = {**normalize_flags(pinned_server_flags(options), fs, where="backend_options.server_flags"),
+                 **normalize_flags(request.flags, fs)}
         knobs = dict(request.knobs or {})
         topo = plan_topology(flags, knobs)
-        if topo.dp_size > 1 and topo.attn_dp_size > 1:
-            raise TrialError(FailureClass.INFEASIBLE, "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
-        if topo.tp_size % topo.attn_dp_size:
-            raise TrialError(FailureClass.INFEASIBLE, f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
-        need = self.gpus_needed(request)
-        gpu_ids = tuple(request.gpu_ids)
-        if gpu_ids and len(gpu_ids) < need:
-            raise TrialError(FailureClass.INFEASIBLE, f"configuration needs {need} GPUs, {len(gpu_ids)} assigned")
-
-        model = get_model(study.model)
-        load_format = load_format_of(options)
-        model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options,
-                                                allow_override=load_format != "dummy")
-        host = str(options.get("host", "127.0.0.1"))
-        extra = parse_extra_args(options.get("extra_server_args") or [], flagset=fs)
-        timeout = float(options.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S))
+        need = self._check_topology(topo, request)
         trial_dir = Path(trial_dir)
         trial_dir.mkdir(parents=True, exist_ok=True)
-        facts: dict[str, Any] = {"topology": topo.__dict__, "sglang_version": version, "load_format": load_format}
+        model = get_model(study.model)
+        load_format = load_format_of(options)
+        extra = parse_extra_args(options.get("extra_server_args") or [], flagset=fs)
+        facts: dict[str, Any] = {"topology": topo.__dict__, "sglang_version": fs.version, "load_format": load_format,
+                                 "metrics_enabled": bool(flags.get("enable-metrics")) or "--enable-metrics" in extra}
         files: dict[str, str] = {}
-        launch_args: list[str] = []
-        if load_format == "dummy":
-
-            fmt = checkpoint.weight_format if checkpoint is not None else "bf16"
-            model_dir = write_model_dir(model, fmt, trial_dir / "model")
-            model_path = str(model_dir.resolve())
-            files["model_config"] = str(model_dir / "config.json")
-            launch_args = ["--load-format", "dummy", "--skip-tokenizer-init"]
+        model_path, checkpoint, launch_args = _model_path(model, flags, options, load_format, trial_dir, files)
         facts["model_path"] = model_path
+        moe_env = _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir, files, facts)
 
-        # MoE tile configs
-        moe_env = moe_configs.env_for(None)
-        if knobs.get("moe-tile-configs", "default") == "tuned":
-            source = options.get("moe_config_dir")
-            if not source:
-                raise ConfigError("moe-tile-configs: tuned needs backend_options.moe_config_dir "
-                                  "(e.g. results/kernels/h200)", key="backend_options.moe_config_dir")
-            required, required_gemm = [], []
-            fusion = not flags.get("disable-shared-experts-fusion", False)
-            gpu_spec = get_gpu(study.hardware.gpu)
-            if checkpoint is not None and model.is_moe:
-                required = moe_configs.trial_config_keys(
-                    model, gpu_spec, checkpoint.weight_format,
-                    tp_size=topo.tp_size, ep_size=int(flags.get("ep-size") or 1), shared_experts_fusion=fusion)
-            if checkpoint is not None:
-                required_gemm = moe_configs.trial_gemm_file_names(
-                    model, gpu_spec, checkpoint.weight_format, tp_size=topo.tp_size,
-                    attn_tp_size=topo.tp_size // max(1, topo.attn_dp_size), shared_experts_fusion=fusion)
-            tiles = moe_configs.prepare_trial_tile_configs(
-                trial_dir, source, triton_version=options.get("triton_version"), required=required,
-                required_gemm=required_gemm)
-            user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")
-            moe_env = tiles.env(inherited_pythonpath=user_pythonpath or os.environ.get("PYTHONPATH"))
-            files["moe_config_dir"] = str(tiles.moe_dir)
-            facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
-            facts["tile_files_expected"] = tiles.expected
-        elif knobs.get("moe-tile-configs", "default") != "default":
-            raise ConfigError(f"moe-tile-configs must be default or tuned, not {knobs['moe-tile-configs']!r}",
-                              key="knobs.moe-tile-configs")
-
-        # per-process flags: N router-fronted replicas each run dp-size 1
         server_flags = dict(flags)
-        if topo.replicas_as_processes > 1:
+        if topo.replicas_as_processes > 1:  # N router-fronted replicas each run dp-size 1
             server_flags.pop("dp-size", None)
         config_path = trial_dir / "sglang.yaml"
-        cli_flags: list[str] = []
+        cli_flags: list[str] = []  # what this version's YAML parser refuses goes on the command line
         config_path.write_text(render_config_yaml(
             server_flags, flagset=fs, cli_overflow=cli_flags,
             header=f"trial {request.trial_number}: SGLang {fs.version} --config (tuned flags only)"))
         files["config"] = str(config_path)
         if cli_flags:
-            facts["command_line_flags"] = cli_flags  # refused by this version's YAML parser
-        facts["metrics_enabled"] = bool(flags.get("enable-metrics")) or "--enable-metrics" in extra
-
-        command = server_command(options)
-        user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
-        servers: list[ServerLaunch] = []
-        used_ports: list[int] = []
-        per = topo.tp_size * int(flags.get("pp-size") or 1)
-        for i in range(topo.replicas_as_processes):
-            port = free_port(host, avoid=used_ports)
-            used_ports.append(port)
-            ids = gpu_ids[i * per:(i + 1) * per] if topo.replicas_as_processes > 1 else gpu_ids[:need]
-            env = {**cuda_visible_devices(ids), **user_env, **moe_env}  # moe_env last: it may extend PYTHONPATH
-            # each replica needs its own distributed-init port
-            overrides = {"nccl-port": free_port(host, avoid=used_ports)} if topo.replicas_as_processes > 1 else {}
-            used_ports.extend(overrides.values())
-            servers.append(ServerLaunch(
-                name=f"sglang{i}" if topo.replicas_as_processes > 1 else "sglang",
-                argv=sglang_argv(config_path, model_path, host, port, command=command,
-                                 extra_args=[*launch_args, *cli_flags, *extra], override_flags=overrides),
-                port=port, host=host, env=env, log_path=str(trial_dir / f"sglang{i}.log"),
-                ready_paths=("/health",), startup_timeout_s=timeout, ready_request_timeout_s=60.0,
-            ))
-        router = None
-        if topo.uses_router:
-            rport = free_port(host, avoid=used_ports)
-            router = ServerLaunch(
-                name="router",
-                argv=router_argv([s.base_url for s in servers], topo.router_policy, host, rport,
-                                 dp_aware=topo.dp_aware, python=options.get("router_python"),
-                                 extra=[str(a) for a in options.get("extra_router_args") or []]),
-                port=rport, host=host, env=user_env, log_path=str(trial_dir / "router.log"),
-                ready_paths=("/health",), startup_timeout_s=min(timeout, 300.0),
-            )
+            facts["command_line_flags"] = cli_flags
         if topo.note:
             facts["note"] = topo.note
+
+        servers, router = _launches(options, topo, flags, tuple(request.gpu_ids), need, trial_dir, config_path,
+                                    model_path, [*launch_args, *cli_flags, *extra], moe_env)
         token_ids = load_format == "dummy" or bool(flags.get("skip-tokenizer-init")) or \
             "--skip-tokenizer-init" in extra
         return LaunchPlan(servers=servers, router=router, api="generate" if token_ids else "completions",
                           served_model=model_path, vocab_size=model.vocab_size, files=files, facts=facts,
                           use_server_output_ids=token_ids)
+
+    def _check_topology(self, topo, request) -> int:
+        """GPUs the trial needs (TrialError infeasible for what SGLang refuses or too few GPUs)."""
+        if topo.dp_size > 1 and topo.attn_dp_size > 1:
+            raise TrialError(FailureClass.INFEASIBLE, "SGLang rejects attn-dp-size > 1 together with dp-size > 1")
+        if topo.tp_size % topo.attn_dp_size:
+            raise TrialError(FailureClass.INFEASIBLE,
+                             f"tp-size {topo.tp_size} is not a multiple of attn-dp-size {topo.attn_dp_size}")
+        need = self.gpus_needed(request)
+        if request.gpu_ids and len(request.gpu_ids) < need:
+            raise TrialError(FailureClass.INFEASIBLE, f"configuration needs {need} GPUs, {len(request.gpu_ids)} assigned")
+        return need
 
     def metrics_urls(self, plan: LaunchPlan) -> list[str]:
         if not plan.facts.get("metrics_enabled"):
@@ -480,6 +409,98 @@ class SGLangBackend(ProcessBackend):
             "server_info": [_trim_server_info(i) for i in infos],
             "startup": startup,
         }
+
+
+def _launch_version(options: Mapping[str, Any]) -> str:
+    """The version this trial launches; a study pinned to another version than the installed one
+    is refused (its flags were checked against the pinned one)."""
+    version = sglang_version_for(options)
+    installed = installed_sglang_version()
+    if installed is not None and resolve_version(installed, key="installed sglang") != version:
+        raise ConfigError(f"the study targets SGLang {version} (backend_options.sglang_version) but "
+                          f"SGLang {installed} is installed where the trial runs", key="backend_options.sglang_version")
+    return version
+
+
+def _model_path(model, flags, options, load_format: str, trial_dir: Path, files: dict):
+    """(model path, catalog checkpoint, launch-only arguments): the checkpoint's path, or for dummy
+    weights a directory holding only the model's rendered config.json."""
+    model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options,
+                                            allow_override=load_format != "dummy")
+    if load_format != "dummy":
+        return model_path, checkpoint, []
+    fmt = checkpoint.weight_format if checkpoint is not None else "bf16"
+    model_dir = write_model_dir(model, fmt, trial_dir / "model")
+    files["model_config"] = str(model_dir / "config.json")
+    return str(model_dir.resolve()), checkpoint, ["--load-format", "dummy", "--skip-tokenizer-init"]
+
+
+def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir: Path, files: dict,
+                facts: dict) -> dict[str, str | None]:
+    """The environment that points SGLang at tuned MoE / GEMM tile files (or at its own)."""
+    choice = knobs.get("moe-tile-configs", "default")
+    if choice == "default":
+        return moe_configs.env_for(None)
+    if choice != "tuned":
+        raise ConfigError(f"moe-tile-configs must be default or tuned, not {choice!r}", key="knobs.moe-tile-configs")
+    source = moe_configs.tuned_source_dir(options, study.hardware.gpu)
+    if not source.is_dir():
+        raise ConfigError(f"moe-tile-configs: tuned needs tuned tile files; {str(source)!r} does not exist "
+                          f"(run `tuner kernels tune`, or set backend_options.moe_config_dir)",
+                          key="backend_options.moe_config_dir")
+    fusion = not flags.get("disable-shared-experts-fusion", False)
+    gpu = get_gpu(study.hardware.gpu)
+    required = moe_configs.trial_config_keys(
+        model, gpu, checkpoint.weight_format, tp_size=topo.tp_size, ep_size=int(flags.get("ep-size") or 1),
+        shared_experts_fusion=fusion) if checkpoint is not None and model.is_moe else []
+    required_gemm = moe_configs.trial_gemm_file_names(
+        model, gpu, checkpoint.weight_format, tp_size=topo.tp_size,
+        attn_tp_size=topo.tp_size // max(1, topo.attn_dp_size), shared_experts_fusion=fusion) if checkpoint else []
+    tiles = moe_configs.prepare_trial_tile_configs(trial_dir, source, triton_version=options.get("triton_version"),
+                                                   required=required, required_gemm=required_gemm)
+    files["moe_config_dir"] = str(tiles.moe_dir)
+    facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
+    facts["tile_files_expected"] = tiles.expected
+    user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")
+    return tiles.env(inherited_pythonpath=user_pythonpath or os.environ.get("PYTHONPATH"))
+
+
+def _launches(options, topo, flags, gpu_ids: tuple, need: int, trial_dir: Path, config_path: Path, model_path: str,
+              extra_args: list[str], moe_env: dict) -> tuple[list[ServerLaunch], ServerLaunch | None]:
+    """One launch per server process (router-fronted replicas each get their own GPUs and ports),
+    then the router in front of them if the topology has one."""
+    host = str(options.get("host", "127.0.0.1"))
+    timeout = float(options.get("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S))
+    command = server_command(options)
+    user_env = {str(k): (None if v is None else str(v)) for k, v in (options.get("env") or {}).items()}
+    replicas = topo.replicas_as_processes
+    per = topo.tp_size * int(flags.get("pp-size") or 1)
+    servers: list[ServerLaunch] = []
+    used_ports: list[int] = []
+    for i in range(replicas):
+        port = free_port(host, avoid=used_ports)
+        used_ports.append(port)
+        ids = gpu_ids[i * per:(i + 1) * per] if replicas > 1 else gpu_ids[:need]
+        env = {**cuda_visible_devices(ids), **user_env, **moe_env}  # moe_env last: it may extend PYTHONPATH
+        overrides = {"nccl-port": free_port(host, avoid=used_ports)} if replicas > 1 else {}  # own dist-init port
+        used_ports.extend(overrides.values())
+        servers.append(ServerLaunch(
+            name=f"sglang{i}" if replicas > 1 else "sglang",
+            argv=sglang_argv(config_path, model_path, host, port, command=command, extra_args=extra_args,
+                             override_flags=overrides),
+            port=port, host=host, env=env, log_path=str(trial_dir / f"sglang{i}.log"),
+            ready_paths=("/health",), startup_timeout_s=timeout, ready_request_timeout_s=60.0))
+    if not topo.uses_router:
+        return servers, None
+    rport = free_port(host, avoid=used_ports)
+    router = ServerLaunch(
+        name="router",
+        argv=router_argv([s.base_url for s in servers], topo.router_policy, host, rport, dp_aware=topo.dp_aware,
+                         python=options.get("router_python"),
+                         extra=[str(a) for a in options.get("extra_router_args") or []]),
+        port=rport, host=host, env=user_env, log_path=str(trial_dir / "router.log"),
+        ready_paths=("/health",), startup_timeout_s=min(timeout, 300.0))
+    return servers, router
 
 
 def _find_key(obj: Any, key: str) -> Any:

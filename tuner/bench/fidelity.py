@@ -1,79 +1,31 @@
 """Fidelity benchmark: the simulator's predictions against real SGLang measurements.
 
-Sources (found under the given results directories):
-
-* study databases (``*.db``, the project's SQLite schema): every valid load point measured by a
-  real backend (``tuner_measurements.backend_kind``, default ``sglang``), with the trial's flags and
-  knobs (``tuner_trials``) and the study as it was started (``tuner_studies.spec_yaml``);
-* probe files (``*.probe.json`` or ``probes/*.json``, format ``tuner-probe/1``, below): load points
-  measured outside a study, e.g. with a forced-small KV pool or HiCache.
-
-For each load point the same configuration, workload, user count, seed and window is re-simulated
-(``tuner.sim.simulate_load_point``, with the trial's SGLang version) and predicted P50/P90 TTFT,
-P90 TPOT, throughput and prefix-cache hit rate are compared with the measurement: absolute
-percentage error per point, MAPE per metric, and whether the SLO verdict agrees. Targets: P90 TTFT
-MAPE <= 20 %, P90 TPOT MAPE <= 10 %, verdicts agree on >= 95 % of points.
-
-Probe format (``tuner-probe/1``)::
-
-    {"format": "tuner-probe/1", "name": "...", "model": "qwen3-30b-a3b", "gpu": "h200",
-     "gpus": 1, "nodes": 1, "host_memory_gb": 2048, "sglang_version": "0.5.17",
-     "flags": {"tp-size": 1, "attention-backend": "triton", ...}, "knobs": {},
-     "workload": "coding-agent" | {inline workload profile},
-     "slo": {"p90_ttft_s": 5.0, "p90_tpot_s": 0.05},
-     "points": [{"users": 16, "warmup_s": 60, "duration_s": 300, "seed": 0,
-                 "measured": {"p50_ttft_s": ..., "p90_ttft_s": ..., "p90_tpot_s": ...,
-                              "throughput_tokens_per_s": ..., "prefix_cache_hit_rate": ...}}],
-     "provenance": {"date": "...", "command": "...", "server_info": {...}}}
+The measurements are read by ``tuner.sim.measured`` (study databases of any schema version, and
+``tuner-probe/1`` files). For each load point the same configuration, workload, user count, seed
+and window is re-simulated (``tuner.sim.simulate_load_point``, with the trial's SGLang version)
+and predicted P50/P90 TTFT, P90 TPOT, throughput and prefix-cache hit rate are compared with the measurement: absolute percentage
+error per point, MAPE per metric, and whether the SLO verdict agrees. Beside them it shows
+SGLang's own per-request stages (queue time, prefill forward, TTFT means from ``/metrics``)
+against the simulator's, which says which part of TTFT is off. Targets: P90 TTFT MAPE <= 20 %,
+P90 TPOT MAPE <= 10 %, verdicts agree on >= 95 % of points.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from tuner.errors import ConfigError, TrialError, UserError
-import yaml
-from tuner.config.schema import StudySpec
-from tuner.workload.profiles import load_profile
-from tuner.workload.session import WorkloadProfile
 from tuner.sim import simulate_load_point
+from tuner.sim.stepfit import calibrate
+from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, extra_args_to_flags, find_sources,
+                                points_from_database, points_from_probe)
 
 log = logging.getLogger(__name__)
 
-PROBE_FORMAT = "tuner-probe/1"
-METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
 TARGETS = {"p90_ttft_s_mape_max": 0.20, "p90_tpot_s_mape_max": 0.10, "verdict_agreement_min": 0.95}
-REAL_BACKENDS = ("sglang",)
-
-
-@dataclass
-class LoadPoint:
-    """One measured load point and everything needed to re-simulate it."""
-
-    source: str
-    label: str
-    model: str
-    gpu: str
-    gpus: int
-    nodes: int
-    host_memory_gb: float | None
-    flags: dict
-    knobs: dict
-    workload: Any  # WorkloadProfile
-    users: int
-    warmup_s: float
-    duration_s: float
-    seed: int
-    p90_ttft_slo_s: float
-    p90_tpot_slo_s: float
-    sglang_version: str | None
-    measured: dict
-    study: str | None = None
-    trial: int | None = None
 
 
 @dataclass
@@ -85,6 +37,7 @@ class PointResult:
     predicted_meets: bool | None = None
     error: str | None = None
     step_time_source: str | None = None
+    predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
 
     @property
     def verdict_agrees(self) -> bool | None:
@@ -103,154 +56,6 @@ class PointResult:
         if self.verdict_agrees is False:
             out.append("verdict")
         return out
-
-
-# ---- sources -------------------------------------------------------------------------------
-
-def find_sources(dirs: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
-    """(study databases, probe files) under ``dirs`` (a file is taken as it is)."""
-    dbs, probes = [], []
-    for d in dirs:
-        d = Path(d)
-        if d.is_file():
-            (dbs if d.suffix in (".db", ".sqlite") else probes).append(d)
-            continue
-        if not d.is_dir():
-            raise ConfigError(f"no such results directory: {d}", key="--results")
-        dbs += sorted(p for p in d.rglob("*.db") if p.is_file())
-        probes += sorted({*d.rglob("*.probe.json"), *d.rglob("probes/*.json")})
-    return dbs, probes
-
-
-def extra_args_to_flags(args: Iterable[str]) -> dict[str, Any]:
-    """``["--attention-backend", "triton", "--disable-radix-cache"]`` -> flags."""
-    out: dict[str, Any] = {}
-    args = list(args or [])
-    i = 0
-    while i < len(args):
-        a = str(args[i])
-        if a.startswith("--"):
-            name, eq, value = a[2:].partition("=")
-            if eq:
-                out[name] = value
-            elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
-                out[name] = args[i + 1]
-                i += 1
-            else:
-                out[name] = True
-        i += 1
-    return out
-
-
-def _version_from_trial(trial, spec_options: dict) -> str | None:
-    tele = trial.telemetry or {}
-    info = tele.get("server_info") or {}
-    if isinstance(info, list):  # one snapshot per server process
-        info = next((i for i in info if isinstance(i, dict)), {})
-    for v in ((tele.get("plan") or {}).get("sglang_version"), info.get("version"),
-              (tele.get("server") or {}).get("sglang_version"), tele.get("sglang_version"),
-              spec_options.get("sglang_version")):
-        if v:
-            return str(v).split("-")[0]
-    return None
-
-
-def points_from_database(path: Path, backends: tuple[str, ...] = REAL_BACKENDS) -> list[LoadPoint]:
-
-    from tuner.storage import repo
-    from tuner.storage.db import get_engine, has_schema
-
-    engine = get_engine(f"sqlite:///{path}", create=False, readonly=True)
-    try:
-        if not has_schema(engine):
-            return []
-        out: list[LoadPoint] = []
-        for study_row in repo.list_studies(engine):
-            try:
-                spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
-                profile = spec.workload_profile()
-            except Exception as exc:  # a study this tuner cannot read: report, do not stop
-                raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
-            trials = {t.trial_number: t for t in repo.trials(engine, study_row.name)}
-            extra_flags = extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or [])
-            for m in repo.measurements(engine, study_row.name):
-                if m.backend_kind not in backends or not m.valid:
-                    continue
-                trial = trials.get(m.trial_number)
-                if trial is None:
-                    continue
-                fid = max(0.05, min(1.0, m.fidelity or 1.0))
-                measured = {k: getattr(m, k) for k in METRICS}
-                out.append(LoadPoint(
-                    source=str(path), label=f"{study_row.name}#{m.trial_number}@{m.users}",
-                    model=spec.model, gpu=spec.hardware.gpu, gpus=spec.hardware.gpus_per_node,
-                    nodes=spec.hardware.nodes, host_memory_gb=spec.hardware.host_memory_gb,
-                    flags={**extra_flags, **(trial.flags or {})}, knobs=dict(trial.knobs or {}), workload=profile,
-                    users=m.users, warmup_s=spec.measurement.warmup_s * fid, duration_s=m.duration_s,
-                    seed=spec.seed + m.trial_number + 1009 * m.step,
-                    p90_ttft_slo_s=spec.slo.p90_ttft_s, p90_tpot_slo_s=spec.slo.p90_tpot_s,
-                    sglang_version=_version_from_trial(trial, spec.backend_options or {}),
-                    measured=measured, study=study_row.name, trial=m.trial_number))
-        return out
-    finally:
-        engine.dispose()
-
-
-def _req(doc: dict, key: str, kind, path: Path, where: str = ""):
-    value = doc.get(key)
-    if not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise ConfigError(f"required {name}", file=str(path), key=f"{where}{key}")
-    return value
-
-
-def points_from_probe(path: Path) -> list[LoadPoint]:
-
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read probe: {exc}", file=str(path)) from None
-    if not isinstance(doc, dict) or doc.get("format") != PROBE_FORMAT:
-        raise ConfigError(f"not a probe file: expected format {PROBE_FORMAT!r}", file=str(path), key="format")
-    model = _req(doc, "model", str, path)
-    gpu = _req(doc, "gpu", str, path)
-    flags = _req(doc, "flags", dict, path)
-    slo = _req(doc, "slo", dict, path)
-    workload = doc.get("workload")
-    try:
-        if isinstance(workload, str):
-            profile = load_profile(workload)
-        elif isinstance(workload, dict):
-            profile = WorkloadProfile.model_validate(workload)
-        else:
-            raise ConfigError("required: a workload profile name or an inline profile", file=str(path),
-                              key="workload")
-    except ConfigError as exc:
-        raise ConfigError(exc.detail, file=str(path), key=exc.key or "workload") from None
-    except Exception as exc:
-        raise ConfigError(f"invalid workload: {exc}", file=str(path), key="workload") from None
-    points = _req(doc, "points", list, path)
-    if not points:
-        raise ConfigError("needs at least one load point", file=str(path), key="points")
-    out = []
-    for i, p in enumerate(points):
-        where = f"points[{i}]."
-        if not isinstance(p, dict):
-            raise ConfigError("must be an object", file=str(path), key=f"points[{i}]")
-        users = _req(p, "users", int, path, where)
-        measured = _req(p, "measured", dict, path, where)
-        for k in ("p90_ttft_s", "p90_tpot_s"):
-            if not isinstance(measured.get(k), (int, float)):
-                raise ConfigError("required number", file=str(path), key=f"{where}measured.{k}")
-        out.append(LoadPoint(
-            source=str(path), label=f"{doc.get('name', path.stem)}@{users}", model=model, gpu=gpu,
-            gpus=int(doc.get("gpus", 8)), nodes=int(doc.get("nodes", 1)), host_memory_gb=doc.get("host_memory_gb"),
-            flags=dict(flags), knobs=dict(doc.get("knobs") or {}), workload=profile, users=users,
-            warmup_s=float(p.get("warmup_s", 120)), duration_s=float(_req(p, "duration_s", (int, float), path, where)),
-            seed=int(p.get("seed", 0)), p90_ttft_slo_s=float(_req(slo, "p90_ttft_s", (int, float), path, "slo.")),
-            p90_tpot_slo_s=float(_req(slo, "p90_tpot_s", (int, float), path, "slo.")),
-            sglang_version=doc.get("sglang_version"), measured={k: measured.get(k) for k in METRICS}))
-    return out
 
 
 # ---- evaluation ----------------------------------------------------------------------------
@@ -276,6 +81,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     res.predicted = {k: getattr(m, k) for k in METRICS}
     res.predicted_meets = _meets(res.predicted, p)
     res.step_time_source = (m.extra.get("step_time_source") or {}).get("overall")
+    res.predicted_stages = m.extra.get("server_stage_means")
     for k in METRICS:
         meas, pred = p.measured.get(k), res.predicted.get(k)
         res.ape[k] = None if meas in (None, 0) or pred is None else abs(pred - meas) / abs(meas)
@@ -337,7 +143,38 @@ def _point_doc(r: PointResult) -> dict:
         "measured": {**{k: p.measured.get(k) for k in METRICS}, "meets_slo": r.measured_meets},
         "predicted": {**r.predicted, "meets_slo": r.predicted_meets, "step_time_source": r.step_time_source},
         "ape": r.ape, "verdict_agrees": r.verdict_agrees, "off_target": r.off_target(), "error": r.error,
+        "fresh_server": p.fresh_server,
+        "stages": {"measured": p.server_stage_means(), "predicted": r.predicted_stages},
     }
+
+
+def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=None) -> dict:
+    """Cross-validation of the calibration fit (``tuner.sim.stepfit.calibrate``): for each group
+    of trials (one trial, or one model), fit on every other trial and predict the group's load
+    points; the MAPEs are of those predictions only."""
+    if by not in ("trial", "model"):
+        raise ConfigError(f"unknown hold-out {by!r}; valid: trial, model", key="--hold-out")
+    key = (lambda t: t.label) if by == "trial" else (lambda t: t.model.name)
+    trial_of = {(t.study, t.trial): t for t in trials}
+    groups: dict[str, list] = {}
+    for t in trials:
+        groups.setdefault(key(t), []).append(t)
+    results, folds = [], []
+    for name, members in groups.items():
+        train = [t for t in trials if key(t) != name]
+        test = [p for p in points if (p.study, p.trial) in trial_of and key(trial_of[(p.study, p.trial)]) == name]
+        if not train or not test:
+            continue
+        if progress:
+            progress(f"hold out {name}: fit on {len(train)} trials, predict {len(test)} load points")
+        fitted = calibrate(train, [p for p in points if p not in test])
+        fold = [predict_point(p, calibration=fitted.calibration) for p in test]
+        results += fold
+        folds.append({"held_out": name, "trained_on": [t.label for t in train], **summarize(fold),
+                      "points": [_point_doc(r) for r in fold]})
+    doc = summarize(results)
+    doc.update({"by": by, "targets": dict(TARGETS), "folds": folds, "points": [_point_doc(r) for r in results]})
+    return doc
 
 
 def format_report(doc: dict) -> str:
@@ -383,8 +220,20 @@ def format_report(doc: dict) -> str:
                  f"({'met' if checks['verdict_agreement'] else 'MISSED'})")
     for s in doc.get("skipped") or []:
         lines.append(f"skipped {s['source']}: {s['reason']}")
+    staged = [pt for pt in doc["points"] if (pt.get("stages") or {}).get("measured") and pt["stages"]["predicted"]]
+    if staged:
+        lines.append("")
+        lines.append("SGLang's own stages, mean per request over the whole load point (its /metrics), pred / meas:")
+        lines.append(f"{'point':<36}{'queue ms':>18}{'prefill forward ms':>22}{'TTFT ms':>18}  server")
+        for pt in staged:
+            m_, p_ = pt["stages"]["measured"], pt["stages"]["predicted"]
+            cell = lambda k: f"{p_[k] * 1e3:.0f} / {m_[k] * 1e3:.0f}"
+            lines.append(f"{pt['label'][:35]:<36}{cell('queue_s'):>18}{cell('prefill_forward_s'):>22}"
+                         f"{cell('ttft_s'):>18}  {'fresh' if pt.get('fresh_server') else 'warm'}")
+        lines.append("(the simulator's queue is arrival to batch; SGLang's starts when the scheduler receives "
+                     "the request, and its TTFT adds the HTTP and tokenizer path)")
     return "\n".join(lines)
 
 
-__all__ = ["LoadPoint", "PointResult", "find_sources", "format_report", "points_from_database", "points_from_probe",
-           "predict_point", "run_fidelity", "summarize"]
+__all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "extra_args_to_flags", "find_sources", "format_report",
+           "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity", "summarize"]

@@ -30,7 +30,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
     "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency, crash recovery."),
     "calibration": ("tuner.cli.calibration:calibration", "Refit the simulator's calibration from kernel measurements."),
-    "db": ("tuner.cli.db:db", "The study database: upgrade its schema."),
+    "db": ("tuner.cli.db:db", "The study database: upgrade its schema, add the simulator's predictions."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
     "sglang": ("tuner.cli.sglang:sglang", "SGLang versions tuner knows; extract another version's flag set."),
     "profile": ("tuner.cli.profile:profile", "Measure SGLang's operator times on a GPU for the simulator (GPU)."),

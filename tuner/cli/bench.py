@@ -169,3 +169,53 @@ def _add_lazy_commands() -> None:
 
 
 _add_lazy_commands()
+
+
+@bench.command()
+@click.option("--results", "results_dirs", multiple=True, default=("results",), show_default=True,
+              help="Directory (or file) with real SGLang start-ups: study databases with their runs/ folders, "
+                   "and planner probes (planner/*.json). Repeat for several.")
+@json_option
+def planner(results_dirs, as_json):
+    """The memory planner against SGLang's own accounting, per configuration: KV tokens
+    (max_total_num_tokens), weight memory and whether it started, with the matrix coverage.
+
+    Exits 1 while a target is missed: at least 12 configurations covering GQA/MLA, bf16/fp8
+    weights and KV, default/explicit mem-fraction-static, max-total-tokens and HiCache; KV tokens
+    and weights within 1%; "fits" right for every configuration.
+    """
+    import sys
+
+    from tuner.bench.planner import format_planner_report, run_planner_bench
+
+    doc = run_planner_bench(results_dirs)
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(format_planner_report(doc))
+    if not doc["passed"]:
+        sys.exit(1)
+
+
+@bench.command(name="planner-probe")
+@click.argument("matrix", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Where each configuration's probe (<name>.json, <name>.log.gz) is written, e.g. "
+                   "results/h200-planner.")
+@click.option("--only", multiple=True, help="Probe only this configuration (repeat for several).")
+@click.option("--force", is_flag=True, help="Probe again configurations that have a probe file already.")
+@click.option("--gpu-ids", default="", help="Comma-separated GPU ids for CUDA_VISIBLE_DEVICES (default: inherit).")
+def planner_probe(matrix, out_dir, only, force, gpu_ids):
+    """Start SGLang for each configuration of a planner MATRIX only until /server_info answers
+    (or start-up fails), keep the snapshot and the server log, stop it (GPU).
+
+    `tuner bench planner --results DIR` then compares them with the planner. A configuration with
+    a probe file is skipped (--force probes it again), so an interrupted run resumes.
+    """
+    from tuner.evaluation.memory_probe import load_matrix, run_matrix
+
+    m = load_matrix(matrix)
+    ids = tuple(x.strip() for x in gpu_ids.split(",") if x.strip())
+    docs = run_matrix(m, out_dir, only=tuple(only), force=force, gpu_ids=ids, progress=lambda s: click.echo(s, err=True))
+    started = sum(1 for d in docs if d["started"])
+    click.echo(f"probed {len(docs)} configurations into {out_dir}: {started} started, {len(docs) - started} did not")

@@ -37,3 +37,32 @@ def upgrade(storage, as_json):
         click.echo(f"upgraded {storage} from schema {before} to {SCHEMA_VERSION}")
     else:
         click.echo(f"{storage} is at schema {SCHEMA_VERSION} already")
+
+
+@db.command()
+@storage_option
+@click.option("--study", "study_name", default=None, help="Only this study (default: every study).")
+@click.option("--force", is_flag=True, help="Predict again load points that carry a prediction already.")
+@json_option
+def predict(storage, study_name, force, as_json):
+    """Store the simulator's prediction beside every real load point that lacks one.
+
+    Real trials store it as they measure; this fills it in for load points measured before
+    that (same configuration, workload, users, window, seed and SGLang version), so `study
+    report` and the dashboard show predicted against measured. Writes the database.
+    """
+    from tuner.errors import StudyNotFoundError
+    from tuner.storage import db as db_mod
+    from tuner.study.trust import backfill_predictions
+
+    engine = db_mod.get_engine(storage, create=False)
+    if not db_mod.has_schema(engine):
+        raise StudyNotFoundError(f"no tuner studies in {storage}")
+    db_mod.require_current(engine, storage)
+    counts = backfill_predictions(engine, study=study_name, force=force,
+                                  progress=None if as_json else lambda s: click.echo(s, err=True))
+    if as_json:
+        emit_json({"storage": storage, **counts})
+    else:
+        click.echo(f"{counts['predicted']} load points predicted, {counts['unpredictable']} the simulator cannot "
+                   f"predict (recorded with the reason), {counts['kept']} kept")

@@ -159,6 +159,9 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
                                                         ray_address=ray_address, parallel=parallel)
             click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
                        + (" (reused)" if reused else ""), err=True)
+            from tuner.study.trust import trust_line
+
+            click.echo(trust_line(spec), err=True)
         runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
                              ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
                              prune=not no_pruning, initial_configs=initial, time_limit_s=limit_s)

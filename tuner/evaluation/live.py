@@ -33,6 +33,7 @@ from tuner.backends.sglang import SGLangBackend
 from tuner.backends.transformers import TransformersBackend
 from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.evaluation.prediction import PREDICTION_KEY, predict
 from tuner.lifecycle import FailureClass
 from tuner.workload.metrics import LoadPointMetrics
 from tuner.backends.prometheus import window_delta
@@ -208,6 +209,14 @@ class LiveDeployment(Deployment):
         server_metrics = _metrics_delta(metrics_before, self._scrape_metrics())
         if server_metrics:
             extra["server_metrics"] = server_metrics
+        # the ledger of trust: what the simulator says this load point measures, kept beside it
+        try:
+            extra[PREDICTION_KEY] = predict(self.request.study, self.request.flags, self.request.knobs, users,
+                                            warmup_s=kwargs["warmup_s"], duration_s=kwargs["duration_s"],
+                                            seed=kwargs["seed"])
+        except Exception as exc:  # a prediction that cannot be made never costs the real measurement
+            log.warning("trial %d: no simulator prediction at %d users: %s", self.request.trial_number, users, exc)
+            extra[PREDICTION_KEY] = {"error": f"prediction failed: {type(exc).__name__}: {exc}"}
         if metrics.kv_capacity_tokens_total is None and self.measured_kv_capacity_tokens_total is not None:
             metrics = dataclasses.replace(metrics, kv_capacity_tokens_total=self.measured_kv_capacity_tokens_total,
                                           extra=extra)

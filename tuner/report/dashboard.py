@@ -41,6 +41,7 @@ from aiohttp import web
 from tuner.errors import StorageError, StudyNotFoundError, UserError
 from tuner.report import data
 from tuner.report.html import static_text, summary_html
+from tuner.report.ledger import ledger_html
 from tuner.workload.loadgen_server import new_event_loop
 
 log = logging.getLogger(__name__)
@@ -267,6 +268,7 @@ async def studies(request: web.Request) -> web.Response:
 def _study_payload(storage: str, name: str, runs_dir: str) -> dict:
     s = data.study(storage, name, runs_dir)
     s["summary_html"] = summary_html(s)
+    s["ledger_html"] = ledger_html(s)
     s["storage"] = None  # never echo the URL (it may hold credentials)
     for t in s["trials"]:
         t.pop("pids", None)

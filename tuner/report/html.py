@@ -13,6 +13,7 @@ from importlib import resources
 
 from tuner import __version__
 from tuner.lifecycle import StudyStatus, TrialStatus
+from tuner.report.ledger import ledger_html
 
 STATIC = "tuner.report"
 
@@ -165,6 +166,7 @@ REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-
 
 def render_report(s: dict, importance: dict) -> str:
     """A single HTML file: inline CSS, inline JS, charts drawn as SVG when opened."""
+
     css, charts, view = static_text("style.css"), static_text("charts.js"), static_text("view.js")
     boot = ("(()=>{const d=JSON.parse(document.getElementById('study-data').textContent);"
             "const v=TunerView.create(document.getElementById('study-view'),{showLogPath:true});"
@@ -184,6 +186,7 @@ def render_report(s: dict, importance: dict) -> str:
 <main>
 <h2>Study {esc(s['name'])}</h2>
 {summary_html(s)}
+{ledger_html(s)}
 <div id="study-view"><noscript><p>The charts and the trials table need JavaScript.</p></noscript></div>
 </main>
 <script type="application/json" id="study-data">{payload}</script>

@@ -15,7 +15,10 @@ from typing import Any
 
 import yaml
 
+from tuner.catalog import GPUDescription, ModelDescription
 from tuner.errors import ConfigError
+from tuner.planner.memory import prefill_graph_enabled, rules_version
+from tuner.planner.startup import default_attention_backend
 
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
 
@@ -41,12 +44,61 @@ def _read(path: Path) -> dict:
     return data
 
 
-def load_calibration(gpu_name: str, override: dict | str | Path | None = None) -> dict[str, Any]:
-    """default.yaml, then <gpu>.yaml, then ``override`` (a dict or a YAML file path)."""
+CONTEXT_KEYS = ("sglang_version", "attention_backend", "prefill_cuda_graph")
+
+
+def calibration_context(model: ModelDescription, gpu: GPUDescription, flags: dict[str, Any],
+                        sglang_version: str | None) -> dict[str, Any]:
+    """What a ``fitted`` entry of a calibration file may be conditioned on: the SGLang rules
+    version, the attention backend, and whether prefill steps run as CUDA graphs."""
+    version = rules_version(sglang_version)
+    return {"sglang_version": ".".join(map(str, version)),
+            "attention_backend": default_attention_backend(model, gpu, flags),
+            "prefill_cuda_graph": prefill_graph_enabled(model, flags, version)}
+
+
+def _matches(when: dict, context: dict) -> bool:
+    return all(str(context.get(k)).lower() == str(v).lower() for k, v in when.items())
+
+
+def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: str = "") -> dict[str, Any]:
+    """Merge every ``fitted`` entry whose ``when`` holds in ``context`` (in file order) and record
+    which ones in ``fitted_applied``; without a context none applies."""
+    entries = cal.pop("fitted", None) or []
+    if not isinstance(entries, list):
+        raise ConfigError("must be a list of {when, values, source}", file=file, key="fitted")
+    applied, checks = [], []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
+            raise ConfigError("needs a mapping 'values'", file=file, key=f"fitted[{i}]")
+        when = entry.get("when") or {}
+        unknown = set(when) - set(CONTEXT_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}",
+                              file=file, key=f"fitted[{i}].when")
+        if context is not None and _matches(when, context):
+            cal = _merge(cal, entry["values"])
+            applied.append(str(entry.get("name") or entry.get("source") or f"fitted[{i}]"))
+            if isinstance(entry.get("checked"), dict):
+                checks.append(entry["checked"])
+    cal["fitted_applied"] = applied
+    cal["fitted_checks"] = checks
+    return cal
+
+
+def load_calibration(gpu_name: str, override: dict | str | Path | None = None, *,
+                     context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """default.yaml, then <gpu>.yaml, then the GPU file's ``fitted`` entries that hold in
+    ``context`` (``calibration_context``), then ``override`` (a dict or a YAML file path)."""
     cal = _read(CALIBRATION_DIR / "default.yaml")
     gpu_file = CALIBRATION_DIR / f"{gpu_name}.yaml"
+    fitted: list = []
     if gpu_file.exists():
-        cal = _merge(cal, _read(gpu_file))
+        data = _read(gpu_file)
+        fitted = data.pop("fitted", None) or []
+        cal = _merge(cal, data)
+    cal["fitted"] = fitted
+    cal = apply_fitted(cal, context, file=str(gpu_file))
     if override is not None:
         extra = _read(Path(override)) if isinstance(override, (str, Path)) else override
         cal = _merge(cal, extra)
@@ -142,3 +194,31 @@ def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
         f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)
     return path, sorted(fitted["moe_tuned_speedup"])
+
+
+def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name: str, source: str,
+                 checked: dict[str, Any] | None = None, directory: Path = CALIBRATION_DIR) -> Path:
+    """Put a fitted entry into ``<gpu>.yaml`` (replacing the entry with the same ``when``),
+    keeping the file's header comments and every other key."""
+    unknown = set(when) - set(CONTEXT_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}", key="when")
+    path = Path(directory) / f"{gpu}.yaml"
+    current = _read(path) if path.exists() else {}
+    entries = [e for e in (current.get("fitted") or []) if (e or {}).get("when") != when]
+    entry = {"name": name, "when": dict(when), "source": source, "values": values}
+    if checked:
+        entry["checked"] = checked  # the fidelity figures of the calibrated simulator on these data
+    entries.append(entry)
+    current["fitted"] = entries
+    header = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line)
+    with open(path, "w") as f:
+        if header:
+            f.write("\n".join(header) + "\n")
+        yaml.safe_dump(current, f, sort_keys=False)
+    return path

@@ -42,7 +42,7 @@ class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
                  "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
                  "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
-                 "lock_len", "handle", "error", "rid")
+                 "lock_len", "handle", "error", "rid", "sched_t")
 
     def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
@@ -69,6 +69,7 @@ class Req:
         self.handle = None  # the online server's per-request stream
         self.error = None
         self.rid = None
+        self.sched_t = None  # when the scheduler first put it into a prefill batch
 
 
 class Rank:
@@ -151,18 +152,32 @@ class ReplicaEngine:
         self.max_jump = 1 if on_token is not None else max_jump
         self.release_delay = 1 if rules.overlap else 0
         self._seq = 0
+        # the overlap scheduler forms the next batch while the GPU runs the current one: at a step
+        # boundary it has only seen requests that arrived before the step that just ended began
+        self.last_step_start = -math.inf
+        self.last_step_end = -math.inf
 
     def has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
 
     # ---- admission (PrefillAdder) -----------------------------------------------------------
-    def _order(self, rank: Rank) -> list[Req]:
-        if self.rules.policy is Policy.LPM and 1 < len(rank.waiting) <= LPM_MAX_QUEUE:
+    def _order(self, rank: Rank, cutoff: float) -> list[Req]:
+        waiting = rank.waiting if cutoff == math.inf else [q for q in rank.waiting if q.arrival <= cutoff]
+        if self.rules.policy is Policy.LPM and 1 < len(waiting) <= LPM_MAX_QUEUE:
             cache = rank.cache
-            return sorted(rank.waiting, key=lambda q: -sum(cache.match(q)))
-        return rank.waiting
+            return sorted(waiting, key=lambda q: -sum(cache.match(q)))
+        return waiting
 
-    def _schedule_prefill(self, rank: Rank, work: RankWork) -> None:
+    def seen_cutoff(self) -> float:
+        """Arrivals the scheduler has received when it forms the next batch: with the overlap
+        scheduler (``Scheduler.event_loop_overlap``: receive, schedule and launch batch k+1, then
+        wait for batch k) those that came before the step that just ended began; after an idle
+        loop, or without overlap, every arrival so far."""
+        if self.rules.overlap and self.clock <= self.last_step_end:
+            return self.last_step_start
+        return math.inf
+
+    def _schedule_prefill(self, rank: Rank, work: RankWork, cutoff: float = math.inf) -> None:
         rules = self.rules
         if (rank.batch_is_full or not rank.waiting) and rank.chunked is None:
             return
@@ -214,7 +229,7 @@ class ReplicaEngine:
             new_chunked = req if truncated else None
 
         admitted = []
-        for req in self._order(rank):
+        for req in self._order(rank, cutoff):
             if len(items) >= rules.max_running_requests - running_bs:
                 rank.batch_is_full = True
                 break
@@ -292,6 +307,8 @@ class ReplicaEngine:
             c, chunked = trunc, True
         req.done = prefix
         req.loaded = loaded
+        if req.sched_t is None:
+            req.sched_t = min(self.clock, self.seen_cutoff())  # the batch is formed behind the running step
         stats = self.stats
         if loaded:
             stats.hicache_loads += 1
@@ -422,16 +439,26 @@ class ReplicaEngine:
         model = self.model
         works = [RankWork() for _ in self.ranks]
         any_prefill = False
+        cutoff = self.seen_cutoff()
+        unseen = False  # requests that arrived during the step that just ended
         for rank, w in zip(self.ranks, works):
             if rank.waiting or rank.chunked is not None:
                 rank.prefilling = []
-                self._schedule_prefill(rank, w)
+                self._schedule_prefill(rank, w, cutoff)
                 if w.prefill_tokens:
                     any_prefill = True
+                elif cutoff != math.inf and any(q.arrival > cutoff for q in rank.waiting):
+                    unseen = True
+        if unseen and not any_prefill and not any(r.running for r in self.ranks):
+            # nothing was launched behind the last step: the idle loop receives them at once
+            self.last_step_end = -math.inf
+            return self.step(horizon)
         t0 = self.clock
         self.stats.events += 1
         if any_prefill:
-            return self._prefill_step(works, t0)
+            dt = self._prefill_step(works, t0)
+            self.last_step_start, self.last_step_end = t0, t0 + dt
+            return dt
         active = [r for r in self.ranks if r.running]
         if len(active) < len(self.ranks):
             for rank in self.ranks:
@@ -469,7 +496,7 @@ class ReplicaEngine:
             w.decode_reqs = n
             w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
             running += n
-        k = max(1, k)
+        k = 1 if unseen else max(1, k)
         if not running:
             return 0.0
         dt = model.step_time(works, running, overlap=self.rules.overlap)
@@ -487,6 +514,7 @@ class ReplicaEngine:
             self._decode(rank, k, dt, t0)
             rank.ratio.decay_steps(k - 1 if rank.retracted else k)
         self.clock = t0 + k * dt
+        self.last_step_start, self.last_step_end = self.clock - dt, self.clock
         return k * dt
 
     def _prefill_step(self, works: list[RankWork], t0: float) -> float:

@@ -20,7 +20,7 @@ from .scheduler import SchedulerRules
 from .steptime import StepTimeModel
 from tuner.catalog import get_gpu, get_model
 from tuner.planner import parse_layout, plan_memory
-from .calibrate import load_calibration
+from .calibrate import calibration_context, load_calibration
 from .router import routing_policy
 from .scheduler import check_version
 from .simulate import build_step_model, scheduler_rules
@@ -139,7 +139,8 @@ def build_online_engine(model, gpu, gpus: int, flags: dict, knobs: dict | None, 
     version = check_version(sglang_version)
     plan = plan or plan_memory(m, g, gpus, flags, sglang_version=version)
     layout = parse_layout(m, flags, gpus)
-    cal = calibration if isinstance(calibration, dict) else load_calibration(g.name, calibration)
+    cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
+        g.name, calibration, context=calibration_context(m, g, flags, version))
     step_model = build_step_model(m, g, plan, layout, flags, knobs or {}, cal, gpus, version)
     engine = OnlineEngine(step_model, scheduler_rules(plan, layout, flags, version), replicas=layout.dp,
                           pools_per_replica=layout.attn_dp, capacity_tokens=plan.kv_capacity_tokens_per_gpu,

@@ -112,7 +112,9 @@ class SimServer:
         per_rank = {
             "effective_max_running_requests_per_dp": p.max_running_requests_per_dp_rank,
             "last_gen_throughput": self.engine.last_gen_throughput,
-            "memory_usage": {"weight": p.weights_gb_per_gpu, "kvcache": p.kv_cache_gb_per_gpu,
+            # SGLang reports these in GiB (bytes / 2**30) though it labels them GB
+            "memory_usage": {"weight": round(p.weights_gb_per_gpu * 1e9 / 2**30, 3),
+                             "kvcache": round(p.kv_cache_gb_per_gpu * 1e9 / 2**30, 3),
                              "token_capacity": p.kv_capacity_tokens_per_gpu},
         }
         return web.json_response({

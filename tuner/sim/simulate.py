@@ -28,7 +28,7 @@ from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
 from tuner.workload.session import Session, WorkloadProfile, generate_session
 
 from .cache import SessionPrefixCache
-from .calibrate import load_calibration
+from .calibrate import calibration_context, load_calibration
 from .engine import Rank, ReplicaEngine, Req, Stats
 from .optable import profiles_fingerprint
 from .router import Router, SessionIndex, routing_policy
@@ -112,7 +112,7 @@ def _prepare(model, gpu, gpus, flags, knobs, nodes, host_memory_gb, calibration,
         raise TrialError(plan.failure_class, plan.reason)
     layout = parse_layout(model, flags, gpus * nodes)
     cal = calibration if isinstance(calibration, dict) and "overhead" in calibration else load_calibration(
-        gpu.name, calibration)
+        gpu.name, calibration, context=calibration_context(model, gpu, flags, version))
     step_model = build_step_model(model, gpu, plan, layout, flags, knobs, cal, gpus, version)
     out = (plan, layout, cal, step_model)
     if key is not None:
@@ -172,9 +172,16 @@ def simulate_load_point(
     computed_len: dict[int, int] = {}
     pending_in_window = 0
 
+    stages = [0, 0.0, 0.0, 0.0]  # requests, queue, prefill forward, TTFT (every request, as SGLang counts)
+
     def on_finish(req: Req, t: float) -> None:
         nonlocal seq, pending_in_window
         error = req.error
+        if not error and req.first_t is not None and req.sched_t is not None:
+            stages[0] += 1
+            stages[1] += req.sched_t - req.arrival
+            stages[2] += req.first_t - req.sched_t
+            stages[3] += req.first_t - req.arrival
         if window[0] <= req.arrival < window[1]:
             pending_in_window -= 1
             if error:
@@ -279,6 +286,7 @@ def simulate_load_point(
         "backend": "simulator",
         "sglang_version": version,
         "step_time_source": step_model.source_summary(),
+        "calibration_applied": list(cal.get("fitted_applied") or []),
         "evicted_tokens": evicted,
         "reprefill_tokens": stats.reprefill_tokens,
         "hicache_loads": stats.hicache_loads,
@@ -291,6 +299,11 @@ def simulate_load_point(
         "kv_capacity_tokens_per_pool": capacity,
         "kv_pools": len(all_ranks),
         "router_policy": router.policy,
+        # SGLang's own per-request stages over the whole load point (warm-up and drain included),
+        # comparable with its /metrics: queue_time, per_stage_req_latency (prefill_forward), TTFT
+        "server_stage_means": {"requests": stages[0], "queue_s": stages[1] / max(1, stages[0]),
+                               "prefill_forward_s": stages[2] / max(1, stages[0]),
+                               "ttft_s": stages[3] / max(1, stages[0])},
     }
     metrics = aggregate(records, users=users, duration_s=duration_s,
                         kv_capacity_tokens_total=plan.kv_capacity_tokens_total, extra=extra)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.planner.parallel import ParallelLayout
+from tuner.planner.memory import prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
 
@@ -32,6 +33,7 @@ from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 from .opshapes import attention_shape, gemms, moe_shape
 from .optable import OpTables, tables_for_gpu
+from .scheduler import version_tuple
 
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
 
@@ -71,6 +73,9 @@ class StepTimeModel:
             self.moe_backend = "triton"
         eff = calibration["compute_efficiency"]
         self.bw = gpu.memory_bandwidth_gbps * 1e9 * calibration["memory_efficiency"]
+        # the decode attention kernel's own share of HBM bandwidth (fitted per attention backend)
+        self.kv_bw = gpu.memory_bandwidth_gbps * 1e9 * calibration.get("kv_memory_efficiency",
+                                                                       calibration["memory_efficiency"])
         self.layers = model.num_layers
         self.h = model.hidden_size
         tables = op_tables if op_tables is not None else tables_for_gpu(gpu.name)
@@ -101,6 +106,8 @@ class StepTimeModel:
         bf16 = gpu.bf16_tflops * 1e12
         fp8 = gpu.fp8_tflops * 1e12
         self.attn_rate = bf16 * eff["attention"]
+        self.decode_attn_rate = bf16 * eff.get("decode_attention", eff["attention"])
+        ext_eff = eff.get("extend_attention") or {}
         self.attn_shape = attention_shape(model, layout, kv_cache_dtype)
         ab = self.attention_backend
         self.decode_table = find("decode_attention", self.attn_shape.key, attention_backend=ab)
@@ -111,13 +118,27 @@ class StepTimeModel:
             # absorbed form: q.latent (kv_lora + rope) and p.latent (kv_lora) per head
             absorbed = 2 * heads * (2 * model.kv_lora_rank + model.qk_rope_head_dim) * self.layers
             self.decode_attn_flops = absorbed
-            # dense MLA prefill runs MHA over expanded K/V; DSA's sparse kernels stay absorbed
-            self.prefill_attn_flops = absorbed if model.attention == "dsa" else 2 * heads * (
-                model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) * self.layers
+            mha = 2 * heads * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim) * self.layers
+            # dense MLA prefill runs MHA over expanded K/V; DSA's sparse kernels stay absorbed; the
+            # Triton backend runs a batch with any cached prefix in the absorbed form
+            # (17: models/deepseek_common/attention_backend_handler.py::handle_attention_triton)
+            self.prefill_attn_flops = absorbed if model.attention == "dsa" else mha
+            self.absorbed_attn_flops = absorbed
+            self.absorbed_extend = model.attention != "dsa" and self.attention_backend == "triton"
+            mode_keys = ("dsa", "dsa") if model.attention == "dsa" else ("mla_mha", "mla_absorbed")
         else:
             heads = model.num_attention_heads / attn_tp
             self.prefill_attn_flops = 2 * heads * 2 * model.head_dim * self.layers
             self.decode_attn_flops = self.prefill_attn_flops
+            self.absorbed_attn_flops = self.prefill_attn_flops
+            self.absorbed_extend = False
+            mode_keys = ("gqa", "gqa")
+        # extend-attention rate per mode (no cached prefix, cached prefix)
+        self.extend_rates = tuple(bf16 * float(ext_eff.get(k, eff["attention"])) for k in mode_keys)
+        # the part of an extend over the new tokens themselves (causal) may run at another rate than
+        # the part over the cached prefix (the Triton kernel's two stages)
+        self.extend_causal_rates = tuple(bf16 * float(ext_eff.get(k + "_causal", ext_eff.get(k, eff["attention"])))
+                                         for k in mode_keys)
         self.is_mla = model.is_mla and model.attention != "dsa"
         self.dsa = model.attention == "dsa"
         if self.dsa:
@@ -174,6 +195,9 @@ class StepTimeModel:
         self.per_req_s = ov["per_request_s"]
         self.eager_s = ov["eager_per_layer_s"] * self.layers
         self.prefill_ov_s = ov["prefill_per_layer_s"] * self.layers
+        self.prefill_graph = prefill_graph_enabled(model, flags, version_tuple(sglang_version))
+        self.eager_prefill_s = ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]) * self.layers
+        self.prefill_batch_s = float(ov.get("prefill_batch_s", 0.0))
         self.dp_sync_s = ov["dp_attention_sync_s"] if layout.attn_dp > 1 else 0.0
 
         comm = calibration["comm"]
@@ -240,9 +264,9 @@ class StepTimeModel:
         if self.dsa:
             attended = min(ctx, batch * self.topk)
             kv_bytes = attended * self.latent_bytes_per_token + ctx * self.index_bytes_per_token
-            return max(attended * self.decode_attn_flops / self.attn_rate,
-                       kv_bytes / self.bw) + ctx * self.index_flops / self.index_rate
-        return max(ctx * self.decode_attn_flops / self.attn_rate, ctx * self.cell / self.bw)
+            return max(attended * self.decode_attn_flops / self.decode_attn_rate,
+                       kv_bytes / self.kv_bw) + ctx * self.index_flops / self.index_rate
+        return max(ctx * self.decode_attn_flops / self.decode_attn_rate, ctx * self.cell / self.kv_bw)
 
     def extend_attention_time(self, w: RankWork) -> float:
         # Triton MLA: a batch without any cached prefix runs MHA over expanded K/V, else absorbed MLA
@@ -260,10 +284,17 @@ class StepTimeModel:
                 return total * self.layers
         self._src["extend_attention"][1] += 1
         units = w.prefill_ctx_units
+        prefix = any(p for _, p in w.extend_items)
+        mode = 1 if prefix else 0
+        rate = self.extend_rates[mode]
         if self.dsa:
             attended = min(units, w.prefill_tokens * self.topk)
-            return attended * self.prefill_attn_flops / self.attn_rate + units * self.index_flops / self.index_rate
-        return units * self.prefill_attn_flops / self.attn_rate
+            return attended * self.prefill_attn_flops / rate + units * self.index_flops / self.index_rate
+        flops = self.absorbed_attn_flops if prefix and self.absorbed_extend else self.prefill_attn_flops
+        if w.extend_items:
+            causal = sum(c * c / 2 for c, _ in w.extend_items)
+            return ((units - causal) * flops / rate + causal * flops / self.extend_causal_rates[mode])
+        return units * flops / rate
 
     def layer_misc_time(self, tokens: int) -> float:
         """Norms, rotary embedding, activation and routing kernels of every layer."""
@@ -411,7 +442,10 @@ class StepTimeModel:
             return gpu
         gpu += self.step_overhead_time(max_bs) + self.dp_sync_s
         if prefill:
-            gpu += self.prefill_ov_s
+            # a prefill step's fixed cost: building the batch (prefix matches, KV allocation, the
+            # request-to-token table, sampling the first tokens) and launching its layers, which
+            # without prefill CUDA graphs are launched from Python one kernel at a time
+            gpu += self.prefill_batch_s + (self.prefill_ov_s if self.prefill_graph else self.eager_prefill_s)
         elif max_bs > self.graph_bs:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
         return gpu

@@ -212,3 +212,9 @@ class StudyRecords:
 
     def running_trial_numbers(self) -> list[int]:
         return [t.trial_number for t in running_trials(self.engine, self.study_name)]
+
+
+def set_measurement_extra(engine: Engine, measurement_id: int, extra: dict) -> None:
+    """Replace one measurement's extra JSON (e.g. to add the simulator's prediction of it)."""
+    with Session(engine) as s, s.begin():
+        s.execute(update(MeasurementRow).where(MeasurementRow.id == measurement_id).values(extra=_plain(extra)))

@@ -16,7 +16,7 @@ import yaml
 
 import tuner
 from tuner import safewrite
-from tuner.backends.moe_configs import prepare_trial_moe_dir
+from tuner.backends.moe_configs import prepare_trial_moe_dir, tuned_source_dir
 from tuner.backends.router import plan_topology
 from tuner.backends.sglang import (
     checkpoint_for, config_to_argv, config_yaml_dict, pinned_server_flags, render_config_yaml,
@@ -29,7 +29,6 @@ from tuner.study.runner import load_existing
 from tuner.study.summary import study_summary
 from tuner.vocabulary import Engine
 
-DEFAULT_TUNED_MOE_DIR = "results/kernels/{gpu}"
 
 
 def _pick(summary: dict, trial_number: int | None) -> dict:
@@ -104,7 +103,7 @@ def export_study(storage: str, name: str, *, output: str | None = None,
                       f"it is on the launch command below")
     if knobs.get("moe-tile-configs") == "tuned":
         gpu = get_gpu(spec.hardware.gpu)
-        source = Path(spec.backend_options.get("moe_config_dir", DEFAULT_TUNED_MOE_DIR.format(gpu=gpu.name)))
+        source = tuned_source_dir(spec.backend_options, gpu.name)
         if output and source.is_dir():
             moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
                                                       include_shipped=False)

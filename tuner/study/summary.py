@@ -9,6 +9,7 @@ import time
 
 from tuner.errors import StudyNotFoundError
 from tuner.storage import db, leases, repo
+from tuner.study import trust
 
 MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
                       "p50_tpot_s", "p90_tpot_s", "p99_tpot_s", "p90_itl_s", "throughput_tokens_per_s",
@@ -24,7 +25,9 @@ def _engine(storage: str, readonly: bool = False):
 
 
 def measurement_dict(m) -> dict:
-    return {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d = {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
+    d[trust.PREDICTION_KEY] = trust.prediction_of(m.extra)
+    return d
 
 
 def trial_dict(t, ms: list) -> dict:
@@ -78,6 +81,7 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
         "driver": driver_dict(leases.get(engine, name)),
         "trials": trials,
+        **_ledger(trials),
     }
 
 
@@ -88,6 +92,11 @@ def driver_dict(lease) -> dict | None:
         return None
     return {"command": lease.command, "host": lease.host, "pid": lease.pid, "acquired_at": lease.acquired_at,
             "heartbeat_age_s": round(max(0.0, time.time() - lease.heartbeat_at), 1)}
+
+
+def _ledger(trials: list[dict]) -> dict:
+    rows = trust.ledger_rows(trials)
+    return {"simulator_ledger": rows, "simulator_fidelity": trust.running_fidelity(rows)}
 
 
 def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:

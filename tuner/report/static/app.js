@@ -73,6 +73,8 @@
     const sum = $("summary");
     // summary_html is built server-side with every database value HTML-escaped (tuner.report.html).
     sum.innerHTML = body.summary_html;
+    // the simulator-against-measurements section, escaped server-side too (tuner.report.ledger)
+    $("ledger").innerHTML = body.ledger_html || "";
     if (!view) view = TunerView.create($("study-view"), { logUrl: (t) => (t.log_available ? `${base}/trials/${t.number}/log` : null) });
     const key = `${current}:${body.trials.filter((t) => t.status !== "running").length}`;
     view.update(body);
@@ -87,7 +89,7 @@
     try {
       const { body } = await getJSON("api/studies");
       const want = selected();
-      if (want !== current) { current = want; view = null; importanceKey = null; $("study-view").replaceChildren(); $("summary").replaceChildren(); }
+      if (want !== current) { current = want; view = null; importanceKey = null; $("study-view").replaceChildren(); $("summary").replaceChildren(); $("ledger").replaceChildren(); }
       renderStudies(body.studies);
       $("study").hidden = !current;
       await refreshStudy();

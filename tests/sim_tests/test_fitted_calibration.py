@@ -1,0 +1,122 @@
+"""Fitted calibration entries apply only where they were measured; the overlap scheduler sees an
+arrival one step late; the fitted H200 entry changes what the simulator predicts for that context."""
+
+import math
+
+import pytest
+import yaml
+
+from tuner.catalog import get_gpu, get_model
+from tuner.errors import ConfigError
+from tuner.sim.calibrate import apply_fitted, calibration_context, load_calibration, write_fitted
+from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
+from tuner.sim.cache import SessionPrefixCache
+from tuner.planner import parse_layout, plan_memory
+from tuner.sim.simulate import build_step_model, scheduler_rules
+
+QWEN = "qwen3-30b-a3b"
+TRITON_EAGER = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
+
+
+def test_the_context_names_version_backend_and_prefill_graphs():
+    m, g = get_model(QWEN), get_gpu("h200")
+    assert calibration_context(m, g, TRITON_EAGER, "0.5.17") == {
+        "sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    assert calibration_context(m, g, {}, None) == {
+        "sglang_version": "0.5.23", "attention_backend": "fa3", "prefill_cuda_graph": True}
+    # 0.5.17 runs MLA (not DSA) prefill without the breakable graph
+    assert not calibration_context(get_model("deepseek-v3"), g, {}, "0.5.17")["prefill_cuda_graph"]
+
+
+def test_an_entry_applies_only_where_its_conditions_hold():
+    base = {"overhead": {"cpu_step_s": 1.0}, "fitted": [
+        {"name": "a", "when": {"sglang_version": "0.5.17", "attention_backend": "triton"},
+         "values": {"overhead": {"cpu_step_s": 2.0}}, "checked": {"load_points": 3}}]}
+    hit = apply_fitted(dict(base), {"sglang_version": "0.5.17", "attention_backend": "triton",
+                                    "prefill_cuda_graph": False})
+    assert hit["overhead"]["cpu_step_s"] == 2.0 and hit["fitted_applied"] == ["a"]
+    assert hit["fitted_checks"] == [{"load_points": 3}] and "fitted" not in hit
+    miss = apply_fitted(dict(base), {"sglang_version": "0.5.23", "attention_backend": "triton"})
+    assert miss["overhead"]["cpu_step_s"] == 1.0 and miss["fitted_applied"] == []
+    assert apply_fitted(dict(base), None)["fitted_applied"] == []  # no context: nothing applies
+    with pytest.raises(ConfigError, match="unknown condition"):
+        apply_fitted({"fitted": [{"when": {"gpu": "h200"}, "values": {}}]}, {}, file="x.yaml")
+    with pytest.raises(ConfigError, match="values"):
+        apply_fitted({"fitted": [{"when": {}}]}, {}, file="x.yaml")
+
+
+def test_write_fitted_replaces_the_entry_of_the_same_context_and_keeps_the_rest(tmp_path):
+    (tmp_path / "h200.yaml").write_text("# header kept\nmemory_efficiency: 0.8\n")
+    when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.004}}, name="one", source="s1",
+                 directory=tmp_path)
+    write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.005}}, name="two", source="s2",
+                 checked={"load_points": 9}, directory=tmp_path)
+    text = (tmp_path / "h200.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert text.startswith("# header kept") and doc["memory_efficiency"] == 0.8
+    assert [e["name"] for e in doc["fitted"]] == ["two"] and doc["fitted"][0]["checked"] == {"load_points": 9}
+
+
+def test_the_committed_h200_fit_applies_to_0517_triton_eager_prefill_only():
+    m, g = get_model(QWEN), get_gpu("h200")
+    fitted = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
+    default = load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))
+    assert fitted["fitted_applied"] and not default["fitted_applied"]
+    assert fitted["fitted_checks"][0]["load_points"] >= 9
+    # the fitted scheduler CPU floor is measured (several ms), the default is the old guess
+    assert fitted["overhead"]["cpu_step_s"] > 3 * default["overhead"]["cpu_step_s"]
+
+
+def _engine(flags, capacity=100_000):
+    m, g = get_model(QWEN), get_gpu("h200")
+    flags = {**flags, "max-total-tokens": capacity}
+    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
+    layout = parse_layout(m, flags, 1)
+    rules = scheduler_rules(plan, layout, flags, "0.5.17")
+    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
+    rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
+    done = []
+    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: done.append(r), max_jump=1)
+    return eng, rank
+
+
+def test_the_overlap_scheduler_sees_an_arrival_one_step_late():
+    # with overlap the batch after the running one was formed before the request arrived:
+    # one more decode step runs first (Scheduler.event_loop_overlap)
+    eng, rank = _engine({})
+    a = Req(0, 0, 0, 0.0, 1000, 400)
+    rank.waiting.append(a)
+    eng.step()
+    eng.step()
+    step_start, step_end = eng.last_step_start, eng.last_step_end
+    b = Req(1, 1, 0, (step_start + step_end) / 2, 500, 10)
+    rank.waiting.append(b)
+    assert eng.seen_cutoff() == step_start
+    dt = eng.step()  # a decode step: b is not seen yet
+    assert b.sched_t is None and dt > 0
+    eng.step()  # now b is prefilled: its batch was formed when that extra decode step began
+    assert b.sched_t == pytest.approx(step_end)
+    assert b.first_t is not None and b.first_t > step_end + dt
+
+
+def test_without_overlap_an_arrival_is_seen_at_the_next_boundary():
+    eng, rank = _engine({"disable-overlap-schedule": True})
+    a = Req(0, 0, 0, 0.0, 1000, 400)
+    rank.waiting.append(a)
+    eng.step()
+    eng.step()
+    b = Req(1, 1, 0, (eng.last_step_start + eng.last_step_end) / 2, 500, 10)
+    rank.waiting.append(b)
+    assert eng.seen_cutoff() == math.inf
+    eng.step()
+    assert b.sched_t is not None  # prefilled right away
+
+
+def test_an_idle_server_receives_an_arrival_at_once():
+    eng, rank = _engine({})
+    eng.clock = 5.0
+    b = Req(1, 1, 0, 5.0, 500, 10)
+    rank.waiting.append(b)
+    eng.step()
+    assert b.sched_t == 5.0 and b.first_t is not None

@@ -1,0 +1,42 @@
+"""The simulator's prediction of a real load point: the same configuration, workload, users,
+window, seed and SGLang version, simulated beside the measurement so every real trial carries
+what the simulator said it would measure (the ledger of trust: ``tuner.study.trust``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tuner.errors import ConfigError, TrialError
+from tuner.sim import simulate_load_point
+
+PREDICTION_KEY = "simulator_prediction"  # where a measurement's extra JSON keeps it
+PREDICTED_METRICS = ("p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p90_tpot_s",
+                     "throughput_tokens_per_s", "prefix_cache_hit_rate")
+
+
+def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, duration_s: float,
+            seed: int) -> dict[str, Any]:
+    """What the calibrated simulator predicts for this load point (``error`` when it cannot)."""
+    hw = study.hardware
+    options = getattr(study, "backend_options", None) or {}
+    t0 = time.process_time()
+    try:
+        m = simulate_load_point(study.model, hw.gpu, hw.gpus_per_node, dict(flags), dict(knobs or {}),
+                                study.workload_profile(), users, warmup_s=warmup_s, duration_s=duration_s, seed=seed,
+                                nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
+                                calibration=options.get("calibration"), sglang_version=options.get("sglang_version"))
+    except (TrialError, ConfigError) as exc:
+        return {"error": str(exc), "seed": seed}
+    out: dict[str, Any] = {k: getattr(m, k) for k in PREDICTED_METRICS}
+    slo = study.slo
+    out.update({
+        "meets_slo": m.meets(slo.p90_ttft_s, slo.p90_tpot_s),
+        "seed": seed, "warmup_s": warmup_s, "duration_s": duration_s,
+        "sglang_version": m.extra.get("sglang_version"),
+        "step_time_source": (m.extra.get("step_time_source") or {}).get("overall"),
+        "calibration": list(m.extra.get("calibration_applied") or []),
+        "server_stage_means": m.extra.get("server_stage_means"),
+        "cpu_s": round(time.process_time() - t0, 3),
+    })
+    return out

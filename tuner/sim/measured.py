@@ -1,0 +1,241 @@
+"""Real measurements the simulator is checked and calibrated against.
+
+Sources (found under the given results directories):
+
+* study databases (``*.db``, the project's SQLite schema, any schema version: an older one is read
+  through an upgraded temporary copy): every valid load point measured by a real backend
+  (``tuner_measurements.backend_kind``, default ``sglang``), with the trial's flags and knobs
+  (``tuner_trials``), the study as it was started (``tuner_studies.spec_yaml``) and SGLang's own
+  ``/metrics`` over the load point (``extra.server_metrics``);
+* probe files (``*.probe.json`` or ``probes/*.json``, format ``tuner-probe/1``, below): load points
+  measured outside a study, e.g. with a forced-small KV pool or HiCache.
+
+Probe format (``tuner-probe/1``)::
+
+    {"format": "tuner-probe/1", "name": "...", "model": "qwen3-30b-a3b", "gpu": "h200",
+     "gpus": 1, "nodes": 1, "host_memory_gb": 2048, "sglang_version": "0.5.17",
+     "flags": {"tp-size": 1, "attention-backend": "triton", ...}, "knobs": {},
+     "workload": "coding-agent" | {inline workload profile},
+     "slo": {"p90_ttft_s": 5.0, "p90_tpot_s": 0.05},
+     "points": [{"users": 16, "warmup_s": 60, "duration_s": 300, "seed": 0, "fresh_server": true,
+                 "measured": {"p50_ttft_s": ..., "p90_ttft_s": ..., "p90_tpot_s": ...,
+                              "throughput_tokens_per_s": ..., "prefix_cache_hit_rate": ...}}],
+     "provenance": {"date": "...", "command": "...", "server_info": {...}}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from tuner.config.schema import StudySpec
+from tuner.errors import ConfigError
+from tuner.storage import repo
+from tuner.storage.snapshot import read_snapshot
+from tuner.workload.profiles import load_profile
+from tuner.workload.session import WorkloadProfile
+
+PROBE_FORMAT = "tuner-probe/1"
+METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
+REAL_BACKENDS = ("sglang",)
+
+
+@dataclass
+class LoadPoint:
+    """One measured load point and everything needed to re-simulate it."""
+
+    source: str
+    label: str
+    model: str
+    gpu: str
+    gpus: int
+    nodes: int
+    host_memory_gb: float | None
+    flags: dict
+    knobs: dict
+    workload: Any  # WorkloadProfile
+    users: int
+    warmup_s: float
+    duration_s: float
+    seed: int
+    p90_ttft_slo_s: float
+    p90_tpot_slo_s: float
+    sglang_version: str | None
+    measured: dict
+    study: str | None = None
+    trial: int | None = None
+    step: int = 0  # order within the trial's capacity search
+    fresh_server: bool = False  # the first load point its server measured (kernels not used before)
+    server_metrics: dict = field(default_factory=dict)  # SGLang's /metrics over the load point
+
+    def server_stage_means(self) -> dict | None:
+        """SGLang's own per-request means over the load point: queue time (waiting queue to a
+        batch), prefill forward (batch to prefill done: ``per_stage_req_latency``, whose other
+        observed stage, request_process, is sub-millisecond), TTFT (tokenizer manager)."""
+        sm = self.server_metrics or {}
+        n = sm.get("sglang:time_to_first_token_seconds_count")
+        if not n:
+            return None
+        q_n = sm.get("sglang:queue_time_seconds_count") or n
+        return {"requests": int(n), "queue_s": sm.get("sglang:queue_time_seconds_sum", 0.0) / q_n,
+                "prefill_forward_s": sm.get("sglang:per_stage_req_latency_seconds_sum", 0.0) / n,
+                "ttft_s": sm.get("sglang:time_to_first_token_seconds_sum", 0.0) / n}
+
+
+# ---- sources -------------------------------------------------------------------------------
+
+def find_sources(dirs: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
+    """(study databases, probe files) under ``dirs`` (a file is taken as it is)."""
+    dbs, probes = [], []
+    for d in dirs:
+        d = Path(d)
+        if d.is_file():
+            (dbs if d.suffix in (".db", ".sqlite") else probes).append(d)
+            continue
+        if not d.is_dir():
+            raise ConfigError(f"no such results directory: {d}", key="--results")
+        dbs += sorted(p for p in d.rglob("*.db") if p.is_file())
+        probes += sorted({*d.rglob("*.probe.json"), *d.rglob("probes/*.json")})
+    return dbs, probes
+
+
+def extra_args_to_flags(args: Iterable[str]) -> dict[str, Any]:
+    """``["--attention-backend", "triton", "--disable-radix-cache"]`` -> flags."""
+    out: dict[str, Any] = {}
+    args = list(args or [])
+    i = 0
+    while i < len(args):
+        a = str(args[i])
+        if a.startswith("--"):
+            name, eq, value = a[2:].partition("=")
+            if eq:
+                out[name] = value
+            elif i + 1 < len(args) and not str(args[i + 1]).startswith("--"):
+                out[name] = args[i + 1]
+                i += 1
+            else:
+                out[name] = True
+        i += 1
+    return out
+
+
+def _version_from_trial(trial, spec_options: dict) -> str | None:
+    tele = trial.telemetry or {}
+    info = tele.get("server_info") or {}
+    if isinstance(info, list):  # one snapshot per server process
+        info = next((i for i in info if isinstance(i, dict)), {})
+    for v in ((tele.get("plan") or {}).get("sglang_version"), info.get("version"),
+              (tele.get("server") or {}).get("sglang_version"), tele.get("sglang_version"),
+              spec_options.get("sglang_version")):
+        if v:
+            return str(v).split("-")[0]
+    return None
+
+
+def points_from_database(path: Path, backends: tuple[str, ...] = REAL_BACKENDS) -> list[LoadPoint]:
+    """Every valid real load point of the database (read without writing: an older schema is
+    read through an upgraded temporary copy)."""
+    with read_snapshot(path) as engine:
+        return [] if engine is None else _points(engine, path, backends)
+
+
+def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
+    out: list[LoadPoint] = []
+    for study_row in repo.list_studies(engine):
+        try:
+            spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
+            profile = spec.workload_profile()
+        except Exception as exc:  # a study this tuner cannot read: report, do not stop
+            raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
+        trials = {t.trial_number: t for t in repo.trials(engine, study_row.name)}
+        extra_flags = extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or [])
+        rows = repo.measurements(engine, study_row.name)
+        first_step = {}
+        for m in rows:  # one server per trial: its first load point ran on a fresh server
+            first_step[m.trial_number] = min(m.step, first_step.get(m.trial_number, m.step))
+        for m in rows:
+            if m.backend_kind not in backends or not m.valid:
+                continue
+            trial = trials.get(m.trial_number)
+            if trial is None:
+                continue
+            fid = max(0.05, min(1.0, m.fidelity or 1.0))
+            measured = {k: getattr(m, k) for k in METRICS}
+            out.append(LoadPoint(
+                source=str(path), label=f"{study_row.name}#{m.trial_number}@{m.users}",
+                model=spec.model, gpu=spec.hardware.gpu, gpus=spec.hardware.gpus_per_node,
+                nodes=spec.hardware.nodes, host_memory_gb=spec.hardware.host_memory_gb,
+                flags={**extra_flags, **(trial.flags or {})}, knobs=dict(trial.knobs or {}), workload=profile,
+                users=m.users, warmup_s=spec.measurement.warmup_s * fid, duration_s=m.duration_s,
+                seed=spec.seed + m.trial_number + 1009 * m.step,
+                p90_ttft_slo_s=spec.slo.p90_ttft_s, p90_tpot_slo_s=spec.slo.p90_tpot_s,
+                sglang_version=_version_from_trial(trial, spec.backend_options or {}),
+                measured=measured, study=study_row.name, trial=m.trial_number, step=m.step,
+                fresh_server=m.step == first_step[m.trial_number],
+                server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
+    return out
+
+
+def _req(doc: dict, key: str, kind, path: Path, where: str = ""):
+    value = doc.get(key)
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ConfigError(f"required {name}", file=str(path), key=f"{where}{key}")
+    return value
+
+
+def points_from_probe(path: Path) -> list[LoadPoint]:
+
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read probe: {exc}", file=str(path)) from None
+    if not isinstance(doc, dict) or doc.get("format") != PROBE_FORMAT:
+        raise ConfigError(f"not a probe file: expected format {PROBE_FORMAT!r}", file=str(path), key="format")
+    model = _req(doc, "model", str, path)
+    gpu = _req(doc, "gpu", str, path)
+    flags = _req(doc, "flags", dict, path)
+    slo = _req(doc, "slo", dict, path)
+    workload = doc.get("workload")
+    try:
+        if isinstance(workload, str):
+            profile = load_profile(workload)
+        elif isinstance(workload, dict):
+            profile = WorkloadProfile.model_validate(workload)
+        else:
+            raise ConfigError("required: a workload profile name or an inline profile", file=str(path),
+                              key="workload")
+    except ConfigError as exc:
+        raise ConfigError(exc.detail, file=str(path), key=exc.key or "workload") from None
+    except Exception as exc:
+        raise ConfigError(f"invalid workload: {exc}", file=str(path), key="workload") from None
+    points = _req(doc, "points", list, path)
+    if not points:
+        raise ConfigError("needs at least one load point", file=str(path), key="points")
+    out = []
+    for i, p in enumerate(points):
+        where = f"points[{i}]."
+        if not isinstance(p, dict):
+            raise ConfigError("must be an object", file=str(path), key=f"points[{i}]")
+        users = _req(p, "users", int, path, where)
+        measured = _req(p, "measured", dict, path, where)
+        for k in ("p90_ttft_s", "p90_tpot_s"):
+            if not isinstance(measured.get(k), (int, float)):
+                raise ConfigError("required number", file=str(path), key=f"{where}measured.{k}")
+        out.append(LoadPoint(
+            source=str(path), label=f"{doc.get('name', path.stem)}@{users}", model=model, gpu=gpu,
+            gpus=int(doc.get("gpus", 8)), nodes=int(doc.get("nodes", 1)), host_memory_gb=doc.get("host_memory_gb"),
+            flags=dict(flags), knobs=dict(doc.get("knobs") or {}), workload=profile, users=users,
+            warmup_s=float(p.get("warmup_s", 120)), duration_s=float(_req(p, "duration_s", (int, float), path, where)),
+            seed=int(p.get("seed", 0)), p90_ttft_slo_s=float(_req(slo, "p90_ttft_s", (int, float), path, "slo.")),
+            p90_tpot_slo_s=float(_req(slo, "p90_tpot_s", (int, float), path, "slo.")),
+            sglang_version=doc.get("sglang_version"), measured={k: measured.get(k) for k in METRICS},
+            step=i, fresh_server=bool(p.get("fresh_server", False)),
+            server_metrics=dict(p.get("server_metrics") or {})))
+    return out
+
+

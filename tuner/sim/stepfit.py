@@ -1,0 +1,587 @@
+"""Fit the step-time model's mechanism to what real SGLang servers logged about their own steps.
+
+The data are the windows of ``tuner.sim.steplog``: 40 decode batches (batch size and KV held at
+both ends) plus the prefill batches that ran between them (new tokens, cached prefix, sequences),
+and the window's wall time from SGLang's own ``gen throughput``. The model is the simulator's own
+step-time model (``tuner.sim.steptime.StepTimeModel``) built for each trial's configuration, so
+the fitted values are exactly the calibration keys the simulator reads:
+
+* ``overhead.cpu_step_s`` + ``overhead.per_request_s`` x running: the scheduler's CPU time per
+  step; the overlap scheduler hides it behind the GPU step, so it is the floor of a step;
+* ``overhead.layer_s``: fixed GPU time per layer of a decode step (the small kernels of a layer
+  inside a CUDA graph);
+* ``memory_efficiency``: the share of HBM bandwidth at which a decode step streams the weights it
+  touches (dense weights and the experts the batch routes to);
+* ``kv_memory_efficiency``: the same for the decode attention kernel reading the KV cache;
+* ``compute_efficiency.decode_attention``: compute-bound decode attention (MLA's absorbed form);
+* ``overhead.eager_prefill_per_layer_s``: launch cost per layer of a prefill step without prefill
+  CUDA graphs (every kernel launched from Python); ``overhead.prefill_batch_s``: the fixed cost of a
+  prefill step outside its kernels (building the batch, sampling its first tokens);
+* ``compute_efficiency.moe`` and ``.dense``: the fused-MoE and linear GEMMs of prefill steps;
+* ``compute_efficiency.extend_attention.<mode>``: the extend-attention kernel over new tokens x
+  (cached prefix + new), per mode (``gqa``, ``mla_absorbed``, ``mla_mha``).
+
+A parameter the data cannot see (no MLA trial, no prefill without a cached prefix) is left at
+its prior value and reported as not fitted. Residuals are relative (window time), with a soft-L1
+loss so that a window disturbed by something the log does not show (an idle gap, a stalled
+client) counts less.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import yaml
+
+from tuner.catalog import get_gpu, get_model
+from tuner.config.schema import StudySpec
+from tuner.errors import ConfigError
+from tuner.planner import parse_layout, plan_memory
+from tuner.planner.memory import prefill_graph_enabled
+from tuner.storage import repo
+from tuner.storage.snapshot import read_snapshot
+
+from .calibrate import calibration_context, load_calibration
+from .scheduler import check_version, version_tuple
+from .simulate import build_step_model, simulate_load_point
+from .measured import find_sources, points_from_database
+from .steplog import StepWindow, decode_windows, read_step_lines
+from .steptime import RankWork, StepTimeModel
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One calibration value the fit may move: its key path, bounds, and which data see it."""
+
+    path: tuple[str, ...]
+    lower: float
+    upper: float
+    needs: str = "any"  # any | mla | gqa | eager_prefill | mla_no_prefix
+    meaning: str = ""
+    tied: tuple[tuple[str, ...], ...] = ()  # other keys set to the same value (the data cannot split them)
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter(("overhead", "cpu_step_s"), 1e-4, 0.03, meaning="scheduler CPU per step (floor of a step)"),
+    Parameter(("overhead", "per_request_s"), 0.0, 1e-3, meaning="scheduler CPU per running request per step"),
+    Parameter(("overhead", "layer_s"), 0.0, 1e-3, meaning="fixed GPU time per layer of a decode step"),
+    Parameter(("memory_efficiency",), 0.1, 1.0, meaning="HBM share when a decode step streams weights"),
+    Parameter(("kv_memory_efficiency",), 0.05, 1.0, needs="gqa", meaning="HBM share of the decode KV reads"),
+    Parameter(("compute_efficiency", "decode_attention"), 0.01, 1.0, needs="mla",
+              meaning="compute share of MLA's absorbed decode attention"),
+    Parameter(("overhead", "eager_prefill_per_layer_s"), 0.0, 5e-3, needs="eager_prefill",
+              meaning="launch cost per layer of a prefill step without prefill CUDA graphs"),
+    Parameter(("overhead", "prefill_batch_s"), 0.0, 0.2, meaning="fixed cost of a prefill step outside its kernels"),
+    Parameter(("compute_efficiency", "moe"), 0.02, 1.0, tied=(("compute_efficiency", "dense"),),
+              meaning="fused-MoE and linear GEMMs in prefill (share of peak; one value: the windows cannot "
+                      "split them)"),
+    Parameter(("compute_efficiency", "extend_attention", "gqa"), 0.01, 1.0, needs="gqa",
+              meaning="extend attention over the cached prefix, GQA"),
+    Parameter(("compute_efficiency", "extend_attention", "gqa_causal"), 0.01, 1.0, needs="gqa",
+              meaning="extend attention over the new tokens (causal), GQA"),
+    Parameter(("compute_efficiency", "extend_attention", "mla_absorbed"), 0.005, 1.0, needs="mla",
+              meaning="extend attention over the cached prefix, MLA (absorbed: a batch with a prefix)"),
+    Parameter(("compute_efficiency", "extend_attention", "mla_absorbed_causal"), 0.005, 1.0, needs="mla",
+              meaning="extend attention over the new tokens, MLA absorbed"),
+    Parameter(("compute_efficiency", "extend_attention", "mla_mha"), 0.01, 1.0, needs="mla_no_prefix",
+              meaning="extend attention, MLA without a cached prefix (MHA over expanded K/V)"),
+)
+
+
+def get_path(cal: dict, path: tuple[str, ...], default=None):
+    node = cal
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def set_path(cal: dict, path: tuple[str, ...], value) -> None:
+    node = cal
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+# ---- the data --------------------------------------------------------------------------------
+
+@dataclass
+class TrialSteps:
+    """One real trial: its configuration and the step windows of its server log."""
+
+    label: str
+    study: str
+    trial: int
+    model: Any  # ModelDescription
+    gpu: Any  # GPUDescription
+    gpus: int
+    nodes: int
+    host_memory_gb: float | None
+    flags: dict
+    knobs: dict
+    sglang_version: str
+    shared_prefix_tokens: int
+    windows: list[StepWindow] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    _plan: Any = None
+
+    @property
+    def arch(self) -> str:
+        return "mla" if self.model.is_mla else "gqa"
+
+    def step_model_prefill_graph(self) -> bool:
+        return prefill_graph_enabled(self.model, self.flags, version_tuple(self.sglang_version))
+
+    def step_model(self, calibration: dict) -> StepTimeModel:
+        if self._plan is None:
+            plan = plan_memory(self.model, self.gpu, self.gpus, self.flags, nodes=self.nodes,
+                               host_memory_gb=self.host_memory_gb, sglang_version=self.sglang_version)
+            self._plan = (plan, parse_layout(self.model, self.flags, self.gpus * self.nodes))
+        plan, layout = self._plan
+        return build_step_model(self.model, self.gpu, plan, layout, self.flags, self.knobs, calibration,
+                                self.gpus, self.sglang_version)
+
+
+def trial_log_files(db_path: Path, study: str, trial: int, log_path: str | None) -> list[Path]:
+    """The trial's server logs: ``runs/<study>/trial-NNNN/*.log[.gz]`` beside the database (as
+    results are collected), else where the trial recorded them."""
+    here = db_path.parent / "runs" / study / f"trial-{trial:04d}"
+    found = sorted([*here.glob("*.log.gz"), *here.glob("*.log")]) if here.is_dir() else []
+    if not found and log_path and Path(log_path).is_file():
+        found = [Path(log_path)]
+    return found
+
+
+def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sglang",)) -> list[TrialSteps]:
+    """Every real trial of the database whose server log has step lines."""
+    path = Path(path)
+    out: list[TrialSteps] = []
+    with read_snapshot(path) as engine:
+        if engine is None:
+            return out
+        for study_row in repo.list_studies(engine):
+            try:
+                spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
+                profile = spec.workload_profile()
+            except Exception as exc:
+                raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
+            options = spec.backend_options or {}
+            version = check_version(options.get("sglang_version"))
+            model = get_model(spec.model)
+            gpu = get_gpu(spec.hardware.gpu)
+            for t in repo.trials(engine, study_row.name):
+                if t.backend_kind not in backends:
+                    continue
+                logs = trial_log_files(path, study_row.name, t.trial_number, t.log_path)
+                windows = []
+                for log in logs:
+                    windows += decode_windows(read_step_lines(log), source=str(log))
+                if not windows:
+                    continue
+                out.append(TrialSteps(
+                    label=f"{study_row.name}#{t.trial_number}", study=study_row.name, trial=t.trial_number,
+                    model=model, gpu=gpu, gpus=spec.hardware.gpus_per_node, nodes=spec.hardware.nodes,
+                    host_memory_gb=spec.hardware.host_memory_gb, flags=dict(t.flags or {}),
+                    knobs=dict(t.knobs or {}), sglang_version=version,
+                    shared_prefix_tokens=int(round(profile.system_prefix_tokens * profile.scale)),
+                    windows=windows, logs=[str(x) for x in logs]))
+    return out
+
+
+def load_real_data(dirs: Iterable[str | Path]) -> tuple[list[TrialSteps], list]:
+    """Every real trial with step lines and every real load point under ``dirs``."""
+    dbs, _probes = find_sources(dirs)
+    trials, points = [], []
+    for db in dbs:
+        trials += trials_from_database(db)
+        points += points_from_database(db)
+    return trials, points
+
+
+def fit_context(trials: list[TrialSteps]) -> dict:
+    """The calibration context all trials share (``calibrate.calibration_context``)."""
+    contexts = {json.dumps(calibration_context(t.model, t.gpu, t.flags, t.sglang_version), sort_keys=True)
+                for t in trials}
+    if len(contexts) != 1:
+        raise ConfigError("the trials run under different calibration contexts (SGLang version, attention "
+                          f"backend, prefill CUDA graphs): {sorted(contexts)}; fit one at a time", key="--results")
+    return json.loads(contexts.pop())
+
+
+# ---- the model of one window --------------------------------------------------------------------
+
+def _decode_work(running: int, kv_tokens: int, shared_prefix: int) -> RankWork:
+    # each request reads its whole context; the log counts a shared prefix once
+    ctx = kv_tokens + max(0, running - 1) * shared_prefix
+    return RankWork(decode_reqs=running, decode_ctx_tokens=ctx)
+
+
+def _prefill_work(seqs: int, new_tokens: int, cached_tokens: int) -> RankWork:
+    seqs = max(1, seqs)
+    per_new, per_cached = new_tokens / seqs, cached_tokens / seqs
+    c, p = max(1, round(per_new)), round(per_cached)
+    return RankWork(prefill_tokens=new_tokens, prefill_seqs=seqs,
+                    prefill_ctx_units=seqs * per_new * (per_cached + per_new / 2),
+                    extend_items=tuple((c, p) for _ in range(seqs)))
+
+
+def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: bool = True) -> float:
+    """Predicted wall time of a window: its decode batches (half at each end's batch) and its
+    prefill batches, each step ``max(GPU, scheduler CPU)`` under the overlap scheduler."""
+    half = w.interval / 2
+    t = 0.0
+    for n, kv in ((w.running_start, w.kv_tokens_start), (w.running_end, w.kv_tokens_end)):
+        t += half * sm.step_time([_decode_work(n, kv, shared_prefix)], n, overlap=overlap)
+    for p in w.prefills:
+        t += sm.step_time([_prefill_work(p.seqs, p.new_tokens, p.cached_tokens)], p.running, overlap=overlap)
+    return t
+
+
+MIN_WINDOWS_FOR_A_MODE = 30  # prefill batches of a kind the data must hold before its efficiency is fitted
+
+
+def _sees(trials: list[TrialSteps], needs: str) -> bool:
+    if needs == "any":
+        return bool(trials)
+    if needs in ("mla", "gqa"):
+        return any(t.arch == needs for t in trials)
+    if needs == "eager_prefill":
+        return any(not t.step_model_prefill_graph() for t in trials)
+    if needs == "mla_no_prefix":
+        return sum(1 for t in trials if t.arch == "mla" for w in t.windows for p in w.prefills
+                   if p.cached_tokens == 0) >= MIN_WINDOWS_FOR_A_MODE
+    raise ValueError(needs)
+
+
+@dataclass
+class FitResult:
+    values: dict[str, float]  # parameter name -> fitted value
+    prior: dict[str, float]
+    fixed: list[str]  # parameters the data could not see (left at the prior)
+    trials: list[str]
+    windows: int
+    residuals: dict[str, dict]  # trial label -> {median_abs, mean, n}
+    calibration: dict  # the full calibration with the fitted values
+    at_bound: list[str] = field(default_factory=list)  # fitted to a bound: the data push past it
+    prefill_scale: "PrefillScale | None" = None
+    warmup: "WarmupStalls | None" = None
+
+    def as_overrides(self) -> dict:
+        """The calibration keys this fit set, with their final values (after the prefill scale)."""
+        paths = [path for p in PARAMETERS if p.name in self.values for path in (p.path, *p.tied)]
+        if self.prefill_scale is not None:
+            paths += [*PREFILL_COMPUTE, ("overhead", "eager_prefill_per_layer_s"), ("overhead", "prefill_per_layer_s"),
+                      ("overhead", "prefill_batch_s")]
+            paths += [("compute_efficiency", "extend_attention", m) for m in
+                      ("gqa", "gqa_causal", "mla_absorbed", "mla_absorbed_causal", "mla_mha", "mla_mha_causal")]
+        out: dict = {}
+        for path in dict.fromkeys(paths):
+            v = get_path(self.calibration, path)
+            set_path(out, path, dict(v) if isinstance(v, dict) else float(f"{v:.4g}"))
+        return out
+
+
+def _overlap(t: TrialSteps) -> bool:
+    return not bool(t.flags.get("disable-overlap-schedule")) and int(t.flags.get("pp-size") or 1) == 1
+
+
+def trial_window_times(t: TrialSteps, calibration: dict) -> np.ndarray:
+    sm = t.step_model(calibration)
+    overlap = _overlap(t)
+    return np.array([window_time(sm, w, t.shared_prefix_tokens, overlap) for w in t.windows])
+
+
+def residual_summary(trials: list[TrialSteps], calibration: dict) -> dict[str, dict]:
+    """Per trial: how far the calibrated model's window times are from the log's."""
+    out = {}
+    for t in trials:
+        wall = np.array([w.wall_s for w in t.windows])
+        rel = (trial_window_times(t, calibration) - wall) / wall
+        out[t.label] = {"windows": len(rel), "median_abs_error": float(np.median(np.abs(rel))),
+                        "mean_error": float(np.mean(rel)),
+                        "p90_abs_error": float(np.quantile(np.abs(rel), 0.9))}
+    return out
+
+
+def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters: Iterable[Parameter] = PARAMETERS,
+        progress: Callable[[str], None] | None = None) -> FitResult:
+    """Least squares of the relative window-time error over the parameters the data can see."""
+    from scipy.optimize import least_squares  # heavy
+
+    if not trials:
+        raise ConfigError("no trial with SGLang step lines to fit", key="--results")
+    gpus = {t.gpu.name for t in trials}
+    if len(gpus) != 1:
+        raise ConfigError(f"fit one GPU at a time; the data hold {sorted(gpus)}", key="--results")
+    base = copy.deepcopy(calibration if calibration is not None else load_calibration(trials[0].gpu.name))
+    free = [p for p in parameters if _sees(trials, p.needs)]
+    fixed = [p.name for p in parameters if p not in free]
+    prior = {p.name: float(_prior(base, p)) for p in parameters}
+
+    def cal_for(x) -> dict:
+        cal = copy.deepcopy(base)
+        for p, v in zip(free, x):
+            for path in (p.path, *p.tied):
+                set_path(cal, path, float(v))
+        return cal
+
+    walls = [np.array([w.wall_s for w in t.windows]) for t in trials]
+    evals = [0]
+
+    def residuals(x):
+        cal = cal_for(x)
+        res = [_prior_residuals(free, x, prior)]
+        for t, wall in zip(trials, walls):
+            res.append((trial_window_times(t, cal) - wall) / wall)
+        evals[0] += 1
+        if progress and evals[0] % 25 == 0:
+            progress(f"fit: {evals[0]} evaluations")
+        return np.concatenate(res)
+
+    lo = np.array([p.lower for p in free])
+    hi = np.array([p.upper for p in free])
+    best = None
+    # A step is max(GPU, CPU): while the CPU floor sits below every GPU step its gradient is 0, so
+    # the floor starts near the data's fastest decode steps.
+    for start in _starts(free, prior, trials):
+        x0 = np.clip(start, lo + 1e-12, hi - 1e-12)
+        sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale="jac",
+                            diff_step=1e-3, max_nfev=200)
+        if best is None or sol.cost < best.cost:
+            best = sol
+    sol = best
+    cal = cal_for(sol.x)
+    values = {p.name: float(v) for p, v in zip(free, sol.x)}
+    at_bound = [p.name for p, v in zip(free, sol.x) if v <= p.lower * 1.001 or v >= p.upper * 0.999]
+    return FitResult(values=values, prior=prior, fixed=fixed, trials=[t.label for t in trials],
+                     windows=sum(len(t.windows) for t in trials), residuals=residual_summary(trials, cal),
+                     calibration=cal, at_bound=at_bound)
+
+
+# ---- stage 2: prefill time from SGLang's own prefill-forward stage -------------------------------
+
+PREFILL_COMPUTE = (("compute_efficiency", "dense"), ("compute_efficiency", "moe"))
+SCALE_BOUNDS = (0.4, 4.0)
+
+
+@dataclass
+class PrefillScale:
+    """How much longer (> 1) or shorter prefill steps are than the window fit made them, so that
+    the simulator's mean prefill-forward stage equals SGLang's own over steady load points."""
+
+    scale: float
+    points: list[dict]  # per load point: label, measured and simulated stage means at the scale
+
+    @property
+    def log_ratio_spread(self) -> float:
+        r = [math.log(p["simulated_prefill_forward_s"] / p["measured_prefill_forward_s"]) for p in self.points]
+        return float(np.std(r)) if r else 0.0
+
+
+def scale_prefill(calibration: dict, scale: float) -> dict:
+    """Prefill steps ``scale`` times as long: prefill compute efficiencies / scale, eager launch x scale."""
+    cal = copy.deepcopy(calibration)
+    for path in PREFILL_COMPUTE:
+        set_path(cal, path, get_path(cal, path) / scale)
+    ext = get_path(cal, ("compute_efficiency", "extend_attention")) or {}
+    base = get_path(cal, ("compute_efficiency", "attention"))
+    for mode in ("gqa", "mla_absorbed", "mla_mha", "dsa"):
+        for key in (mode, mode + "_causal"):
+            set_path(cal, ("compute_efficiency", "extend_attention", key),
+                     float(ext.get(key, ext.get(mode, base))) / scale)
+    ov = cal["overhead"]
+    ov["eager_prefill_per_layer_s"] = ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]) * scale
+    ov["prefill_per_layer_s"] = ov["prefill_per_layer_s"] * scale
+    ov["prefill_batch_s"] = ov.get("prefill_batch_s", 0.0) * scale
+    return cal
+
+
+def steady_points(points) -> list:
+    """Load points with SGLang's stage metrics measured on a warm server (not its first)."""
+    return [p for p in points if not p.fresh_server and p.server_stage_means()]
+
+
+def simulated_stages(p, calibration: dict) -> dict:
+    m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users, warmup_s=p.warmup_s,
+                            duration_s=p.duration_s, seed=p.seed, nodes=p.nodes, host_memory_gb=p.host_memory_gb,
+                            calibration=calibration, sglang_version=p.sglang_version)
+    return m.extra["server_stage_means"]
+
+
+def fit_prefill_scale(points, calibration: dict, progress: Callable[[str], None] | None = None) -> PrefillScale:
+    """Bisection on the scale for mean log(simulated / measured prefill forward) = 0."""
+    pts = steady_points(points)
+    if not pts:
+        raise ConfigError("no warm-server load point with SGLang's stage metrics (extra.server_metrics)",
+                          key="--results")
+
+    def evaluate(scale):
+        cal = scale_prefill(calibration, scale)
+        rows = []
+        for p in pts:
+            sim = simulated_stages(p, cal)
+            meas = p.server_stage_means()
+            rows.append({"label": p.label, "measured_prefill_forward_s": meas["prefill_forward_s"],
+                         "simulated_prefill_forward_s": max(sim["prefill_forward_s"], 1e-6),
+                         "measured_queue_s": meas["queue_s"], "simulated_queue_s": sim["queue_s"],
+                         "measured_ttft_s": meas["ttft_s"], "simulated_ttft_s": sim["ttft_s"]})
+        err = float(np.mean([math.log(r["simulated_prefill_forward_s"] / r["measured_prefill_forward_s"])
+                             for r in rows]))
+        if progress:
+            progress(f"prefill scale {scale:.3f}: mean log(simulated/measured prefill forward) {err:+.3f}")
+        return err, rows
+
+    lo, hi = SCALE_BOUNDS
+    e1, rows = evaluate(1.0)
+    if abs(e1) < 0.01:
+        return PrefillScale(1.0, rows)
+    # bracket: the stage grows with the scale
+    a, b = (1.0, min(hi, 2.0)) if e1 < 0 else (max(lo, 0.5), 1.0)
+    ea, eb = (e1, None) if e1 < 0 else (None, e1)
+    if eb is None:
+        eb, rows_b = evaluate(b)
+        while eb < 0 and b < hi:
+            a, ea, b = b, eb, min(hi, b * 1.6)
+            eb, rows_b = evaluate(b)
+    if ea is None:
+        ea, rows_a = evaluate(a)
+        while ea > 0 and a > lo:
+            b, eb, a = a, ea, max(lo, a / 1.6)
+            ea, rows_a = evaluate(a)
+    best = (abs(e1), 1.0, rows)
+    for _ in range(8):
+        mid = math.sqrt(a * b)
+        em, rows_m = evaluate(mid)
+        if abs(em) < best[0]:
+            best = (abs(em), mid, rows_m)
+        if abs(em) < 0.01:
+            break
+        if em < 0:
+            a, ea = mid, em
+        else:
+            b, eb = mid, em
+    return PrefillScale(best[1], best[2])
+
+
+WARMUP_LOOK_S = 60.0  # a fresh server's first seconds of traffic searched for stalls
+STALL_MIN_S = 0.3  # a window this much (and half) slower than the model holds a stall
+
+
+@dataclass
+class WarmupStalls:
+    """Stalls of fresh servers: windows of their first ``WARMUP_LOOK_S`` of traffic far slower
+    than the step-time model, which warm servers do not show."""
+
+    count: float  # per server start
+    stall_s: float  # mean excess of a stall window
+    over_s: float  # the stalls spread over the first over_s seconds
+    servers: int
+    stalls: list[dict] = field(default_factory=list)  # log, seconds after first traffic, excess
+    later_rate_per_min: float = 0.0  # the same excess after WARMUP_LOOK_S, per minute (should be ~0)
+
+    def as_dict(self) -> dict:
+        return {"count_per_start": round(self.count, 2), "stall_s": round(self.stall_s, 3),
+                "over_s": round(self.over_s, 1), "servers": self.servers,
+                "later_per_min": round(self.later_rate_per_min, 3), "stalls": self.stalls}
+
+
+def warmup_stalls(trials: list[TrialSteps], calibration: dict) -> WarmupStalls | None:
+    stalls, servers, late, late_minutes = [], 0, 0, 0.0
+    for t in trials:
+        pred = trial_window_times(t, calibration)
+        by_log: dict[str, list] = {}
+        for w, p in zip(t.windows, pred):
+            by_log.setdefault(w.source, []).append((w, p))
+        for log, rows in by_log.items():
+            servers += 1
+            t0 = rows[0][0].t_start
+            for w, p in rows:
+                excess = w.wall_s - p
+                if excess > STALL_MIN_S and excess > 0.5 * p:
+                    if w.t_end - t0 <= WARMUP_LOOK_S:
+                        stalls.append({"log": log, "after_s": w.t_end - t0, "excess_s": excess})
+                    else:
+                        late += 1
+            late_minutes += max(0.0, rows[-1][0].t_end - t0 - WARMUP_LOOK_S) / 60
+    if not servers:
+        return None
+    count = len(stalls) / servers
+    if not stalls:
+        return WarmupStalls(0.0, 0.0, WARMUP_LOOK_S, servers)
+    last = [max(s["after_s"] for s in stalls if s["log"] == log)
+            for log in {s["log"] for s in stalls}]
+    over = float(np.mean(last)) * count / max(count - 0.5, 0.5)
+    return WarmupStalls(count, float(np.mean([s["excess_s"] for s in stalls])), over, servers, stalls,
+                        late / late_minutes if late_minutes else 0.0)
+
+
+def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None,
+              progress: Callable[[str], None] | None = None) -> FitResult:
+    """Every stage: the window fit, the first-use stall, then the prefill scale."""
+    res = fit(trials, calibration=calibration, progress=progress)
+    pts = [p for p in points if any(p.study == t.study and p.trial == t.trial for t in trials)]
+    if steady_points(pts):
+        scale = fit_prefill_scale(pts, res.calibration, progress)
+        res.prefill_scale = scale
+        res.calibration = scale_prefill(res.calibration, scale.scale)
+    # measured and reported, not simulated: as discrete stalls they made the cross-validated P90
+    # TTFT worse (docs/calibration.md, "Fresh servers")
+    res.warmup = warmup_stalls(trials, res.calibration)
+    res.residuals = residual_summary(trials, res.calibration)
+    return res
+
+
+PRIOR_WEIGHT = 1.0  # a factor of e from an efficiency's prior costs as much as one window 100 % off
+
+
+def _prior_residuals(free: list[Parameter], x, prior: dict[str, float]) -> np.ndarray:
+    """A weak pull toward the priors (maximum a posteriori): a direction the windows cannot see
+    (e.g. weight against KV bandwidth inside one trial) stays near the prior instead of drifting."""
+    out = []
+    for p, v in zip(free, x):
+        p0 = prior[p.name]
+        if p.path[0] in ("memory_efficiency", "kv_memory_efficiency", "compute_efficiency") and p0 > 0:
+            out.append(PRIOR_WEIGHT * math.log(max(v, 1e-9) / p0))
+        else:  # times: relative to the parameter's range
+            out.append(PRIOR_WEIGHT * (v - p0) / (p.upper - p.lower) * 0.1)
+    return np.array(out)
+
+
+def _starts(free: list[Parameter], prior: dict[str, float], trials: list[TrialSteps]) -> list[list[float]]:
+    x = [prior[p.name] for p in free]
+    names = [p.name for p in free]
+    if "overhead.cpu_step_s" in names:
+        steps = [w.wall_s / w.interval for t in trials for w in t.windows if not w.prefills]
+        if steps:  # the floor at the fastest decode steps: its gradient is not 0 there
+            x[names.index("overhead.cpu_step_s")] = float(np.quantile(steps, 0.1)) * 0.8
+    return [x]
+
+
+def _prior(cal: dict, p: Parameter) -> float:
+    v = get_path(cal, p.path)
+    if v is not None:
+        return float(v)
+    # keys the step-time model derives from others when absent
+    if p.path == ("kv_memory_efficiency",):
+        return float(cal["memory_efficiency"])
+    if p.path[:2] == ("compute_efficiency", "extend_attention") and p.path[2].endswith("_causal"):
+        return _prior(cal, Parameter(p.path[:2] + (p.path[2][:-len("_causal")],), p.lower, p.upper))
+    if p.path[:2] == ("compute_efficiency", "extend_attention") or p.path == ("compute_efficiency",
+                                                                               "decode_attention"):
+        return float(cal["compute_efficiency"]["attention"])
+    raise KeyError(p.name)
+
+
+__all__ = ["FitResult", "PARAMETERS", "Parameter", "TrialSteps", "fit", "residual_summary", "trials_from_database",
+           "window_time"]
