@@ -119,15 +119,62 @@ def test_a_version_2_study_left_running_by_a_dead_driver_resumes_to_its_stored_b
     con.close()
 
 
-def test_a_reader_upgrades_a_read_write_database_and_a_read_only_one_is_refused(v1):
+def _files_of(path) -> dict[str, bytes]:
+    """The database and its write-ahead log, byte for byte (a reader must not change them; a
+    read-only reader of a WAL database may leave an empty log and the shared-memory index)."""
+    files = {p.name: p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")) if p.suffix != ".db-shm"}
+    return {name: data for name, data in files.items() if data or name == path.name}
+
+
+def test_readers_read_an_older_database_through_an_upgraded_copy_and_never_write_it(v1):
     path, url = v1
-    with pytest.raises(StorageError, match=r"tuner schema 1; this tuner reads schema 3. Upgrade it once with "
-                                           r"`tuner db upgrade --storage sqlite:///"):
-        study_summary(url, "v1", readonly=True)
+    before = path.read_bytes()
     s = study_summary(url, "v1")
     assert s["trials_launched"] == 4 and s["counts"] == {"complete": 1, "infeasible": 8, "pruned": 3}
-    assert sum(t["screened_by_planner"] for t in s["trials"]) == 4
-    assert study_summary(url, "v1", readonly=True)["best"]["capacity_users"] == 16
+    assert sum(t["screened_by_planner"] for t in s["trials"]) == 4, "read at schema 3: the v2 column is there"
+    assert s["driver"] is None
+    assert path.read_bytes() == before and db.schema_version(db.get_engine(url, create=False, readonly=True)) == 1
+    path.chmod(0o444)  # a read-only file reads the same way
+    try:
+        assert study_summary(url, "v1")["best"]["capacity_users"] == 16
+    finally:
+        path.chmod(0o644)
+    assert path.read_bytes() == before
+
+
+def test_status_list_and_export_of_an_older_database_leave_it_byte_identical(v2, tmp_path):
+    path, url = v2
+    before = _files_of(path)
+    r = run_cli(["study", "status", "v2", "--storage", url, "--json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["counts"] == {"complete": 1, "pruned": 2, "running": 1} and s["driver"] is None
+    r = run_cli(["study", "list", "--storage", url, "--json"], cwd=tmp_path)
+    assert r.returncode == 0 and [row["name"] for row in json.loads(r.stdout)["studies"]] == ["v2"], r.stderr
+    r = run_cli(["study", "export", "v2", "--storage", url, "-o", str(tmp_path / "best.yaml")], cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "best.yaml").is_file(), r.stderr
+    assert _files_of(path) == before, "readers never upgrade in place: writers do"
+    assert db.schema_version(db.get_engine(url, create=False, readonly=True)) == 2
+
+
+@needs_pg
+def test_an_older_postgresql_database_is_refused_by_readers_with_the_upgrade_command():
+    """There is no file to copy: readers name the command that upgrades it, and write nothing."""
+    from sqlalchemy import text
+
+    url, drop = fresh_pg_database()
+    try:
+        engine = db.get_engine(url)
+        db.ensure_schema(engine)
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE tuner_driver_leases"))
+            conn.execute(text("UPDATE tuner_schema SET version = 2"))
+        with pytest.raises(StorageError, match=r"tuner schema 2; this tuner reads schema 3. Upgrade it once with "
+                                               r"`tuner db upgrade --storage postgresql"):
+            study_summary(url, "any")
+        assert db.schema_version(engine) == 2
+    finally:
+        drop()
 
 
 def test_tuner_db_upgrade(v1, tmp_path):
@@ -193,8 +240,30 @@ def test_the_upgrade_runs_on_postgresql():
         drop()
 
 
-def test_the_dashboard_refuses_an_old_database_and_names_the_upgrade(v1, tmp_path):
+def test_the_dashboard_serves_an_old_database_from_an_upgraded_copy_and_names_the_upgrade(v1, tmp_path):
+    import re
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.reliability_tests._util import tuner_env
+
     path, url = v1
-    r = run_cli(["dashboard", "--storage", url, "--port", "0"], cwd=tmp_path, timeout=60)
-    assert r.returncode == 2 and f"Upgrade it once with `tuner db upgrade --storage {url}`" in r.stderr
-    assert db.schema_version(db.get_engine(url, create=False)) == 1, "read-only: nothing written"
+    before = path.read_bytes()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "dashboard", "--storage", url, "--port", "0"],
+                            cwd=tmp_path, env=tuner_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        note = proc.stderr.readline()
+        assert "has tuner schema 1; serving an upgraded copy" in note and "tuner db upgrade --storage" in note, note
+        address = proc.stderr.readline()
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/", address)
+        assert port, address
+        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/api/studies/v1", timeout=30) as r:
+            body = json.loads(r.read())
+        assert len(body["trials"]) == 12 and sum(t["screened_by_planner"] for t in body["trials"]) == 4
+        assert "tuner-snapshot" not in json.dumps(body), "the copy's path is internal"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert "Traceback" not in err, err
+    assert path.read_bytes() == before and db.schema_version(db.get_engine(url, create=False, readonly=True)) == 1

@@ -2,8 +2,8 @@
 SQLAlchemy URL (PostgreSQL).
 
 Every engine passes its database errors through ``tuner.storage.faults`` (a full disk, damaged
-pages, a read-only or unreadable file become one clear ``StorageFaultError``). Readers open a
-file they cannot write read-only (``reader_engine``); writers check first that they can write
+pages, a read-only or unreadable file become one clear ``StorageFaultError``). Readers never
+write (``tuner.storage.snapshot.read_current``); writers check first that they can write
 (``require_writable``) and that the file is sound (``require_sound``), so they refuse before
 writing anything. Creating the schema is safe when several processes do it at once on a fresh
 database.
@@ -197,9 +197,10 @@ def require_writable(url: str) -> None:
 
 
 def reader_engine(url: str) -> Engine:
-    """An engine for commands that only read: read-write where this process may write (an older
-    schema is then upgraded in place), read-only where it may not (a read-only file, directory or
-    file system, or ``mode=ro`` in the URL)."""
+    """An engine for a driver's first reads, before it writes: read-write where this process may
+    write (an older schema is then upgraded in place by ``require_current``), read-only where it
+    may not (a read-only file, directory or file system, or ``mode=ro`` in the URL), so that the
+    driver's own check refuses it with the reason (``require_writable``)."""
     path = sqlite_path(url)
     if path is not None and path.exists() and writable_problem(url) is not None:
         return get_engine(url, create=False, readonly=True)
@@ -284,8 +285,8 @@ def upgrade(engine: Engine) -> list[int]:
 
 
 def require_current(engine: Engine, url: str, *, readonly: bool = False) -> None:
-    """For readers of an existing database: upgrade an older schema in place, or (read-only)
-    refuse it with the command that upgrades it; refuse a newer one."""
+    """Upgrade an older schema in place, or (``readonly``, or an engine opened read-only) refuse
+    it with the command that upgrades it; refuse a newer one."""
     version = schema_version(engine)
     if version is None or version == SCHEMA_VERSION:
         return

@@ -49,6 +49,7 @@ from tuner.config.load import load_stored_study, spec_hash
 from tuner.config.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.storage.reserve import SpaceReserve
+from tuner.storage.snapshot import read_current
 from tuner.study import signals
 from tuner.study.executor import InProcessExecutor, RayExecutor, shutdown_ray
 from tuner.study.lease import Acquired, DriverLease
@@ -405,22 +406,32 @@ def _pid_files(trial_dir: str) -> list[dict]:
     return out
 
 
-def load_existing(storage_url: str, name: str, *, notes: list[str] | None = None) -> StudySpec:
-    """The study exactly as it was started (its stored snapshot), validated by this tuner's schema.
-
-    A stored value this tuner no longer accepts (its bounds became stricter) is a ConfigError
-    naming the key, for a driver (``notes`` None: resume must not run a study it would refuse
-    today); a reader passes ``notes`` and gets the field's default, with a note appended there."""
-    engine = db.reader_engine(storage_url)
+def _stored_study(engine, storage_url: str, name: str, *, upgrade: bool):
     if not db.has_schema(engine):
         raise StudyNotFoundError(f"no study {name!r} in {storage_url} (the database has no tuner studies)")
-    db.require_current(engine, storage_url)
+    if upgrade:
+        db.require_current(engine, storage_url)
     row = repo.get_study(engine, name)
     if row is None:
         names = [s.name for s in repo.list_studies(engine)]
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise StudyNotFoundError(f"no study {name!r} in {storage_url}{hint}; studies there: {', '.join(names) or 'none'}")
+    return row
+
+
+def load_existing(storage_url: str, name: str, *, notes: list[str] | None = None) -> StudySpec:
+    """The study exactly as it was started (its stored snapshot), validated by this tuner's schema.
+
+    A stored value this tuner no longer accepts (its bounds became stricter) is a ConfigError
+    naming the key, for a driver (``notes`` None: resume must not run a study it would refuse
+    today); a reader passes ``notes`` and gets the field's default, with a note appended there."""
+    if notes is None:  # a driver: it is about to write, so an older schema is upgraded in place now
+        engine = db.reader_engine(storage_url)
+        row = _stored_study(engine, storage_url, name, upgrade=True)
+    else:  # a reader writes nothing (an older schema is read through an upgraded copy)
+        with read_current(storage_url) as engine:
+            row = _stored_study(engine, storage_url, name, upgrade=False)
     where = f"{db.describe(storage_url)} (study {name!r} as stored by tuner {row.tuner_version})"
     try:
         data = yaml.safe_load(row.spec_yaml)
