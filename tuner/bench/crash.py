@@ -115,9 +115,10 @@ class _Run:
 
     def spawn(self, *args: str, log: str) -> tuple[subprocess.Popen, Path]:
         err = self.dir / f"{log}.err"
-        proc = subprocess.Popen([sys.executable, "-m", "tuner", *args, "--storage", self.storage, *self.ray_args],
-                                cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=open(err, "wb"),
-                                stdin=subprocess.DEVNULL)
+        with open(err, "wb") as err_file:  # the child keeps its own descriptor
+            proc = subprocess.Popen([sys.executable, "-m", "tuner", *args, "--storage", self.storage, *self.ray_args],
+                                    cwd=self.dir, env=self.env, stdout=subprocess.DEVNULL, stderr=err_file,
+                                    stdin=subprocess.DEVNULL)
         return proc, err
 
     def mid_measurement(self) -> bool:
@@ -164,6 +165,7 @@ def kill_9_once(root: Path, index: int, *, ray: bool) -> dict:
         os.kill(driver.pid, signal.SIGKILL)
         killed = time.monotonic()
         driver.wait(timeout=30)
+        left_at_kill = len(_marked(run.mark))  # the dead driver's servers (and its Ray): resume must reap them
         completed, measured = run.completed(), run.measurements()
         resume, err = run.spawn("study", "resume", run.name, log="resume")
         took_over = _wait(lambda: "took over from the dead driver" in err.read_text() or resume.poll() is not None, 120,
@@ -173,7 +175,7 @@ def kill_9_once(root: Path, index: int, *, ray: bool) -> dict:
         done_s = time.monotonic() - killed
         after = run.completed()
         return {"repeat": index, "resume_exit_code": code, "kill_to_taken_over_s": taken_over_s,
-                "kill_to_budget_spent_s": done_s,
+                "kill_to_budget_spent_s": done_s, "processes_left_at_kill": left_at_kill,
                 "trials_lost": sum(1 for n, c in completed.items() if after.get(n) != c),
                 "measurements_lost": len(measured - run.measurements()),
                 "trials_left_running": run.running(), "orphans": run.orphans()}
@@ -186,6 +188,7 @@ def sigterm_once(root: Path, index: int, *, ray: bool) -> dict:
     try:
         driver = run.start_until_mid_measurement()
         completed = run.completed()
+        running_at_signal = len(_marked(run.mark)) - 1  # the driver's servers (and its Ray), not itself
         os.kill(driver.pid, signal.SIGTERM)
         sent = time.monotonic()
         code = driver.wait(timeout=600)
@@ -193,6 +196,7 @@ def sigterm_once(root: Path, index: int, *, ray: bool) -> dict:
         after = run.completed()
         interrupted = _query(run.db, "SELECT count(*) FROM tuner_trials WHERE status = 'interrupted'")
         return {"repeat": index, "exit_code": code, "signal_to_exit_s": stopped_s,
+                "processes_at_signal": running_at_signal,
                 "trials_lost": sum(1 for n, c in completed.items() if after.get(n) != c),
                 "trials_interrupted": interrupted[0][0] if interrupted else 0,
                 "trials_left_running": run.running(),
@@ -216,13 +220,14 @@ def bench_crash(*, repeats: int = 3, ray: bool = False, progress: Callable[[str]
         values = [r[key] for r in rows if r[key] is not None]
         return {"median": round(statistics.median(values), 2), "max": round(max(values), 2)} if values else {}
 
-    return {
+    doc = {
         "repeats": repeats, "ray": ray,
         "kill_9": {"runs": kills, "trials_lost": sum(r["trials_lost"] for r in kills),
                    "measurements_lost": sum(r["measurements_lost"] for r in kills),
                    "trials_left_running": sum(r["trials_left_running"] for r in kills),
                    "orphans": sum(r["orphans"] for r in kills),
                    "resumed_ok": all(r["resume_exit_code"] == 0 for r in kills),
+                   "processes_left_at_kill": sum(r["processes_left_at_kill"] for r in kills),
                    "kill_to_taken_over_s": figures(kills, "kill_to_taken_over_s"),
                    "kill_to_budget_spent_s": figures(kills, "kill_to_budget_spent_s")},
         "sigterm": {"runs": terms, "trials_lost": sum(r["trials_lost"] for r in terms),
@@ -230,5 +235,28 @@ def bench_crash(*, repeats: int = 3, ray: bool = False, progress: Callable[[str]
                     "orphans": sum(r["orphans"] for r in terms),
                     "exit_codes": sorted({r["exit_code"] for r in terms}),
                     "leases_left": sum(r["lease_left"] for r in terms),
+                    "processes_at_signal": sum(r["processes_at_signal"] for r in terms),
                     "signal_to_exit_s": figures(terms, "signal_to_exit_s")},
     }
+    k, t = doc["kill_9"], doc["sigterm"]
+    doc["passed"] = (k["resumed_ok"] and not any(k[f] for f in ("trials_lost", "measurements_lost",
+                                                                 "trials_left_running", "orphans"))
+                     and not any(t[f] for f in ("trials_lost", "trials_left_running", "orphans", "leases_left")))
+    return doc
+
+
+def format_lines(doc: dict) -> list[str]:
+    """The two lines `tuner bench crash` prints: one per experiment."""
+    k, t = doc["kill_9"], doc["sigterm"]
+    repeats = doc["repeats"]
+    return [
+        f"kill -9 ({repeats}x): trials lost {k['trials_lost']}, measurements lost {k['measurements_lost']}, "
+        f"left running {k['trials_left_running']}, orphans {k['orphans']} (of {k['processes_left_at_kill']} "
+        f"process(es) the killed drivers left); kill -> resume took over {k['kill_to_taken_over_s'].get('median')} s "
+        f"(max {k['kill_to_taken_over_s'].get('max')}), -> budget spent {k['kill_to_budget_spent_s'].get('median')} s; "
+        f"every resume exit 0: {'yes' if k['resumed_ok'] else 'NO'}",
+        f"SIGTERM ({repeats}x): trials lost {t['trials_lost']}, left running {t['trials_left_running']}, orphans "
+        f"{t['orphans']} (of {t['processes_at_signal']} process(es) the drivers ran), leases left {t['leases_left']}, "
+        f"exit codes {t['exit_codes']}; signal -> exit {t['signal_to_exit_s'].get('median')} s "
+        f"(max {t['signal_to_exit_s'].get('max')})",
+    ]
