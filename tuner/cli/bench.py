@@ -86,6 +86,7 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
     Every grid configuration's capacity is simulated once and cached in RESULTS_DIR (keyed by a hash
     of the study), then each sampler runs the runner's ask/tell loop against that table.
     """
+    from tuner import safewrite
     from tuner.bench.search import bench_search, format_table
 
     valid = [n for n in names(Sampler) if n != Sampler.GRID]  # the grid is what they are measured against
@@ -100,8 +101,8 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
         out = Path(results_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"bench-{doc['study']}-{doc['space']}"
-        (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (out / f"{stem}.md").write_text(text + "\n")
+        safewrite.write_text(out / f"{stem}.json", json.dumps(doc, indent=2) + "\n")
+        safewrite.write_text(out / f"{stem}.md", text + "\n")
     if as_json:
         emit_json(doc)
     else:

@@ -377,14 +377,15 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
     measured there. Exit 0 when both are within 10% and within the SLO, 1 otherwise."""
     import json
 
+    from tuner import safewrite
     from tuner.study.verify_export import verify_export as run_check
 
+    if output:
+        safewrite.check_target(output)  # a bad path is refused before a server starts
     result = run_check(storage, name, config, users=users, trial_number=trial_number)
     data = result.to_dict()
     if output:
-        from pathlib import Path
-
-        Path(output).write_text(json.dumps(data, indent=1) + "\n")
+        safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
     if as_json:
         emit_json(data)
     else:
