@@ -55,6 +55,7 @@ def predict(storage, study_name, force, as_json):
     """
     from tuner.errors import StudyNotFoundError
     from tuner.storage import db as db_mod
+    from tuner.storage import repo
     from tuner.study.trust import backfill_predictions
 
     db_mod.require_writable(storage)
@@ -62,6 +63,9 @@ def predict(storage, study_name, force, as_json):
     if not db_mod.has_schema(engine):
         raise StudyNotFoundError(f"no tuner studies in {storage}")
     db_mod.require_current(engine, storage)
+    if study_name is not None and repo.get_study(engine, study_name) is None:
+        names = [s.name for s in repo.list_studies(engine)]
+        raise StudyNotFoundError(f"no study {study_name!r} in {storage}; studies there: {', '.join(names) or 'none'}")
     counts = backfill_predictions(engine, study=study_name, force=force,
                                   progress=None if as_json else lambda s: click.echo(s, err=True))
     if as_json:
