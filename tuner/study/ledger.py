@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol
 
+from tuner.errors import StorageFaultError
 from tuner.lifecycle import Outcome, StopReason, TrialStatus
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.proposer import Decision, Proposal
@@ -32,6 +33,9 @@ class Records(Protocol):
     def finish_trial(self, trial_number: int, outcome: Outcome, **fields: Any) -> None: ...
     def add_measurement(self, **fields: Any) -> None: ...
     def set_status(self, status) -> None: ...
+    def set_budget(self, trials_budget: int) -> None: ...
+    def delete_new_study(self, lease_token: str) -> None: ...
+    def running_trial_numbers(self) -> list[int]: ...
 
 
 @dataclass
@@ -75,6 +79,14 @@ class Ledger:
 
     def conclude(self, stop: StopReason) -> None:
         self.records.set_status(stop.study_status)
+
+    def set_budget(self, trials_budget: int) -> None:
+        """``resume --trials N``: the study's budget from now on."""
+        self.records.set_budget(trials_budget)
+
+    def discard_new_study(self, lease_token: str) -> None:
+        """A start that could not finish creating the study takes back what it wrote."""
+        self.records.delete_new_study(lease_token)
 
     # ---------------------------------------------------------------- proposals
     def settle(self, proposal: Proposal) -> None:
@@ -136,6 +148,8 @@ class Ledger:
                                      metrics=metrics, meets_slo=passed, wall_time_s=wall_time_s)
         try:
             proposal.trial.report(float(capacity_users), step + 1)
+        except StorageFaultError:  # the database cannot be written: the study stops, whatever the write was
+            raise
         except Exception:  # an intermediate value is informative; the trial goes on without it
             log.debug("report failed", exc_info=True)
         self.on_event("measurement", {"number": proposal.number, "users": metrics.users, "passed": passed,
@@ -174,8 +188,18 @@ class Ledger:
 
     # ---------------------------------------------------------------- resume
     def interrupted_by_dead_driver(self, trial_number: int, reason: str, telemetry: dict) -> None:
-        """A trial a dead driver left running (Optuna already failed it: its heartbeat stopped)."""
+        """A trial a dead driver left running (its Optuna trial is failed first)."""
         self.records.finish_trial(trial_number, Outcome.interrupted(reason), telemetry=telemetry)
+
+    def close_out(self, reason: str) -> list[int]:
+        """Before the driver lets the study go: no trial of it may stay running, ours or Optuna's
+        (a stop that came between recording a trial's end and telling Optuna leaves one)."""
+        left = self.records.running_trial_numbers()
+        for number in left:
+            self.records.finish_trial(number, Outcome.interrupted(reason))
+        if self.optuna is not None:
+            self.optuna.fail_running_trials()
+        return left
 
     # ---------------------------------------------------------------- helpers
     def _annotate(self, proposal: Proposal) -> None:

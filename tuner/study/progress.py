@@ -41,6 +41,9 @@ class StudyProgress:
             self.console.print(text)
 
     def event(self, kind: str, data: dict) -> None:
+        if kind == "notice":  # said once, whatever the display (stderr: --json output stays clean)
+            self.console.print(data["message"], markup=False, highlight=False, soft_wrap=True)
+            return
         if kind == "start":
             self.done = data.get("done", 0)
         elif kind == "trial_start":
