@@ -30,3 +30,66 @@ def run_cli(args, cwd=None, env=None, timeout=600):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# ---- the adversarial corpus: cases tried and passed per category, printed after a run ----------
+CORPUS_CATEGORIES = {
+    "reliability_tests/test_bad_inputs.py": "bad input files",
+    "reliability_tests/test_schema_properties.py": "schema properties",
+    "reliability_tests/test_hostile_files.py": "hostile files",
+    "reliability_tests/test_trace_inputs.py": "traces",
+    "reliability_tests/test_paths.py": "run-directory paths",
+    "reliability_tests/test_safe_writes.py": "safe writes",
+    "reliability_tests/test_security.py": "security",
+    "reliability_tests/test_dashboard_hostile.py": "dashboard",
+    "reliability_tests/test_faults.py": "server faults",
+    "reliability_tests/test_crash_resume.py": "kill -9",
+    "reliability_tests/test_kill9_moments.py": "kill -9",
+    "reliability_tests/test_signals.py": "signals",
+    "reliability_tests/test_two_drivers.py": "races (two drivers)",
+    "reliability_tests/test_lease.py": "driver lease",
+    "reliability_tests/test_storage_faults.py": "storage faults",
+    "reliability_tests/test_parallel.py": "parallelism",
+    "reliability_tests/test_stored_spec.py": "stored studies",
+    "reliability_tests/test_ray_cluster.py": "Ray cluster",
+    "core_tests/test_limits.py": "bounds",
+    "core_tests/test_safeyaml.py": "bounded YAML",
+}
+_corpus: dict[str, dict[str, str]] = {}  # category -> test id -> outcome
+
+
+def _category(nodeid: str) -> str | None:
+    path = nodeid.split("::", 1)[0]
+    return next((c for p, c in CORPUS_CATEGORIES.items() if path.endswith(p)), None)
+
+
+def pytest_runtest_logreport(report):
+    category = _category(report.nodeid)
+    if category is None:
+        return
+    cases = _corpus.setdefault(category, {})
+    if report.when == "call" or report.outcome != "passed":
+        if cases.get(report.nodeid) in (None, "passed"):  # a failed teardown fails a passed case
+            cases[report.nodeid] = report.outcome
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _corpus:
+        return
+    terminalreporter.section("adversarial corpus: cases per category")
+    total = {"tried": 0, "passed": 0, "skipped": 0}
+    for category in dict.fromkeys(CORPUS_CATEGORIES.values()):
+        cases = _corpus.get(category)
+        if not cases:
+            continue
+        outcomes = list(cases.values())
+        tried = sum(o != "skipped" for o in outcomes)
+        passed = outcomes.count("passed")
+        skipped = outcomes.count("skipped")
+        total["tried"] += tried
+        total["passed"] += passed
+        total["skipped"] += skipped
+        terminalreporter.write_line(f"{category:<22} tried {tried:>4}  passed {passed:>4}"
+                                    + (f"  skipped {skipped}" if skipped else ""))
+    terminalreporter.write_line(f"{'all':<22} tried {total['tried']:>4}  passed {total['passed']:>4}"
+                                + (f"  skipped {total['skipped']}" if total["skipped"] else ""))

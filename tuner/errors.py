@@ -1,12 +1,16 @@
 """Exception tree. It imports only the failure classes (tuner.lifecycle) a TrialError carries.
 
-UserError and its subclasses print ``Error: <what>`` and exit 2 (bad input) or 1.
+UserError and its subclasses print ``Error: <what>`` and exit with their ``exit_code``:
+1 (a study that kept failing, other user errors), 2 (bad input: file, flag, storage URL, schema),
+3 (a storage fault: the database could not be read or written), 4 (the study is driven by another
+process). A study stopped by a signal exits 128 + the signal's number (130 for Ctrl-C).
 TrialError is a failed trial: recorded, never fatal to a study.
 """
 
 from __future__ import annotations
 
 from tuner.lifecycle import FailureClass
+from tuner.vocabulary import StrEnum
 
 
 class TunerError(Exception):
@@ -45,7 +49,43 @@ class StudyNotFoundError(UserError):
 
 
 class StorageError(UserError):
+    """The storage cannot be used as given: bad URL, unreachable, missing, schema of another tuner."""
+
     exit_code = 2
+
+
+class StorageFault(StrEnum):
+    """What went wrong reading or writing the study database (``StorageFaultError.fault``)."""
+
+    DISK_FULL = "disk_full"
+    CORRUPT = "corrupt"  # damaged pages
+    NOT_A_DATABASE = "not_a_database"  # not SQLite at all (or its first page is damaged): exit 2
+    READ_ONLY = "read_only"  # the file, its directory or its file system cannot be written
+    PERMISSION = "permission"  # the file or its directory cannot be opened
+    LOCKED = "locked"  # another process held the database past the busy timeout
+    IO = "io"  # any other I/O error of the database
+
+
+class StorageFaultError(StorageError):
+    """The study database could not be read or written. Exit code 3."""
+
+    exit_code = 3
+
+    def __init__(self, fault: StorageFault | str, message: str):
+        self.fault = StorageFault(fault)
+        if self.fault is StorageFault.NOT_A_DATABASE:  # most often a --storage naming the wrong file
+            self.exit_code = 2
+        super().__init__(message)
+
+
+class DriverBusyError(UserError):
+    """Another live process drives the study (its driver lease is held). Exit code 4."""
+
+    exit_code = 4
+
+
+class LeaseLostError(DriverBusyError):
+    """Another driver took this driver's study over (its heartbeat had stalled past the lease)."""
 
 
 class BackendUnavailableError(UserError):

@@ -71,6 +71,7 @@ class StopReason(StrEnum):
     MAX_FAILURES = "max_failures"  # --max-failures reached
     INTERRUPTED = "interrupted"  # Ctrl-C
     TIME_LIMIT = "time_limit"  # --time-limit: no trial could finish in the time left, or it ran out
+    STORAGE_FAULT = "storage_fault"  # the study database could not be written (disk full, ...)
 
     @property
     def study_status(self) -> StudyStatus:
@@ -80,7 +81,7 @@ class StopReason(StrEnum):
 
     @property
     def exit_code(self) -> int:
-        return {StopReason.MAX_FAILURES: 1, StopReason.INTERRUPTED: 130}.get(self, 0)
+        return {StopReason.MAX_FAILURES: 1, StopReason.INTERRUPTED: 130, StopReason.STORAGE_FAULT: 3}.get(self, 0)
 
     def message(self, *, study: str, failed: int = 0, max_failures: int | None = None) -> str | None:
         """The sentence shown to the user (None when the budget was simply spent)."""
@@ -93,6 +94,8 @@ class StopReason(StrEnum):
             return "interrupted by the user"
         if self is StopReason.TIME_LIMIT:
             return "time limit reached: resume the study to continue"
+        if self is StopReason.STORAGE_FAULT:
+            return f"the study database could not be written; resume the study (`tuner study resume {study}`) once it can"
         return None
 
 

@@ -10,8 +10,9 @@
 - Every problem (no permission, a read-only or full disk, a missing directory that cannot be
   created) is a ConfigError, exit 2, naming the file.
 
-:func:`check_target` runs the same checks without writing, so a command can refuse a bad path
-before it does any work.
+:func:`check_target` runs the same checks without writing the target (it creates and removes one
+temporary file beside it, to be sure the directory takes new files), so a command can refuse a
+bad path before it does any work.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def _refuse(path: Path, why: str) -> ConfigError:
     return ConfigError(f"cannot write here: {why}", file=str(path))
 
 
-def check_target(target: str | os.PathLike) -> Path:
-    """The target as a Path, after checking it can be replaced by a regular file; ConfigError if not."""
+def check_target(target: str | os.PathLike, *, probe: bool = True) -> Path:
+    """The target as a Path, after checking it can be replaced by a regular file; ConfigError if not.
+    ``probe`` also creates (and removes) a temporary file beside it: permissions alone do not show a
+    place that refuses new files (``/proc``, a read-only mount seen by root)."""
     path = Path(target)
     if not path.name or str(target).endswith(os.sep):
         raise _refuse(path, "the output must name a file, not a directory")
@@ -64,7 +67,23 @@ def check_target(target: str | os.PathLike) -> Path:
         raise _refuse(path, f"permission denied: cannot create files in {probe}")
     if st is not None and not os.access(path, os.W_OK) and os.geteuid() != 0:
         raise _refuse(path, "permission denied: the file is read-only")
+    if probe and os.path.isdir(parent):  # (a directory still to be made is probed by the write)
+        _probe_create(path, parent)
     return path
+
+
+def _probe_create(path: Path, parent: Path) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    candidate = parent / f".{path.name}.{secrets.token_hex(6)}.probe"
+    try:
+        fd = os.open(candidate, flags, 0o600)
+    except FileExistsError:
+        return  # a planted name; the write picks its own
+    except OSError as exc:
+        raise _refuse(path, f"cannot create a file in {parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(candidate)
 
 
 @contextlib.contextmanager
@@ -102,7 +121,7 @@ def atomic_open(target: str | os.PathLike, *, encoding: str = "utf-8") -> Iterat
             yield f
             f.flush()
             os.fsync(f.fileno())
-        check_target(path)  # still a regular file (or absent) just before the rename
+        check_target(path, probe=False)  # still a regular file (or absent) just before the rename
         os.replace(tmp, path)
         tmp = None
         _fsync_dir(parent)

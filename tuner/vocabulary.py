@@ -46,6 +46,13 @@ class Sampler(StrEnum):
     GRID = "grid"  # every configuration of the space, in order
 
 
+class CapacityStart(StrEnum):
+    """Where a trial's capacity search takes its first load point (tuner.evaluation.capacity)."""
+
+    START_USERS = "start_users"  # the study's capacity.start_users, galloping by growth_factor
+    SIMULATOR = "simulator"  # the simulator's predicted capacity of that configuration, stepping out by resolution
+
+
 class RouterPolicy(StrEnum):
     """sglang_router policies tuner can put in front of data-parallel ranks or replicas."""
 
@@ -72,4 +79,4 @@ def literal(vocabulary: type[enum.Enum], *extra: str) -> Any:
     return Literal[names(vocabulary, *extra)]  # type: ignore[valid-type]
 
 
-__all__ = ["AUTO_BACKEND", "BackendKind", "Engine", "RouterPolicy", "Sampler", "StrEnum", "literal", "names"]
+__all__ = ["AUTO_BACKEND", "BackendKind", "CapacityStart", "Engine", "RouterPolicy", "Sampler", "StrEnum", "literal", "names"]

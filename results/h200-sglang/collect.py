@@ -19,10 +19,18 @@ def main(out_dir: str, call: str) -> None:
     calls.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix == ".db":
+            for side in ("-wal", "-shm"):  # a local reader's leftovers would be replayed onto the new file
+                (HERE / (f.name + side)).unlink(missing_ok=True)
             shutil.copyfile(f, HERE / f.name)
-        elif f.suffix in (".log", ".csv", ".json") and f.is_file():
+        elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
             shutil.copyfile(f, calls / f.name)
-    for tgz in src.glob("runs-*.tgz"):
+    logs = src / "call-logs.tgz"  # the call's small files, packed (a call returns at most 8 files)
+    if logs.exists():
+        with tarfile.open(logs) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    (calls / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+    for tgz in [*src.glob("runs-*.tgz"), *src.glob("runs.tgz")]:
         with tarfile.open(tgz) as tar:
             for m in tar.getmembers():
                 if not m.isfile():
@@ -38,6 +46,15 @@ def main(out_dir: str, call: str) -> None:
                         g.write(data)
                 else:
                     dest.write_bytes(data)
+    planner = src / "planner.tgz"  # planner probes: results/h200-planner/<name>.json, <name>.log.gz
+    if planner.exists():
+        with tarfile.open(planner) as tar:
+            for m in tar.getmembers():
+                rel = Path(m.name)
+                if m.isfile() and rel.parts[0] == "h200-planner" and ".." not in rel.parts:
+                    dest = HERE.parent / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    dest.write_bytes(tar.extractfile(m).read())
     print(f"collected {src} -> {HERE} (call {call})")
 
 

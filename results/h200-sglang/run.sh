@@ -5,22 +5,40 @@
 #
 #   OUT=/tmp/out STUDY=h200-sglang-qwen3 LIMIT=480 TRIALS=9 bash results/h200-sglang/run.sh
 #
+# STEPS (default "study") may also name "verify" (first): export the study's best trial for SGLang
+# 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
+# (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
+# resumes the study with each new trial's capacity search starting at the simulator's prediction.
+# "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
+# them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
+# in a later call.
+#
 # Needs, in the checkout (ignored by git): .sglkit/ (the kit, without archives/hf.tar.xz) and .whl/
-# (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12); see README.md beside this file.
+# (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12, or pylibs.tar.xz: the same
+# installed with `pip install --no-deps --no-compile --target DIR` and packed); see README.md beside this file.
 set -uo pipefail
 STUDY=${STUDY:?name of a studies/*.yaml}
 LIMIT=${LIMIT:-480}
+STEPS=${STEPS:-study}
 OUT=${OUT:-/tmp/out}
 DB="results/h200-sglang/$STUDY.db"
 t0=$(date +%s)
-mkdir -p "$OUT"
-SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# at most 8 files come back from a call: the small ones are written under $LOGS and packed into
+# $OUT/call-logs.tgz on the way out (also when the call fails early)
+LOGS=/tmp/call-logs
+rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
+trap 'tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
+SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
 tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-  >> "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; exit 1; }
+if [ -f .whl/pylibs.tar.xz ]; then  # the same wheels, installed beforehand and packed (1 MB smaller)
+  tar -xJf .whl/pylibs.tar.xz -C /tmp/site
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    >> "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; exit 1; }
+fi
 export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-python3 - <<'PY' || exit 1
+python3 - > "$LOGS/versions.txt" 2>&1 <<'PY' &
 import importlib.metadata as m, sys, time
 t = time.time()
 import sglang, ray, optuna, sqlalchemy, transformers, torch, tuner  # noqa: F401
@@ -28,22 +46,43 @@ print(f"python {sys.version.split()[0]} sglang {m.version('sglang')} ray {ray.__
       f"torch {torch.__version__} transformers {transformers.__version__} cuda {torch.cuda.is_available()} "
       f"({time.time() - t:.1f} s to import)")
 PY
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu-before.csv"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
 free -g | head -2
+STORE="sqlite:///$DB"
+if [[ " $STEPS " == *" verify "* ]]; then
+  python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$LOGS/best-$STUDY.yaml" --sglang-version 0.5.17 \
+    2>&1 | tee "$LOGS/export.log"
+  timeout -s INT 330 python3 -m tuner study verify-export "$STUDY" "$LOGS/best-$STUDY.yaml" --storage "$STORE" \
+    -o "$LOGS/export-check.json" 2>&1 | tee "$LOGS/export-check.log"
+  echo "verify took $(( $(date +%s) - t0 )) s since the call began"
+fi
+[[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
 left=$(( LIMIT - ($(date +%s) - t0) ))
 # --time-limit lets the running trial finish its load point; Ctrl-C (SIGINT) 75 s later is the backstop,
 # so that the database always comes back
-if [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
+if [ -n "${STUDY_SKIP:-}" ] || [ "$left" -lt 120 ]; then
+  echo "no study run: ${STUDY_SKIP:+not in STEPS}${STUDY_SKIP:-only $left s left}"
+elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
   timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
-    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
+    --time-limit "$left" ${TRIALS:+--trials $TRIALS} ${CAPACITY_START:+--capacity-start $CAPACITY_START} \
+    2>&1 | tee "$LOGS/study.log"
 else
   timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
-    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$OUT/study.log"
+    --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$LOGS/study.log"
 fi
-python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$OUT/status.json" 2>&1
+if [[ " $STEPS " == *" probe "* ]]; then
+  left=$(( LIMIT - ($(date +%s) - t0) ))
+  if [ "$left" -gt 90 ]; then
+    timeout -s INT "$left" python3 -m tuner bench planner-probe probes/planner-matrix-h200.yaml \
+      --out results/h200-planner ${PROBES:-} 2>&1 | tee "$LOGS/planner-probe.log"
+  fi
+  tar -czf "$OUT/planner.tgz" -C results h200-planner 2>/dev/null
+fi
+python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$LOGS/status.json" 2>&1
 cp "$DB" "$OUT/"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu-after.csv"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$LOGS/gpu-after.csv"
 # logs, --config YAML, rendered config.json and /server_info of every trial (PID files left out)
-tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs "$STUDY" 2>/dev/null
-ls -la "$OUT"
+tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs $(cd results/runs && ls -d "$STUDY" "$STUDY"-export-check 2>/dev/null) 2>/dev/null
+wait
+ls -la "$OUT" "$LOGS"
 echo "call took $(( $(date +%s) - t0 )) s"

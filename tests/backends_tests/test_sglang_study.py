@@ -259,7 +259,7 @@ def test_every_real_load_point_keeps_the_simulators_prediction(finished):
         assert pred["p90_ttft_s"] > 0 and pred["throughput_tokens_per_s"] > 0 and "meets_slo" in pred
     from tuner.study.summary import study_summary
 
-    s = study_summary(storage, "fake-sglang", readonly=True)
+    s = study_summary(storage, "fake-sglang")
     valid = sum(1 for r in rows if r[3])
     assert s["simulator_fidelity"]["load_points"] == valid == len(s["simulator_ledger"])
     assert s["simulator_fidelity"]["mape"]["p90_ttft_s"] is not None
@@ -273,7 +273,7 @@ def test_real_load_points_carry_the_step_time_models_decode_split(finished):
     from tuner.explain import Cause
     from tuner.study.summary import study_summary
 
-    s = study_summary(storage, "fake-sglang", readonly=True)
+    s = study_summary(storage, "fake-sglang")
     for t in s["trials"]:
         for m in t["measurements"]:
             pred = m["simulator_prediction"]

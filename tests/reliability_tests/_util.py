@@ -196,3 +196,88 @@ def tuner_main(args: list[str], cwd: Path) -> tuple[int, str]:
 
 def digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# what every fault, signal and race case asserts
+
+
+def optuna_states(db: Path, study: str) -> dict[int, str]:
+    return dict(query(db, "SELECT t.number, t.state FROM trials t JOIN studies s ON t.study_id = s.study_id "
+                          "WHERE s.study_name = ?", (study,)))
+
+
+def running_anywhere(db: Path) -> list[tuple[str, str, int]]:
+    """Trials left running, ours or Optuna's, in any study of the database."""
+    ours = [("tuner", s, n) for s, n in query(db, "SELECT study_name, trial_number FROM tuner_trials "
+                                                  "WHERE status = 'running'")]
+    theirs = [("optuna", s, n) for s, n in query(db, "SELECT s.study_name, t.number FROM trials t JOIN studies s "
+                                                     "ON t.study_id = s.study_id WHERE t.state = 'RUNNING'")]
+    return ours + theirs
+
+
+def leases_held(db: Path) -> list[tuple]:
+    return query(db, "SELECT study_name, command, host, pid FROM tuner_driver_leases")
+
+
+def table_rows(db: Path, *, live_driver: bool = False) -> dict[str, list]:
+    """Every row of every table (tuner's and Optuna's): "the database is unchanged" compares these.
+    With ``live_driver``, what a running driver renews by itself (its lease's heartbeat and the
+    processes it records, Optuna's trial heartbeats) is left out."""
+    tables = [r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    rows = {t: query(db, f'SELECT * FROM "{t}" ORDER BY 1') for t in tables}
+    if live_driver:
+        rows.pop("trial_heartbeats", None)
+        if "tuner_driver_leases" in rows:
+            rows["tuner_driver_leases"] = query(db, "SELECT study_name, token, pid, pid_start_ticks, acquired_at "
+                                                    "FROM tuner_driver_leases ORDER BY 1")
+    return rows
+
+
+def no_orphans(mark: str, timeout_s: float = 20.0) -> list[str]:
+    """Processes still alive under the mark after ``timeout_s`` (described), else []."""
+    left = wait_until(lambda: not marked_pids(mark), timeout_s)
+    return [] if left is True else describe(marked_pids(mark))
+
+
+def check_case(result, *, code: int, message: str, db: Path | None = None, before: dict | None = None,
+               mark: str | None = None, allow_running: bool = False, live_driver: bool = False) -> None:
+    """The four things every case asserts: the exit code, the message (a regular expression, no
+    internal error or traceback), the database unchanged (``before``: its rows) or consistent
+    (nothing left running, no lease held), and no orphan process under ``mark``."""
+    import re
+
+    err = result.stderr if hasattr(result, "stderr") else result[1]
+    rc = result.returncode if hasattr(result, "returncode") else result[0]
+    assert rc == code, f"exit {rc}, expected {code}:\n{err[-3000:]}"
+    assert re.search(message, err, re.S), f"{message!r} not in:\n{err[-3000:]}"
+    assert "Internal error" not in err and "Traceback" not in err, err[-3000:]
+    if db is not None:
+        if before is not None:
+            after = table_rows(db, live_driver=live_driver)
+            changed = {t: (before.get(t), rows) for t, rows in after.items() if before.get(t) != rows}
+            assert not changed and set(after) == set(before), f"the database changed: {changed}"
+        if not allow_running:
+            assert running_anywhere(db) == [], running_anywhere(db)
+            assert leases_held(db) == [], leases_held(db)
+    if mark is not None:
+        assert no_orphans(mark) == []
+
+
+def drop_dac_prefix() -> list[str] | None:
+    """A command prefix under which file permissions apply to this process: nothing for a normal
+    user; for root, setpriv without the capabilities that bypass them (None if not possible)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    probe = subprocess.run([setpriv, "--bounding-set=-dac_override,-dac_read_search", "true"], capture_output=True)
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"] if probe.returncode == 0 else None
+
+
+def run_tuner_as(prefix: list[str], args: list[str], *, cwd: Path, env: dict, timeout: float = 300):
+    return subprocess.run([*prefix, sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)

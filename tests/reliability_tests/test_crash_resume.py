@@ -1,11 +1,12 @@
-"""kill -9 of the tuner process in the middle of a measurement, then `tuner study resume`.
+"""kill -9 of the tuner process in the middle of a measurement, then `tuner study resume` at once.
 
 Real processes throughout: the driver is `python -m tuner study start` with the serve-sim backend,
 whose trials launch `tuner serve-sim` HTTP servers on loopback in their own sessions, so they
-outlive the killed driver exactly as SGLang servers would. Resume must mark the dead trial
-interrupted (our table) and failed (Optuna, by heartbeat), reap its servers by recorded identity,
-leave an unrelated `tuner serve-sim` alone, keep every completed trial and measurement, and run
-the study to its budget with no process left behind.
+outlive the killed driver exactly as SGLang servers would. Resume must take the dead driver's
+lease over at once (its PID is gone), mark the dead trial interrupted (our table) and failed
+(Optuna), reap its servers by recorded identity, leave an unrelated `tuner serve-sim` alone, keep
+every completed trial and measurement, and run the study to its budget with no process left
+behind.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def kill_and_resume(tmp, *, ray_address: str | None = None, cluster_mark: str | 
         hit = wait_until(lambda: _mid_measurement(db, name) or driver.poll() is not None, timeout_s=120, interval_s=0.05)
         assert driver.poll() is None, f"driver ended before a trial was mid-measurement:\n{driver_err.read_text()[-2000:]}"
         os.kill(driver.pid, signal.SIGKILL)  # the driver only: its servers are orphaned
+        killed_at = time.monotonic()
         driver.wait(timeout=10)
 
         # what the dead driver left (a pruned trial may have ended between the poll and the kill)
@@ -88,13 +90,21 @@ def kill_and_resume(tmp, *, ray_address: str | None = None, cluster_mark: str | 
         assert completed_before, "the baseline trial completed before the kill"
         if not ray:  # in-process trials: the server (own session) is orphaned and must be reaped
             assert all(pid_alive(p) for p in server_pids), "the killed trial's server did not outlive the driver"
-        time.sleep(3.5)  # past the heartbeat grace period (TUNER_HEARTBEAT_GRACE_S=2)
+        assert query(db, "SELECT pid FROM tuner_driver_leases") == [(driver.pid,)], "the dead driver's lease is left"
 
-        args = ["study", "resume", name, "--storage", storage, "--json"]
+        # at once: the lease proves the driver dead, no heartbeat grace period to wait out
+        args = ["study", "resume", name, "--storage", storage]  # without --json: it says when it took over
         args += ["--ray-address", ray_address] if ray else ["--no-ray"]
-        r = run_tuner(args, cwd=tmp, env=env, timeout=240)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outcome = json.loads(r.stdout)
+        resume, resume_err = spawn_tuner(args, cwd=tmp, env=env, log_name="resume")
+        took_over = wait_until(lambda: "took over from the dead driver" in resume_err.read_text()
+                               or resume.poll() is not None, 120, 0.02)
+        taken_over_s = time.monotonic() - killed_at
+        assert took_over and resume.wait(timeout=240) == 0, resume_err.read_text()[-3000:]
+        resumed_s = time.monotonic() - killed_at
+        assert "took over from the dead driver" in resume_err.read_text()
+        r = run_tuner(["study", "status", name, "--storage", storage, "--json"], cwd=tmp, env=env)
+        assert r.returncode == 0, r.stderr
+        outcome = {"best_capacity_users": (json.loads(r.stdout)["best"] or {}).get("capacity_users")}
 
         after = trial_rows(db, name)
         dead = after[killed_trial]
@@ -134,8 +144,10 @@ def kill_and_resume(tmp, *, ray_address: str | None = None, cluster_mark: str | 
             _our_processes(mark, cluster_mark)
         assert leftovers is True or leftovers == [], f"orphan processes after resume: {describe(leftovers)}"
         assert decoy.poll() is None, "an unrelated serve-sim process was killed"
+        assert query(db, "SELECT count(*) FROM tuner_driver_leases") == [(0,)], "the resume released its lease"
         return {"trials_lost": len(set(completed_before) - {n for n, t in after.items() if t["status"] == "complete"}),
-                "measurements_lost": len(lost), "orphans": 0}
+                "measurements_lost": len(lost), "orphans": 0, "kill_to_taken_over_s": round(taken_over_s, 2),
+                "kill_to_budget_spent_s": round(resumed_s, 2)}
     finally:
         if driver is not None and driver.poll() is None:
             driver.kill()
@@ -171,7 +183,6 @@ def test_kill_9_while_a_server_starts_then_resume(tmp_path):
         assert row["status"] == "running" and row["pids"] == [], "the deployment was not recorded yet"
         server_pids = sorted({d["pid"] for f in pid_dir.glob("*.pids.json") for d in json.loads(f.read_text())})
         assert server_pids and all(pid_alive(p) for p in server_pids)
-        time.sleep(3.5)
         r = run_tuner(["study", "resume", "starting", "--storage", storage, "--no-ray", "--json"], cwd=tmp_path,
                       env=env, timeout=120)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Output files are written safely: `tuner study export -o`, `tuner study report -o`, `tuner
-workload fit -o` and `tuner workload export -o` accept only a regular file (or a new one) as the
+workload fit -o`, `tuner workload export -o` and `tuner study verify-export -o` (refused before a
+server starts), and the fitted calibration entries, accept only a regular file (or a new one) as the
 target, never follow a link, never replace a device, and write through an exclusive temporary
 file in the target's directory. A refused target gets exit code 2 and a message naming it; the
 target, whatever it is, is left as it was; no temporary file is left behind; the study database
@@ -38,6 +39,9 @@ def _commands(storage: str) -> dict:
         "study report": lambda out: ["study", "report", "sw", "--storage", storage, "-o", out],
         "workload fit": lambda out: ["workload", "fit", str(TRACE), "-o", out],
         "workload export": lambda out: ["workload", "export", "coding-agent", "--sessions", "3", "-o", out],
+        # the target is checked before the study is read or a server started (no GPU needed here)
+        "study verify-export": lambda out: ["study", "verify-export", "sw", str(REPO / "studies/h200.yaml"),
+                                            "--storage", storage, "-o", out],
     }
 
 
@@ -100,7 +104,8 @@ def _snapshot(tmp: Path) -> dict:
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("command", ["study export", "study report", "workload fit", "workload export"])
+@pytest.mark.parametrize("command", ["study export", "study report", "workload fit", "workload export",
+                                     "study verify-export"])
 def test_refused_target_is_left_alone(command, target, tmp_path, finished_study):
     db, storage = finished_study
     out, fragment = TARGETS[target](tmp_path)
@@ -194,3 +199,38 @@ def test_workload_fit_makes_a_name_from_an_awkward_file_name(tmp_path):
     code, err = tuner_main(["validate", str(out)], tmp_path)
     assert code == 0, err
     assert "name: my-fitted-v2" in out.read_text()
+
+
+@pytest.mark.parametrize("planted", ["link", "directory"])
+def test_a_fitted_calibration_entry_is_never_written_through_a_link_or_over_a_directory(tmp_path, planted):
+    from tuner.errors import ConfigError
+    from tuner.sim.calibrate import write_fitted
+
+    victim = _victim(tmp_path)
+    target = tmp_path / "h200.yaml"
+    if planted == "link":
+        target.symlink_to(victim)
+    else:
+        target.mkdir()
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="cannot write here") as info:
+        write_fitted("h200", when={"sglang_version": "0.5.17"}, values={"hbm_efficiency": 0.8}, name="x",
+                     source="test", directory=tmp_path)
+    assert str(target) in str(info.value)
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_fitted_calibration_entry_replaces_the_file_whole(tmp_path):
+    import yaml
+
+    from tuner.sim.calibrate import write_fitted
+
+    target = tmp_path / "h200.yaml"
+    target.write_text("# header kept\nhbm_efficiency: 0.7\n")
+    write_fitted("h200", when={"sglang_version": "0.5.17"}, values={"hbm_efficiency": 0.8}, name="x",
+                 source="test", directory=tmp_path)
+    text = target.read_text()
+    assert text.startswith("# header kept\n")
+    doc = yaml.safe_load(text)
+    assert doc["hbm_efficiency"] == 0.7 and doc["fitted"][0]["values"] == {"hbm_efficiency": 0.8}
+    assert [p.name for p in tmp_path.iterdir()] == ["h200.yaml"], "no temporary file left"

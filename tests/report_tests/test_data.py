@@ -77,14 +77,14 @@ def test_importance_ranks_parameters_and_handles_too_few_trials(finished, tmp_pa
 
 def test_the_database_is_opened_read_only(finished):
     from sqlalchemy import text
-    from sqlalchemy.exc import OperationalError
 
+    from tuner.errors import StorageFaultError
     from tuner.storage import db
 
     _, storage, _ = finished
     data.studies(storage)
     engine = db.get_engine(storage, create=False, readonly=True)
-    with pytest.raises(OperationalError, match="readonly"):
+    with pytest.raises(StorageFaultError, match="cannot be written \\(attempt to write a readonly database\\)"):
         with engine.begin() as conn:
             conn.execute(text("UPDATE tuner_trials SET status='x'"))
 

@@ -70,6 +70,7 @@ class ScriptedExecutor:
         self.interrupt_after = interrupt_after  # raise KeyboardInterrupt on this many-th wait
         self.queue: list[tuple[int, Operation, tuple]] = []
         self.submitted: list[tuple[int, Operation]] = []
+        self.calls: list[tuple] = []  # (key, op, *args) of every submit
         self.max_in_flight = 0
         self.in_flight: set[int] = set()
         self.waits = 0
@@ -78,6 +79,7 @@ class ScriptedExecutor:
     def submit(self, key, op, *args, num_gpus=0):
         self.queue.append((key, Operation(op), args))
         self.submitted.append((key, Operation(op)))
+        self.calls.append((key, Operation(op), *args))
         self.in_flight.add(key)
         self.max_in_flight = max(self.max_in_flight, len(self.in_flight))
 

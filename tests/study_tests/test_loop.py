@@ -91,3 +91,52 @@ def test_ctrl_c_marks_the_running_trials_interrupted(tmp_path):
     assert loop.stop is StopReason.INTERRUPTED and ex.shut_down
     assert _statuses(records) == {0: TrialStatus.INTERRUPTED, 1: TrialStatus.INTERRUPTED}
     assert records.trials[0]["outcome"].reason == "interrupted by the user"
+
+
+def test_a_simulator_start_begins_each_search_at_the_predicted_capacity(tmp_path):
+    from tuner.evaluation.prediction import predicted_capacity
+
+    ex = ScriptedExecutor(capacity=lambda n: 12)
+    loop, records = _loop(tmp_path, ex, 2, prune=False)
+    loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(update={"start": "simulator"})})
+    loop.run()
+    for n, t in records.trials.items():
+        if not t["outcome"].launched:
+            continue
+        measured = [args for key, op, *args in ex.calls if key == n and op is Operation.MEASURE]
+        proposal_flags, proposal_knobs = t["flags"], t["knobs"]
+        predicted, basis = predicted_capacity(loop.study, proposal_flags, proposal_knobs, seed=n)
+        assert predicted is not None and "simulator" in basis
+        assert measured[0][0] == max(1, min(predicted, 64))  # the first load point is the prediction
+        assert t["outcome"].capacity_users == 12  # and the search still finds the true capacity
+
+
+class _ClockRunsOut(ScriptedExecutor):
+    """The run's time limit is reached just as the load point at ``at_users`` comes back."""
+
+    def __init__(self, at_users, **kw):
+        super().__init__(**kw)
+        self.at_users, self.loop = at_users, None
+
+    def wait(self, timeout_s=0.5):
+        results = super().wait(timeout_s)
+        for r in results:
+            if r.op is Operation.MEASURE and r.value[0].users == self.at_users:
+                self.loop.winding_down = "time limit of 1 s reached"
+                self.loop.stop = StopReason.TIME_LIMIT
+        return results
+
+
+@pytest.mark.parametrize("at_users, status", [(28, TrialStatus.COMPLETE), (24, TrialStatus.INTERRUPTED)])
+def test_at_the_time_limit_a_finished_search_completes_and_an_unfinished_one_is_interrupted(tmp_path, at_users, status):
+    # capacity 30 from 4 by 4: 4, 8, 16, 32 (miss), 24, 28 -> done after 28
+    ex = _ClockRunsOut(at_users, capacity=lambda n: 30)
+    loop, records = _loop(tmp_path, ex, 3, prune=False)
+    ex.loop = loop
+    loop.run()
+    first = records.trials[0]["outcome"]
+    assert first.status is status
+    if status is TrialStatus.COMPLETE:
+        assert first.capacity_users == 28
+    assert [op for key, op in ex.submitted if key == 0][-1] is Operation.CLOSE
+    assert len([n for n, t in records.trials.items() if t["outcome"].launched]) == 1  # nothing new started

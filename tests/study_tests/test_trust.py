@@ -108,5 +108,10 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
     assert all(r[trust.PREDICTION_KEY]["backfilled"] for t in s["trials"] for r in t["measurements"])
     again = CliRunner().invoke(cli, ["db", "predict", "--storage", url, "--json"])
     assert json.loads(again.output)["kept"] == 2  # nothing predicted twice without --force
+    from tuner.errors import StudyNotFoundError
+
+    wrong = CliRunner().invoke(cli, ["db", "predict", "--storage", url, "--study", "ledgre"])
+    assert isinstance(wrong.exception, StudyNotFoundError) and wrong.exception.exit_code == 2
+    assert "no study 'ledgre'" in str(wrong.exception) and "studies there: ledger" in str(wrong.exception)
     html = render_report(s, {"importances": [], "note": None, "trials": 0})
     assert "Simulator against this study" in html and "P90 TTFT MAPE" in html

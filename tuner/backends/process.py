@@ -216,20 +216,40 @@ def _wait_gone(pids: Iterable[int], timeout_s: float) -> set[int]:
     return pending
 
 
+def boot_id() -> str:
+    """This boot of this host (a process recorded under another boot id is gone)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """The PID namespace this process sees (PIDs of another namespace, e.g. another container on
+    the same host, mean nothing here)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def reap_pids(
     pids: Iterable[int | ProcessIdentity | Mapping],
     expected_cmdline_substring: str | None = None,
     *,
     token: str | None = None,
     grace_s: float = 10.0,
+    tree: bool = False,
 ) -> dict[int, str]:
     """Kill leftover processes of an interrupted run, each only if it is still ours.
 
     A PID counts as ours when every check given holds: the recorded start time (when ``pids`` holds
     ``ProcessIdentity`` records or their dicts) matches, the command line contains
     ``expected_cmdline_substring``, and the process environment holds ``TUNER_PROCESS_TOKEN=token``.
-    With no check at all nothing is killed (a bare PID proves nothing). Returns ``{pid: outcome}``
-    with outcome one of ``gone``, ``not_ours``, ``killed``, ``survived``.
+    With no check at all nothing is killed (a bare PID proves nothing). With ``tree``, the live
+    descendants of a process proven ours (and its process group, if it leads one) go with it:
+    children it started after the identities were recorded. Returns ``{pid: outcome}`` with
+    outcome one of ``gone``, ``not_ours``, ``killed``, ``survived``.
     """
     outcome: dict[int, str] = {}
     targets: list[int] = []
@@ -250,6 +270,13 @@ def reap_pids(
             outcome[pid] = "not_ours"
             continue
         targets.append(pid)
+    if tree:
+        me = os.getpid()
+        below = set()
+        for pid in targets:
+            fields = _stat_fields(pid)
+            below |= descendants(pid, pgid=pid if fields is not None and int(fields[2]) == pid else None)
+        targets += sorted(below - set(targets) - {me})
     for pid in targets:
         _kill(pid, signal.SIGTERM)
     left = _wait_gone(targets, grace_s)

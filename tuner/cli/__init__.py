@@ -18,6 +18,7 @@ import traceback
 import click
 
 from tuner.errors import TunerError
+from tuner.study.signals import stop_signal
 
 # name -> (module:attribute, one-line help shown by `tuner --help` without importing the module)
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,7 +29,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("tuner.cli.simulate:simulate", "Simulate one load point of a configuration on a study's workload."),
     "workload": ("tuner.cli.workload:workload", "Fit, import and inspect workloads."),
     "serve-sim": ("tuner.cli.serve_sim:serve_sim", "Run an OpenAI-compatible streaming server timed by the simulator."),
-    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency."),
+    "bench": ("tuner.cli.bench:bench", "Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency, crash recovery."),
     "calibration": ("tuner.cli.calibration:calibration", "Refit the simulator's calibration from kernel measurements."),
     "db": ("tuner.cli.db:db", "The study database: upgrade its schema, add the simulator's predictions."),
     "kernels": ("tuner.cli.kernels:kernels", "Tune fused-MoE Triton kernel tile configs (GPU)."),
@@ -80,7 +81,11 @@ def cli(ctx, debug):
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="tuner", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # click turns a stop signal into Abort
+            sig = stop_signal(exc.__cause__)
+            click.echo(f"Error: {sig.reason}.", err=True)
+            sys.exit(sig.exit_code)
         click.echo("Aborted!", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:
@@ -91,9 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     except TunerError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP where a command stops on them
+        sig = stop_signal(exc)
+        click.echo(f"Error: {sig.reason}.", err=True)
+        sys.exit(sig.exit_code)
     except Exception:  # the one place internal errors are turned into a message
         if os.environ.get("TUNER_DEBUG") == "1" or "--debug" in (argv or sys.argv):
             raise

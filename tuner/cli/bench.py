@@ -13,7 +13,8 @@ from tuner.vocabulary import Sampler, names
 
 @click.group()
 def bench():
-    """Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency."""
+    """Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency,
+    what a killed or stopped driver costs."""
 
 
 def _int_list(ctx, param, value):
@@ -85,6 +86,7 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
     Every grid configuration's capacity is simulated once and cached in RESULTS_DIR (keyed by a hash
     of the study), then each sampler runs the runner's ask/tell loop against that table.
     """
+    from tuner import safewrite
     from tuner.bench.search import bench_search, format_table
 
     valid = [n for n in names(Sampler) if n != Sampler.GRID]  # the grid is what they are measured against
@@ -99,8 +101,8 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
         out = Path(results_dir)
         out.mkdir(parents=True, exist_ok=True)
         stem = f"bench-{doc['study']}-{doc['space']}"
-        (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (out / f"{stem}.md").write_text(text + "\n")
+        safewrite.write_text(out / f"{stem}.json", json.dumps(doc, indent=2) + "\n")
+        safewrite.write_text(out / f"{stem}.md", text + "\n")
     if as_json:
         emit_json(doc)
     else:
@@ -129,6 +131,32 @@ def sim(model, gpu, warmup_s, duration_s, users, as_json):
         return
     for line in format_lines(doc):
         click.echo(line)
+
+
+@bench.command()
+@click.option("--repeats", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Times each experiment runs (each in a fresh study).")
+@click.option("--ray", "use_ray", is_flag=True, help="Drivers start their local Ray (default: --no-ray trials).")
+@json_option
+def crash(repeats, use_ray, as_json):
+    """kill -9 and SIGTERM of a running driver (serve-sim servers, tiny workload): the time from the
+    kill to a resume that took the study over and ran it to its budget, the time a SIGTERM takes to
+    stop the driver, and the trials lost, trials left running and processes left behind (targets: 0).
+
+    Exits 1 while a target is missed."""
+    import sys
+
+    from tuner.bench.crash import bench_crash, format_lines
+
+    doc = bench_crash(repeats=repeats, ray=use_ray, progress=(lambda s: None) if as_json else
+                      (lambda s: click.echo(s, err=True)))
+    if as_json:
+        emit_json(doc)
+    else:
+        for line in format_lines(doc):
+            click.echo(line)
+    if not doc["passed"]:
+        sys.exit(1)
 
 
 def _add_lazy_commands() -> None:

@@ -24,13 +24,23 @@ def dashboard(storage, host, port, runs_dir):
     beside `tuner study start`. Open the printed address in a browser; it loads nothing from the
     internet.
     """
-    from tuner.report.dashboard import serve
-
-    # refuses a missing file, one that is not a database, or one of an older schema (it names the
-    # upgrade), before listening
-    from tuner.report.dashboard import check_database
+    from tuner.report.dashboard import check_database, serve
     from tuner.storage import db
+    from tuner.storage.models import SCHEMA_VERSION
+    from tuner.storage.snapshot import read_current
 
+    # refuses a missing file or one that is not a database before listening
     check_database(storage)
-    db.require_current(db.get_engine(storage, create=False, readonly=True), storage, readonly=True)
-    serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=lambda s: click.echo(s, err=True))
+    engine = db.get_engine(storage, create=False, readonly=True)
+    version = db.schema_version(engine) if db.has_schema(engine) else None
+    echo = lambda s: click.echo(s, err=True)  # noqa: E731
+    # an older schema (SQLite) is served from an upgraded copy taken now: the file stays as it
+    # is; a newer one, or an older one elsewhere, is refused with what to do
+    with read_current(storage) as current:
+        if version is not None and version < SCHEMA_VERSION:
+            echo(f"note: {db.describe(storage)} has tuner schema {version}; serving an upgraded copy of it as it is "
+                 f"now (later writes do not show). `tuner db upgrade --storage {storage}` upgrades it in place")
+            serve(current.url.render_as_string(hide_password=False), host=host, port=port, runs_dir=runs_dir,
+                  print_fn=echo)
+        else:
+            serve(storage, host=host, port=port, runs_dir=runs_dir, print_fn=echo)

@@ -18,14 +18,16 @@ def db():
 def upgrade(storage, as_json):
     """Upgrade the tuner tables of the study database to this tuner's schema, in one transaction.
 
-    Commands that open the database read-write (study start, resume, status, list, export)
-    upgrade an older one on their own; the read-only ones (dashboard, study report) refuse it and
-    name this command. A database of a newer tuner is refused.
+    Commands that write (study start, resume, db predict) upgrade an older one on their own.
+    Readers (study status, list, export, report, the dashboard) never write: they read an older
+    SQLite database through an upgraded temporary copy, and refuse an older PostgreSQL one with
+    this command. A database of a newer tuner is refused.
     """
     from tuner.errors import StudyNotFoundError
     from tuner.storage import db as db_mod
     from tuner.storage.models import SCHEMA_VERSION
 
+    db_mod.require_writable(storage)
     engine = db_mod.get_engine(storage, create=False)
     before = db_mod.schema_version(engine)
     if before is None:
@@ -53,12 +55,17 @@ def predict(storage, study_name, force, as_json):
     """
     from tuner.errors import StudyNotFoundError
     from tuner.storage import db as db_mod
+    from tuner.storage import repo
     from tuner.study.trust import backfill_predictions
 
+    db_mod.require_writable(storage)
     engine = db_mod.get_engine(storage, create=False)
     if not db_mod.has_schema(engine):
         raise StudyNotFoundError(f"no tuner studies in {storage}")
     db_mod.require_current(engine, storage)
+    if study_name is not None and repo.get_study(engine, study_name) is None:
+        names = [s.name for s in repo.list_studies(engine)]
+        raise StudyNotFoundError(f"no study {study_name!r} in {storage}; studies there: {', '.join(names) or 'none'}")
     counts = backfill_predictions(engine, study=study_name, force=force,
                                   progress=None if as_json else lambda s: click.echo(s, err=True))
     if as_json:

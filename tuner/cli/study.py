@@ -10,7 +10,8 @@ from tuner.cli._common import emit_json, json_option, storage_option
 from tuner.limits import MAX_SEED, MAX_TRIALS
 from tuner.cli.study_report import report
 from tuner.lifecycle import TrialStatus
-from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, names
+from tuner.study.signals import stopping_on_signals
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, CapacityStart, Engine, names
 
 
 @click.group()
@@ -87,9 +88,9 @@ def _run(runner, spec, budget, as_json):
         emit_json(outcome.to_dict())
     else:
         _print_outcome(outcome, runner.storage_url)
-    if outcome.stop.exit_code:
+    if outcome.exit_code:
         click.echo(f"Error: {outcome.stopped_reason}", err=True)
-        sys.exit(outcome.stop.exit_code)
+        sys.exit(outcome.exit_code)
 
 
 def _print_outcome(o, storage):
@@ -148,23 +149,28 @@ def start(name, trials, backend, storage, ray_address, parallel, seed, max_failu
         return
     db.parse_url(storage)
     kind, reason = _resolve_backend(spec, backend)
-    initial = []
-    if warm_k:
-        from tuner.study.warm_start import simulated_top_k
+    limit_s = parse_duration(time_limit)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
+        initial = []
+        if warm_k:
+            from tuner.study.warm_start import simulated_top_k
 
-        sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
-                                                    ray_address=ray_address, parallel=parallel)
-        click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
-                   + (" (reused)" if reused else ""), err=True)
-        from tuner.study.trust import trust_line
+            sim_name, initial, reused = simulated_top_k(spec, storage, warm_k, use_ray=not no_ray,
+                                                        ray_address=ray_address, parallel=parallel)
+            click.echo(f"warm start: {len(initial)} configuration(s) from the simulated study {sim_name}"
+                       + (" (reused)" if reused else ""), err=True)
+            from tuner.study.trust import trust_line
 
-        click.echo(trust_line(spec), err=True)
-    runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
-                         ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
-                         prune=not no_pruning, initial_configs=initial, time_limit_s=parse_duration(time_limit))
-    runner.create(trials or spec.trials)
-    click.echo(f"backend: {kind} ({reason})", err=True)
-    _run(runner, spec, trials or spec.trials, as_json)
+            click.echo(trust_line(spec), err=True)
+        runner = StudyRunner(spec, storage_url=storage, backend_kind=kind, backend_reason=reason, parallel=parallel,
+                             ray_address=ray_address, use_ray=not no_ray, seed=seed, max_failures=max_failures,
+                             prune=not no_pruning, initial_configs=initial, time_limit_s=limit_s)
+        try:
+            runner.create(trials or spec.trials)
+            click.echo(f"backend: {kind} ({reason})", err=True)
+            _run(runner, spec, trials or spec.trials, as_json)
+        finally:
+            runner.release()
 
 
 def _dry_run(spec, backend, budget, seed, warm_k, as_json):
@@ -195,7 +201,8 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
 
 @study.command()
 @click.argument("name")
-@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None, help="Total trial budget (default: the budget it was started with).")
+@click.option("--trials", type=click.IntRange(1, MAX_TRIALS), default=None,
+              help="Total trial budget from now on (default: the budget it was started with, which is stored).")
 @storage_option
 @click.option("--ray-address", default=None, help="Join this Ray cluster (default: start a local Ray).")
 @click.option("--parallel", type=click.IntRange(min=1), default=1, show_default=True)
@@ -203,26 +210,66 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
 @click.option("--no-ray", is_flag=True, help="Run trials in this process, one at a time (no Ray).")
 @click.option("--time-limit", "time_limit", default=None, metavar="DURATION",
               help="Wall-clock budget of this run (e.g. 540, 9m, 2h); see `study start --help`.")
+@click.option("--capacity-start", type=click.Choice(names(CapacityStart)), default=None,
+              help="Where each new trial's capacity search starts from now on (stored with the study): "
+                   "start_users (gallop from capacity.start_users) or simulator (the simulator's predicted "
+                   "capacity of the configuration, stepping out by capacity.resolution_users: two load "
+                   "points when the prediction is right). Capacities found stay comparable: both search "
+                   "to the same resolution.")
 @json_option
-def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, as_json):
-    """Continue study NAME to its budget: trials left running by a dead process are marked
-    interrupted and their server processes reaped by recorded PID.
+def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start, as_json):
+    """Continue study NAME to its budget (the one it was started with, or --trials).
 
-    A trial counts as dead once its heartbeat is older than 30 s (TUNER_HEARTBEAT_GRACE_S
-    changes it); run resume from the directory the study was started in (trial logs and PID
-    files are under results/runs/NAME)."""
+    One process drives a study at a time (its driver lease in the database). A driver on this
+    host that died (kill -9, a crash, a reboot) is taken over at once: the processes it left --
+    trial servers, its local Ray -- are reaped by recorded identity (PID, start time, command
+    line), and its running trials are marked interrupted. A live driver is refused with who
+    holds the study (exit 4). A driver on another host is taken over once its heartbeat is older
+    than 30 s (TUNER_LEASE_TTL_S changes it). Run resume from the directory the study was started
+    in (trial logs and PID files are under results/runs/NAME)."""
     from tuner.storage import db, repo
     from tuner.study.runner import StudyRunner, load_existing
 
     spec = load_existing(storage, name)
-    row = repo.get_study(db.get_engine(storage, create=False), name)
-    runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
-                         parallel=parallel, ray_address=ray_address, use_ray=not no_ray, max_failures=max_failures,
-                         time_limit_s=parse_duration(time_limit))
-    recovered = runner.recover_interrupted()
-    if recovered and not as_json:
-        click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
-    _run(runner, spec, trials or row.trials_budget, as_json)
+    row = repo.get_study(db.reader_engine(storage), name)
+    limit_s = parse_duration(time_limit)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
+        runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
+                             parallel=parallel, ray_address=ray_address, use_ray=not no_ray,
+                             max_failures=max_failures, time_limit_s=limit_s, command="resume")
+        try:
+            acquired = runner.take_over(on_wait=lambda text: click.echo(text, err=True))
+            if acquired.previous is not None and not as_json:
+                killed = sorted(p for p, o in runner.dead_driver_reaped.items() if o == "killed")
+                click.echo(f"took over from the dead driver (PID {acquired.previous.pid} on "
+                           f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
+                           err=True)
+            if capacity_start is not None and capacity_start != spec.capacity.start:  # written under the lease
+                spec = _restart_capacity_search(storage, spec, capacity_start, quiet=as_json)
+                runner.study = spec
+            recovered = runner.recover_interrupted()
+            if recovered and not as_json:
+                click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
+            budget = trials or row.trials_budget
+            if budget != row.trials_budget and not as_json:
+                click.echo(f"budget: {budget} trials from now on (it was {row.trials_budget})", err=True)
+            _run(runner, spec, budget, as_json)
+        finally:
+            runner.release()
+
+
+def _restart_capacity_search(storage: str, spec, start: str, *, quiet: bool):
+    import yaml
+
+    from tuner.storage import db, repo
+
+    was = spec.capacity.start
+    spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update={"start": start})})
+    repo.set_study_spec(db.get_engine(storage, create=False), spec.name,
+                        yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    if not quiet:
+        click.echo(f"capacity search of new trials starts from {start} (was {was}); stored with the study", err=True)
+    return spec
 
 
 @study.command()
@@ -331,10 +378,13 @@ def _search_facts(summary: dict, storage: str, name: str) -> dict:
     trials = summary["trials"]
     facts = {"prescreened": sum(1 for t in trials if t["screened_by_planner"]),
              TrialStatus.PRUNED.value: summary["counts"].get(TrialStatus.PRUNED, 0)}
+    notes: list[str] = []
     try:
-        facts["cost"] = study_cost(load_existing(storage, name), trials)
+        facts["cost"] = study_cost(load_existing(storage, name, notes=notes), trials)
     except Exception as exc:  # the estimate is informative; status must still print
         facts["cost"] = {"error": str(exc)}
+    for note in notes:  # a stored value today's schema refuses (read as its default for the estimate)
+        click.echo(f"note: {note}", err=True)
     return facts
 
 
@@ -400,14 +450,15 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
     measured there. Exit 0 when both are within 10% and within the SLO, 1 otherwise."""
     import json
 
+    from tuner import safewrite
     from tuner.study.verify_export import verify_export as run_check
 
+    if output:
+        safewrite.check_target(output)  # a bad path is refused before a server starts
     result = run_check(storage, name, config, users=users, trial_number=trial_number)
     data = result.to_dict()
     if output:
-        from pathlib import Path
-
-        Path(output).write_text(json.dumps(data, indent=1) + "\n")
+        safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
     if as_json:
         emit_json(data)
     else:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
 
 from tuner import catalog, safeyaml
 from tuner.catalog import ModelRef, resolve_ref
@@ -379,3 +380,62 @@ def validate_file(path: str) -> str:
 
     load_profile(str(p))
     return "workload"
+
+
+def _default_at(model: type[BaseModel], loc: tuple) -> tuple[bool, Any]:
+    """(True, default) of the field at ``loc`` inside ``model`` when it has one."""
+    current: Any = model
+    for i, part in enumerate(loc):
+        if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+            return False, None
+        info = current.model_fields[part]
+        if i == len(loc) - 1:
+            if info.default is not PydanticUndefined:
+                return True, info.default
+            if info.default_factory is not None:
+                return True, info.default_factory()
+            return False, None
+        nxt = None
+        for cand in getattr(info.annotation, "__args__", ()) or (info.annotation,):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                nxt = cand
+        current = nxt
+    return False, None
+
+
+MAX_STORED_REPAIRS = 32
+
+
+def load_stored_study(data: Any, where: str, *, repair: bool) -> tuple[StudySpec, list[str]]:
+    """A study as a database stored it, validated by this tuner's (possibly stricter) schema.
+
+    A value this tuner no longer accepts is a ConfigError naming ``where`` and the key, or, with
+    ``repair`` (for readers: status, export), is read as the field's default with a note saying
+    so. Returns (study, notes)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the stored study is not a mapping (got {type(data).__name__})", file=where)
+    notes: list[str] = []
+    data = yaml.safe_load(yaml.safe_dump(data))  # a private copy to repair
+    for _ in range(MAX_STORED_REPAIRS):
+        try:
+            return StudySpec.model_validate(data), notes
+        except ValidationError as exc:
+            if not repair:
+                raise format_validation_error(exc, StudySpec, where) from None
+            fixed = False
+            for err in exc.errors():
+                loc = tuple(p for p in err["loc"] if isinstance(p, str) and not p.startswith("function-"))
+                has, default = _default_at(StudySpec, loc)
+                parent = data
+                for part in loc[:-1]:
+                    parent = parent.get(part) if isinstance(parent, dict) else None
+                if not has or not isinstance(parent, dict) or loc[-1] not in parent:
+                    raise format_validation_error(exc, StudySpec, where) from None
+                notes.append(f"{where}: {_loc(loc)}: the stored value {parent[loc[-1]]!r} is not valid any more "
+                             f"({err['msg'].removeprefix('Value error, ')}); read as the default {default!r}")
+                parent[loc[-1]] = default.model_dump() if isinstance(default, BaseModel) else default
+                fixed = True
+                break  # one at a time: an error can hide another under it
+            if not fixed:
+                raise format_validation_error(exc, StudySpec, where) from None
+    raise ConfigError("the stored study has too many values this tuner does not accept", file=where)

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from tuner import limits as L
 from tuner.catalog.hf import ModelRef
 from tuner.config import expr
-from tuner.vocabulary import AUTO_BACKEND, BackendKind, Engine, Sampler, literal
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, CapacityStart, Engine, Sampler, literal
 from tuner.workload.session import WorkloadProfile
 
 ModelName = Annotated[str, BeforeValidator(L.text_check(L.MAX_TEXT_CHARS)), Field(min_length=1)]
@@ -196,12 +196,18 @@ class SLOSpec(_Strict):
 
 
 class CapacitySpec(_Strict):
-    """How the largest user count within the SLO is searched: gallop up, then bisect."""
+    """How the largest user count within the SLO is searched: gallop up, then bisect.
+
+    ``start: simulator`` starts each trial at the simulator's predicted capacity of that
+    configuration and steps out from it by ``resolution_users`` (the step growing by
+    ``growth_factor``): a good prediction finishes the search in two load points. Where the
+    simulator cannot predict, the trial starts at ``start_users``."""
 
     start_users: L.Users = 8
     max_users: L.Users = 512
     resolution_users: ResolutionUsers = 2
     growth_factor: GrowthFactor = 2.0
+    start: literal(CapacityStart) = CapacityStart.START_USERS.value
 
     @model_validator(mode="after")
     def _order(self):

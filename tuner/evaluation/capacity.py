@@ -2,7 +2,9 @@
 
 Gallop up from the study's start value (multiplying by the growth factor) until a load point
 misses the SLO or the maximum is reached, then bisect between the last pass and the first miss to
-the study's resolution. The search is a small state machine so that the driver can run each step
+the study's resolution. A search started from a prediction (``guided``) steps out from it by the
+resolution instead, the step growing by the growth factor, so that a right guess is bracketed by
+two load points. The search is a small state machine so that the driver can run each step
 on a remote worker, record it, report it to Optuna and prune between steps.
 """
 
@@ -22,6 +24,7 @@ class CapacitySearch:
     p90_ttft_s: float = 30.0
     p90_tpot_s: float = 0.05
     min_users: int = 1
+    guided: bool = False  # start_users is a prediction: step out from it by resolution_users
 
     best_pass: int = 0  # largest user count seen meeting the SLO
     lowest_fail: int | None = None  # smallest user count seen missing it
@@ -32,10 +35,14 @@ class CapacitySearch:
         self._next = max(self.min_users, min(self.start_users, self.max_users))
 
     @classmethod
-    def for_study(cls, study) -> "CapacitySearch":
+    def for_study(cls, study, predicted_users: int | None = None) -> "CapacitySearch":
+        """The study's search; ``predicted_users`` (a predicted capacity) makes it a guided search from there."""
         c = study.capacity
-        return cls(start_users=c.start_users, max_users=c.max_users, resolution_users=c.resolution_users,
-                   growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s)
+        guided = predicted_users is not None
+        start = max(1, min(int(predicted_users), c.max_users)) if guided else c.start_users
+        return cls(start_users=start, max_users=c.max_users, resolution_users=c.resolution_users,
+                   growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s,
+                   guided=guided)
 
     @property
     def done(self) -> bool:
@@ -55,8 +62,15 @@ class CapacitySearch:
             self.lowest_fail = users if self.lowest_fail is None else min(self.lowest_fail, users)
         self._next = self._choose_next()
 
+    def _stride(self, passed: bool) -> int:
+        """A guided search's next step: the resolution, grown by the growth factor per step in the same direction."""
+        k = sum(1 for _, p in self.steps if p == passed)
+        return max(1, int(round(self.resolution_users * self.growth_factor ** (k - 1))))
+
     def _choose_next(self) -> int | None:
         lo, hi = self.best_pass, self.lowest_fail
+        if self.guided and (hi is None or lo == 0):
+            return self._step_out(lo, hi)
         if hi is None:  # still galloping up
             if lo >= self.max_users:
                 return None
@@ -75,6 +89,15 @@ class CapacitySearch:
         if hi - lo <= self.resolution_users:
             return None
         return (lo + hi) // 2
+
+    def _step_out(self, lo: int, hi: int | None) -> int | None:
+        if hi is None:  # every point so far passed: step up
+            if lo >= self.max_users:
+                return None
+            return min(self.max_users, lo + self._stride(True))
+        if hi <= self.min_users:  # every point so far failed, down to the smallest load
+            return None
+        return max(self.min_users, hi - self._stride(False))
 
     @property
     def capacity_users(self) -> int:

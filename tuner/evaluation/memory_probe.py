@@ -29,6 +29,7 @@ from tuner.backends.base import try_get_json
 from tuner.backends.process import ServerProcess
 from tuner.backends.sglang import SGLangBackend, pinned_server_flags, sglang_version_for
 from tuner.catalog import ModelRef
+from tuner import safewrite
 from tuner.errors import ConfigError, TrialError
 from tuner.planner.parallel import flag_float
 from tuner.safeyaml import load_file
@@ -155,7 +156,7 @@ def run_probe(matrix: PlannerMatrix, conf: ProbeConfiguration, out_dir: Path, *,
         "server_info": info, "log": log_name, "ready_after_s": ready_s, "wall_s": round(time.monotonic() - t0, 1),
         "provenance": {"matrix": matrix.name, "argv": list(spec.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")},
     }
-    (out_dir / f"{conf.name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    safewrite.write_text(out_dir / f"{conf.name}.json", json.dumps(doc, indent=1, default=str) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     return doc
 

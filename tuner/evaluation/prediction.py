@@ -8,10 +8,11 @@ import time
 from typing import Any
 
 from tuner.errors import ConfigError, TrialError
+from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
 from tuner.workload.metrics import PREDICTION_KEY
 
-__all__ = ["PREDICTED_METRICS", "PREDICTION_KEY", "decode_step_split", "predict"]
+__all__ = ["PREDICTED_METRICS", "PREDICTION_KEY", "decode_step_split", "predict", "predicted_capacity"]
 PREDICTED_METRICS = ("p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p90_tpot_s",
                      "throughput_tokens_per_s", "prefix_cache_hit_rate")
 
@@ -56,3 +57,21 @@ def decode_step_split(window: dict) -> dict[str, Any]:
     return {"decode_step_s": window.get("mean_decode_itl_s"),
             "decode_step_split": {k: v / total for k, v in parts.items()},
             "decode_batch_per_rank": sum(batch) / len(batch) if batch else None}
+
+
+def predicted_capacity(study, flags: dict, knobs: dict, *, seed: int) -> tuple[int | None, str]:
+    """The simulator's capacity for this configuration: the study's own capacity search (from
+    ``capacity.start_users``), each load point simulated with the study's window. Returns (users,
+    what it rests on); users is None when the simulator cannot predict this configuration."""
+    search = CapacitySearch.for_study(study)
+    m = study.measurement
+    sources: set[str] = set()
+    while not search.done:
+        users = search.next_users()
+        p = predict(study, flags, knobs, users, warmup_s=m.warmup_s, duration_s=m.duration_s, seed=seed)
+        if p.get("error"):
+            return None, f"the simulator cannot predict it ({p['error']})"
+        sources.update(p.get("calibration") or [])
+        search.record(users, bool(p["meets_slo"]))
+    basis = ", ".join(sorted(sources)) or "uncalibrated step times"
+    return search.capacity_users, f"the simulator's capacity for this configuration ({basis})"

@@ -334,6 +334,7 @@ def check_database(storage: str) -> None:
     engine = db.get_engine(storage, create=False, readonly=True)
     try:
         db.has_schema(engine)  # reads the schema: a file that is not a database fails here
+        db.require_sound(engine)  # damaged pages: refused now, not a 500 on some request later
     except SQLAlchemyError as exc:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         where = path if path is not None else db.parse_url(storage).render_as_string(hide_password=True)

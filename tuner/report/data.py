@@ -18,6 +18,7 @@ import yaml
 from tuner.errors import StudyNotFoundError, UserError
 from tuner.lifecycle import TrialStatus
 from tuner.storage import db, repo
+from tuner.storage.snapshot import read_current
 from tuner.study.summary import list_summaries, study_summary
 
 log = logging.getLogger(__name__)
@@ -29,13 +30,13 @@ MAX_LOG_BYTES = 2 * 1024 * 1024  # logs are served from their tail beyond this s
 
 def studies(storage: str) -> list[dict]:
     """One row per study: backend, trials done, best and baseline capacity."""
-    return list_summaries(storage, readonly=True)
+    return list_summaries(storage)
 
 
 def study(storage: str, name: str, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> dict:
     """The study summary plus what the charts need: best-so-far series, the parameters that vary,
     failures grouped by class, the spec's model/hardware/workload and each log's availability."""
-    s = study_summary(storage, name, readonly=True)
+    s = study_summary(storage, name)
     run_dir = study_run_dir(runs_dir, name)
     for t in s["trials"]:
         t["log_available"] = _log_inside(t.get("log_path"), run_dir) is not None
@@ -49,7 +50,8 @@ def study(storage: str, name: str, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> d
 
 
 def _spec_facts(storage: str, name: str) -> dict:
-    row = repo.get_study(db.get_engine(storage, create=False, readonly=True), name)
+    with read_current(storage) as engine:
+        row = repo.get_study(engine, name)
     try:
         spec = yaml.load(row.spec_yaml, Loader=_YAML_LOADER) or {}  # written by tuner itself
     except yaml.YAMLError:
@@ -187,9 +189,8 @@ def _log_inside(log_path: str | None, run_dir: Path) -> Path | None:
 
 def trial_log(storage: str, name: str, number: int, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> tuple[str, bool]:
     """(text, truncated) of trial ``number``'s server log; UserError if there is none to serve."""
-    engine = db.get_engine(storage, create=False, readonly=True)
-    db.require_current(engine, storage, readonly=True)
-    row = next((t for t in repo.trials(engine, name) if t.trial_number == number), None)
+    with read_current(storage) as engine:
+        row = next((t for t in repo.trials(engine, name) if t.trial_number == number), None)
     if row is None:
         raise StudyNotFoundError(f"no trial {number} in study {name!r}")
     path = _log_inside(row.log_path, study_run_dir(runs_dir, name))

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from tuner.catalog import GPUDescription, ModelDescription
+from tuner import safewrite
 from tuner.errors import ConfigError
 from tuner.planner.memory import prefill_graph_enabled, rules_version
 from tuner.planner.startup import default_attention_backend
@@ -178,7 +179,7 @@ def tuned_speedup(cal: dict[str, Any], tokens: int) -> float | None:
 
 def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
     """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes)."""
-    path = CALIBRATION_DIR / f"{gpu}.yaml"
+    path = safewrite.check_target(CALIBRATION_DIR / f"{gpu}.yaml")  # before reading it: no link, no device
     current = _read(path) if path.exists() else {}
     fitted = refit(summary, load_calibration(gpu))
     current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
@@ -190,7 +191,7 @@ def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
             if "MoE entries refit from" not in line:
                 header.append(line)
     header.append(f"# MoE entries refit from {summary}")
-    with open(path, "w") as f:
+    with safewrite.atomic_open(path) as f:  # whole or not at all: the simulator reads this file
         f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)
     return path, sorted(fitted["moe_tuned_speedup"])
@@ -203,7 +204,7 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
     unknown = set(when) - set(CONTEXT_KEYS)
     if unknown:
         raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}", key="when")
-    path = Path(directory) / f"{gpu}.yaml"
+    path = safewrite.check_target(Path(directory) / f"{gpu}.yaml")  # before reading it: no link, no device
     current = _read(path) if path.exists() else {}
     entries = [e for e in (current.get("fitted") or []) if (e or {}).get("when") != when]
     entry = {"name": name, "when": dict(when), "source": source, "values": values}
@@ -217,7 +218,7 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
             if not line.startswith("#"):
                 break
             header.append(line)
-    with open(path, "w") as f:
+    with safewrite.atomic_open(path) as f:  # whole or not at all: the simulator reads this file
         if header:
             f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)

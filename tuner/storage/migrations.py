@@ -11,7 +11,7 @@ from typing import Callable
 
 from sqlalchemy import Connection, inspect, text
 
-from tuner.storage.models import TrialRow
+from tuner.storage.models import DriverLeaseRow, TrialRow
 
 PLANNER_REASON_PREFIX_V1 = "planner: "  # how schema 1 marked a configuration the planner screened out
 
@@ -34,8 +34,14 @@ def _v1_to_v2(conn: Connection) -> None:
             screened_by_planner=(reason or "").startswith(PLANNER_REASON_PREFIX_V1)))
 
 
+def _v2_to_v3(conn: Connection) -> None:
+    """The driver lease table. Schema 2 had none: a study without a row has no driver (a driver of
+    an older tuner still running is found by its trials' heartbeats, tuner.study.runner)."""
+    DriverLeaseRow.__table__.create(conn, checkfirst=True)
+
+
 # from-version -> the step that upgrades it to from-version + 1
-STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+STEPS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def upgrade(conn: Connection, from_version: int, to_version: int) -> list[int]:

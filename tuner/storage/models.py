@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false, true
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint, false, true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from tuner.lifecycle import StudyStatus, TrialStatus
 
 # 1: the first release. 2: trials record `launched` and `screened_by_planner` as columns
 # (version 1 kept them as telemetry["not_launched"] and a "planner:" prefix of the reason).
-SCHEMA_VERSION = 2
+# 3: the driver lease table (`tuner_driver_leases`): one driver per study, known for sure.
+SCHEMA_VERSION = 3
 
 
 class Base(DeclarativeBase):
@@ -102,3 +103,25 @@ class MeasurementRow(Base):
     wall_time_s: Mapped[float] = mapped_column(Float)  # how long the measurement took to run
     created_at: Mapped[float] = mapped_column(Float)
     extra: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class DriverLeaseRow(Base):
+    """The one process driving a study (tuner.study.lease): taken atomically (the primary key is the
+    study's name), renewed by its heartbeat, deleted when the driver ends. A row left behind names
+    a dead driver: where it ran, which process it was, and the processes it started."""
+
+    __tablename__ = "tuner_driver_leases"
+    study_name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))  # this holding; a take-over replaces it
+    command: Mapped[str] = mapped_column(String(32))  # start | resume
+    host: Mapped[str] = mapped_column(String(255))  # the node name
+    boot_id: Mapped[str] = mapped_column(String(64))  # the host's boot (a reboot ends every process)
+    pid_namespace: Mapped[str] = mapped_column(String(64))  # PIDs compare only inside one namespace
+    pid: Mapped[int] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int] = mapped_column(BigInteger)  # clock ticks after boot (/proc/PID/stat)
+    cmdline: Mapped[str] = mapped_column(Text)
+    tuner_version: Mapped[str] = mapped_column(String(32))
+    acquired_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)  # the holder's clock
+    heartbeat_count: Mapped[int] = mapped_column(Integer, default=0)  # changes every beat: no clocks needed
+    processes: Mapped[list] = mapped_column(JSON, default=list)  # identities of what the driver started

@@ -1,16 +1,19 @@
-"""The only place tuner's own tables are read and written."""
+"""The only place tuner's own tables are read and written (with ``leases`` for the driver lease).
+
+Each function is one transaction: a write that fails leaves the database as it was."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from tuner.lifecycle import Outcome, StudyStatus, TrialStatus
-from tuner.storage.models import MeasurementRow, StudyRow, TrialRow
+from tuner.storage import leases
+from tuner.storage.models import DriverLeaseRow, MeasurementRow, StudyRow, TrialRow
 from tuner.workload.metrics import LoadPointMetrics
 
 
@@ -26,13 +29,36 @@ def _plain(d: dict | None) -> dict:
 
 def create_study(engine: Engine, *, name: str, spec_yaml: str, spec_hash: str, source_path: str | None,
                  backend_kind: str, target_users: int, p90_ttft_slo_s: float, p90_tpot_slo_s: float,
-                 trials_budget: int, tuner_version: str) -> None:
+                 trials_budget: int, tuner_version: str, lease: dict | None = None) -> None:
+    """The study's row, and (``lease``) its driver's lease in the same transaction: a second start
+    of the same name fails on the name (IntegrityError) and writes nothing."""
     now = time.time()
     with Session(engine) as s, s.begin():
         s.add(StudyRow(name=name, spec_yaml=spec_yaml, spec_hash=spec_hash, source_path=source_path,
                        backend_kind=backend_kind, target_users=target_users, p90_ttft_slo_s=p90_ttft_slo_s,
                        p90_tpot_slo_s=p90_tpot_slo_s, trials_budget=trials_budget, created_at=now,
                        updated_at=now, status=StudyStatus.RUNNING.value, tuner_version=tuner_version))
+        s.flush()
+        if lease is not None:
+            leases.insert_in(s, name, lease)
+
+
+def delete_new_study(engine: Engine, name: str, lease_token: str) -> None:
+    """Undo ``create_study`` of a study that got no further (its Optuna side could not be made):
+    its row and its lease, only while no trial exists and the lease is still ours."""
+    with Session(engine) as s, s.begin():
+        if s.scalars(select(TrialRow.id).where(TrialRow.study_name == name).limit(1)).first() is not None:
+            return
+        gone = s.execute(delete(DriverLeaseRow).where(DriverLeaseRow.study_name == name,
+                                                      DriverLeaseRow.token == lease_token))
+        if gone.rowcount == 1:
+            s.execute(delete(StudyRow).where(StudyRow.name == name))
+
+
+def set_study_budget(engine: Engine, name: str, trials_budget: int) -> None:
+    with Session(engine) as s, s.begin():
+        s.execute(update(StudyRow).where(StudyRow.name == name).values(trials_budget=trials_budget,
+                                                                       updated_at=time.time()))
 
 
 def get_study(engine: Engine, name: str) -> StudyRow | None:
@@ -49,6 +75,12 @@ def set_study_status(engine: Engine, name: str, status: StudyStatus, **fields) -
     with Session(engine) as s, s.begin():
         s.execute(update(StudyRow).where(StudyRow.name == name)
                   .values(status=StudyStatus(status).value, updated_at=time.time(), **fields))
+
+
+def set_study_spec(engine: Engine, name: str, spec_yaml: str) -> None:
+    """Replace the stored study (a resume that changes how trials are measured, not what they mean)."""
+    with Session(engine) as s, s.begin():
+        s.execute(update(StudyRow).where(StudyRow.name == name).values(spec_yaml=spec_yaml, updated_at=time.time()))
 
 
 def start_trial(engine: Engine, *, study_name: str, trial_number: int, optuna_trial_id: int | None,
@@ -177,6 +209,15 @@ class StudyRecords:
 
     def set_status(self, status: StudyStatus) -> None:
         set_study_status(self.engine, self.study_name, status)
+
+    def set_budget(self, trials_budget: int) -> None:
+        set_study_budget(self.engine, self.study_name, trials_budget)
+
+    def delete_new_study(self, lease_token: str) -> None:
+        delete_new_study(self.engine, self.study_name, lease_token)
+
+    def running_trial_numbers(self) -> list[int]:
+        return [t.trial_number for t in running_trials(self.engine, self.study_name)]
 
 
 def set_measurement_extra(engine: Engine, measurement_id: int, extra: dict) -> None:

@@ -159,6 +159,12 @@ class InProcessExecutor:
         self._workers: dict[int, TrialWorker] = {}
         self._queue: list[tuple[int, Operation, tuple]] = []
 
+    @staticmethod
+    def concurrent_trials(num_gpus: int) -> tuple[int, str]:
+        """Trials at once, and why: one, since every operation runs in this one thread (and GPU
+        trials would share the first GPUs)."""
+        return 1, "without Ray (--no-ray) trials run one at a time in this process"
+
     def submit(self, key: int, op: Operation, *args, num_gpus: int = 0) -> None:
         if key not in self._workers:
             self._workers[key] = TrialWorker(gpu_ids=_local_gpu_ids(num_gpus))
@@ -204,13 +210,31 @@ class RayExecutor:
         self._idle_cpu_actors: list = []
         self._pending: dict[Any, tuple[int, Operation]] = {}
         self._refused: list[OpResult] = []
-        self._cluster_gpus: float | None = None
+        self._cluster: dict[str, float] | None = None
+
+    def _resources(self) -> dict[str, float]:
+        """What the whole cluster declares (read once: nodes joining later are not seen)."""
+        if self._cluster is None:
+            self._cluster = {k: float(v) for k, v in self._ray.cluster_resources().items()}
+        return self._cluster
 
     def cluster_gpus(self) -> float:
-        """GPUs the whole cluster declares (read once: nodes joining later are not seen)."""
-        if self._cluster_gpus is None:
-            self._cluster_gpus = float(self._ray.cluster_resources().get("GPU", 0))
-        return self._cluster_gpus
+        return self._resources().get("GPU", 0.0)
+
+    def cluster_cpus(self) -> float:
+        return self._resources().get("CPU", 0.0)
+
+    def concurrent_trials(self, num_gpus: int) -> tuple[int, str] | None:
+        """How many CPU-only trials the cluster holds at once, and why (None: no limit here). A
+        CPU-only trial's actor keeps its CPU between trials (it is reused), so one launched beyond
+        the CPUs would wait for ever; a GPU trial's actor is destroyed at its end, so GPU trials
+        beyond the free GPUs wait their turn, and one that needs more than the cluster has is
+        refused at submit."""
+        if num_gpus > 0:
+            return None
+        cpus = self.cluster_cpus()
+        return int(cpus // self._cpus), (f"the Ray cluster has {cpus:g} CPU(s) and each CPU-only trial takes "
+                                         f"{self._cpus:g}")
 
     def submit(self, key: int, op: Operation, *args, num_gpus: int = 0) -> None:
         actor = self._actors.get(key)
@@ -219,6 +243,11 @@ class RayExecutor:
             self._refused.append(OpResult(key, op, False, None, TrialError(
                 FailureClass.INFEASIBLE, f"needs {num_gpus} GPU(s) but the Ray cluster has {self.cluster_gpus():g} in all "
                               f"(run on a GPU node, or join a cluster with --ray-address)")))
+            return
+        if actor is None and num_gpus == 0 and not self._idle_cpu_actors and self.cluster_cpus() < self._cpus:
+            self._refused.append(OpResult(key, op, False, None, TrialError(
+                FailureClass.INFEASIBLE, f"needs {self._cpus:g} CPU but the Ray cluster has {self.cluster_cpus():g} "
+                                         f"(join a cluster with CPUs to spare with --ray-address)")))
             return
         if actor is None:
             if num_gpus == 0 and self._idle_cpu_actors:
@@ -280,6 +309,17 @@ class RayExecutor:
                 pass
         self._actors.clear()
         self._idle_cpu_actors.clear()
+
+
+def shutdown_ray() -> None:
+    """Stop the Ray this process started, if any (its raylet, GCS server, agents, workers)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:
+        log.warning("ray.shutdown() failed", exc_info=True)
 
 
 def _pythonpath() -> str:

@@ -51,10 +51,10 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     if output is not None:
         safewrite.check_target(output)  # before anything is read or copied
     summary = study_summary(storage, name)
-    spec = load_existing(storage, name)
+    notes: list[str] = []
+    spec = load_existing(storage, name, notes=notes)  # a value today's schema refuses: its default, noted
     trial = _pick(summary, trial_number)
     engine = spec.space().engine
-    notes: list[str] = []
     at = trial.get("at_capacity") or {}
     header = [
         f"SGLang server configuration exported by tuner {tuner.__version__}",

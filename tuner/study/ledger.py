@@ -14,6 +14,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol
 
+from tuner.errors import StorageFaultError
 from tuner.lifecycle import Outcome, StopReason, TrialStatus
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.proposer import Decision, Proposal
@@ -32,6 +33,9 @@ class Records(Protocol):
     def finish_trial(self, trial_number: int, outcome: Outcome, **fields: Any) -> None: ...
     def add_measurement(self, **fields: Any) -> None: ...
     def set_status(self, status) -> None: ...
+    def set_budget(self, trials_budget: int) -> None: ...
+    def delete_new_study(self, lease_token: str) -> None: ...
+    def running_trial_numbers(self) -> list[int]: ...
 
 
 @dataclass
@@ -76,6 +80,14 @@ class Ledger:
     def conclude(self, stop: StopReason) -> None:
         self.records.set_status(stop.study_status)
 
+    def set_budget(self, trials_budget: int) -> None:
+        """``resume --trials N``: the study's budget from now on."""
+        self.records.set_budget(trials_budget)
+
+    def discard_new_study(self, lease_token: str) -> None:
+        """A start that could not finish creating the study takes back what it wrote."""
+        self.records.delete_new_study(lease_token)
+
     # ---------------------------------------------------------------- proposals
     def settle(self, proposal: Proposal) -> None:
         """A proposal the loop does not launch: told now, recorded if it is a trial of its own."""
@@ -114,6 +126,11 @@ class Ledger:
         self.on_event("trial_start", {"number": proposal.number, "config": proposal.values,
                                       "baseline": proposal.is_baseline})
 
+    def search_starts(self, proposal: Proposal, users: int, basis: str) -> None:
+        """Where the trial's capacity search starts, and why (a guided start is a prediction)."""
+        proposal.trial.set_user_attr("capacity_search_start", {"users": users, "basis": basis})
+        self.on_event("capacity_start", {"number": proposal.number, "users": users, "basis": basis})
+
     # ---------------------------------------------------------------- a launched trial
     def deployed(self, proposal: Proposal, info: dict) -> None:
         predicted = info.get("predicted_kv_capacity_tokens_total")
@@ -131,6 +148,8 @@ class Ledger:
                                      metrics=metrics, meets_slo=passed, wall_time_s=wall_time_s)
         try:
             proposal.trial.report(float(capacity_users), step + 1)
+        except StorageFaultError:  # the database cannot be written: the study stops, whatever the write was
+            raise
         except Exception:  # an intermediate value is informative; the trial goes on without it
             log.debug("report failed", exc_info=True)
         self.on_event("measurement", {"number": proposal.number, "users": metrics.users, "passed": passed,
@@ -169,8 +188,18 @@ class Ledger:
 
     # ---------------------------------------------------------------- resume
     def interrupted_by_dead_driver(self, trial_number: int, reason: str, telemetry: dict) -> None:
-        """A trial a dead driver left running (Optuna already failed it: its heartbeat stopped)."""
+        """A trial a dead driver left running (its Optuna trial is failed first)."""
         self.records.finish_trial(trial_number, Outcome.interrupted(reason), telemetry=telemetry)
+
+    def close_out(self, reason: str) -> list[int]:
+        """Before the driver lets the study go: no trial of it may stay running, ours or Optuna's
+        (a stop that came between recording a trial's end and telling Optuna leaves one)."""
+        left = self.records.running_trial_numbers()
+        for number in left:
+            self.records.finish_trial(number, Outcome.interrupted(reason))
+        if self.optuna is not None:
+            self.optuna.fail_running_trials()
+        return left
 
     # ---------------------------------------------------------------- helpers
     def _annotate(self, proposal: Proposal) -> None:

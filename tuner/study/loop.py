@@ -6,22 +6,34 @@ launched trial moves through deploy -> measure (each load point of its capacity 
 after every load point it may be pruned (it can no longer beat the best). What to launch comes
 from the proposer, every record and every ``tell`` goes through the ledger, and the executor only
 runs operations and returns their results.
+
+Trials run at once up to ``parallel`` and up to what the executor's resources hold (a CPU-only
+trial that found no free CPU would wait for ever: Ray keeps an idle actor's CPU); the first
+launch that meets the lower limit says so once (``on_event("notice")``). A run that ends by an
+exception stops every running trial's servers (``executor.shutdown`` and ``reap_servers``); one
+ended by Ctrl-C or another stop signal also records them as interrupted (``abandon``), and the
+runner calls ``abandon`` itself after other faults once it has made room to write.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from tuner.errors import LeaseLostError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
+from tuner.evaluation.prediction import predicted_capacity
 from tuner.lifecycle import Operation, Outcome, StopReason, TrialStatus
 from tuner.config.schema import StudySpec
 from tuner.study.ledger import Ledger
 from tuner.study.proposer import Proposal, Proposer, max_asks
 from tuner.study.pruning import prune_reason, should_prune
+from tuner.vocabulary import CapacityStart
+from tuner.study.signals import StopSignal, signals_received, stop_signal
 
 RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
 
@@ -54,28 +66,68 @@ class TrialLoop:
     # wall-clock budget of this run: no trial starts that this run's own trials say cannot finish
     # in the time left, and at the limit running trials close after their current load point
     time_limit_s: float | None = None
+    # stops the servers of a running trial by recorded identity, returns the PIDs it killed (the
+    # executor's shutdown may leave them: a killed Ray actor never runs its trial's teardown)
+    reap_servers: Callable[[int, dict], list[int]] | None = None
+    on_event: Callable[[str, dict], None] = lambda kind, data: None
+    lease_lost: threading.Event | None = None  # set when another driver took the study over
     stop: StopReason | None = None
     running: dict[int, RunningTrial] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     trial_walls_s: list[float] = field(default_factory=list)  # launched trials of this run that ended
     winding_down: str | None = None  # why running trials close early (the time limit ran out)
+    slots: int | None = None  # trials at once: min(parallel, what the resources hold), once known
+    reaped: dict[int, list[int]] = field(default_factory=dict)  # trial -> server PIDs stopped by reaping
+    interrupted: list[int] = field(default_factory=list)  # trials ``abandon`` recorded as interrupted
+    _shut_down: bool = False
 
     def run(self) -> StopReason:
         try:
             while self._round():
                 pass
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self.stop = StopReason.INTERRUPTED
+            self.abandon(stop_signal(exc).reason if isinstance(exc, StopSignal) or signals_received()
+                         else "interrupted by the user")
             raise
-        finally:
-            self.executor.shutdown()
-            if self.stop is StopReason.INTERRUPTED:
-                for rt in list(self.running.values()):
-                    self._finish(rt, Outcome.interrupted("interrupted by the user"))
+        except BaseException:
+            self.shut_down()  # the servers stop now; the runner records what it can
+            raise
+        self.shut_down()
         return self.stop or StopReason.BUDGET_SPENT
+
+    # ---------------------------------------------------------------- an early end
+    def shut_down(self) -> None:
+        """Stop the executor and every running trial's servers (idempotent); records nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        try:
+            self.executor.shutdown()
+        finally:
+            if self.reap_servers is not None:
+                for number, rt in list(self.running.items()):
+                    self.reaped[number] = self.reap_servers(number, rt.info)
+
+    def abandon(self, reason: str) -> tuple[list[int], list[int]]:
+        """Stop the servers and record every running trial as interrupted (``reason``); returns
+        (trials recorded, trials whose record failed: a resume records them)."""
+        self.shut_down()
+        recorded, failed = [], []
+        for number, rt in sorted(self.running.items()):
+            try:
+                self._finish(rt, Outcome.interrupted(reason))
+                recorded.append(number)
+            except Exception:  # the database may be what failed; the next driver records it
+                failed.append(number)
+        self.interrupted += recorded
+        return recorded, failed
 
     def _round(self) -> bool:
         """Check the clock, launch, collect, check; False once nothing runs and nothing more will be launched."""
+        if self.lease_lost is not None and self.lease_lost.is_set():
+            raise LeaseLostError(f"another driver took study {self.study.name!r} over (this driver's lease "
+                                 f"heartbeat had stalled); this driver stopped its trial servers and wrote nothing more")
         self._check_time_limit()
         self._launch_into_free_slots()
         if not self.running:
@@ -88,7 +140,7 @@ class TrialLoop:
     # ---------------------------------------------------------------- launch
     def _launch_into_free_slots(self) -> None:
         while (self.stop is None and self.ledger.counters.launched < self.budget
-               and len(self.running) < self.parallel):
+               and len(self.running) < (self.slots or self.parallel)):
             if self.proposer.asks >= max_asks(self.budget):
                 self.stop = StopReason.SPACE_EXHAUSTED
                 return
@@ -102,9 +154,34 @@ class TrialLoop:
         request = TrialRequest(study=self.study, trial_number=p.number, flags=p.flags, knobs=p.knobs,
                                workdir=self.workdir, seed=self.seed + p.number)
         num_gpus = self.gpus_needed(request)
+        self._fit_slots(num_gpus)
         self.ledger.started(p)
-        self.running[p.number] = RunningTrial(p, CapacitySearch.for_study(self.study), num_gpus)
+        self.running[p.number] = RunningTrial(p, self._capacity_search(p), num_gpus)
         self.executor.submit(p.number, Operation.DEPLOY, self.backend_kind, request, num_gpus=num_gpus)
+
+    def _capacity_search(self, p: Proposal) -> CapacitySearch:
+        """The trial's capacity search: from the study's start_users, or from the simulator's prediction."""
+        if self.study.capacity.start != CapacityStart.SIMULATOR:
+            return CapacitySearch.for_study(self.study)
+        users, basis = predicted_capacity(self.study, p.flags, p.knobs, seed=self.seed + p.number)
+        search = CapacitySearch.for_study(self.study, predicted_users=users)
+        self.ledger.search_starts(p, search.next_users(), basis if users is not None else
+                                  f"start_users: {basis}")
+        return search
+
+    def _fit_slots(self, num_gpus: int) -> None:
+        """At the first launch: how many trials of this size the executor holds at once; fewer
+        than ``parallel`` is said once, and the loop runs that many."""
+        if self.slots is not None:
+            return
+        fits = getattr(self.executor, "concurrent_trials", None)
+        limit = fits(num_gpus) if fits is not None else None
+        if limit is None or limit[0] >= self.parallel:
+            self.slots = self.parallel
+            return
+        self.slots = max(1, limit[0])
+        self.on_event("notice", {"message": f"--parallel {self.parallel} is more than the resources allow: "
+                                            f"{limit[1]}; running {self.slots} trial(s) at a time"})
 
     # ---------------------------------------------------------------- collect
     def _advance(self, result) -> None:
@@ -137,12 +214,11 @@ class TrialLoop:
             self._next_load_point(rt)
 
     def _next_load_point(self, rt: RunningTrial) -> None:
-        if self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
-            self._close(rt, Outcome.interrupted(self.winding_down))
-            return
         users = rt.search.next_users()
-        if users is None:
+        if users is None:  # the search has its answer, whatever the clock says
             self._close(rt, Outcome.complete(rt.search.capacity_users))
+        elif self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
+            self._close(rt, Outcome.interrupted(self.winding_down))
         else:
             self.executor.submit(rt.proposal.number, Operation.MEASURE, users)
 

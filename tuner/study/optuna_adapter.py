@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
+import time
 import warnings
 from typing import Any
 
-from tuner.storage import db
+from tuner.errors import UserError
+from tuner.storage import db, faults
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +36,35 @@ def quiet_optuna():
 
 
 def rdb_storage(url: str):
-    """Optuna's RDB storage on the study database, with heartbeats (for resume)."""
+    """Optuna's RDB storage on the study database, with heartbeats (for trials of drivers of
+    older tuners, which took no lease), its engine's faults translated like ours. Creating
+    Optuna's tables is retried: several first starts on a fresh database race to create them."""
     optuna = quiet_optuna()
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
+
     kwargs: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_INTERVAL_S, "grace_period": HEARTBEAT_GRACE_S}
     if url.startswith("sqlite"):
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": db.SQLITE_BUSY_TIMEOUT_MS / 1000}}
-    return optuna.storages.RDBStorage(db.sqlalchemy_url(url), **kwargs)
+    for attempt in range(db.SCHEMA_CREATE_ATTEMPTS):
+        try:
+            storage = optuna.storages.RDBStorage(db.sqlalchemy_url(url), **kwargs)
+            break
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            fault = faults.fault_of(getattr(exc, "orig", exc), db.sqlite_path(url))
+            if fault is not None:
+                raise faults.fault_error(fault, db.describe(url), exc.orig, db.sqlite_path(url)) from None
+            created_meanwhile = isinstance(exc, IntegrityError) or "already exists" in str(exc).lower() \
+                or "duplicate" in str(exc).lower()
+            if attempt == db.SCHEMA_CREATE_ATTEMPTS - 1 or not created_meanwhile:
+                raise
+            time.sleep(random.uniform(0.02, 0.2))
+        except SQLAlchemyError as exc:
+            fault = faults.fault_of(getattr(exc, "orig", exc), db.sqlite_path(url))
+            if fault is None:
+                raise
+            raise faults.fault_error(fault, db.describe(url), exc.orig, db.sqlite_path(url)) from None
+    db.watch(storage.engine, url)
+    return storage
 
 
 class OptunaStudy:
@@ -50,14 +76,28 @@ class OptunaStudy:
     # ---------------------------------------------------------------- opening
     @classmethod
     def create(cls, name: str, storage_url: str, sampler) -> "OptunaStudy":
+        """A new study; UserError when one of that name exists (a concurrent start made it)."""
         optuna = quiet_optuna()
-        return cls(optuna.create_study(study_name=name, storage=rdb_storage(storage_url), direction="maximize",
-                                       sampler=sampler))
+        try:
+            return cls(optuna.create_study(study_name=name, storage=rdb_storage(storage_url),
+                                           direction="maximize", sampler=sampler))
+        except optuna.exceptions.DuplicatedStudyError:
+            raise UserError(f"study {name!r} already exists in {db.describe(storage_url)}; continue it with "
+                            f"`tuner study resume {name}` or choose another storage") from None
 
     @classmethod
     def load(cls, name: str, storage_url: str, sampler) -> "OptunaStudy":
         optuna = quiet_optuna()
         return cls(optuna.load_study(study_name=name, storage=rdb_storage(storage_url), sampler=sampler))
+
+    @classmethod
+    def load_or_create(cls, name: str, storage_url: str, sampler) -> "OptunaStudy":
+        """The study, created when missing: a start that died between writing tuner's study row
+        and Optuna's leaves a study with no Optuna side and no trials yet."""
+        optuna = quiet_optuna()
+        storage = rdb_storage(storage_url)
+        return cls(optuna.create_study(study_name=name, storage=storage, direction="maximize", sampler=sampler,
+                                       load_if_exists=True))
 
     @classmethod
     def in_memory(cls, sampler) -> "OptunaStudy":
@@ -111,6 +151,19 @@ class OptunaStudy:
         """Trials whose heartbeat stopped (their driver died) become FAIL."""
         optuna = quiet_optuna()
         optuna.storages.fail_stale_trials(self.study)
+
+    def fail_running_trials(self) -> list[int]:
+        """Every running trial becomes FAIL (their driver is known dead: its lease says so).
+        Returns their numbers."""
+        optuna = quiet_optuna()
+        failed = []
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            try:
+                if self.study._storage.set_trial_state_values(t._trial_id, state=optuna.trial.TrialState.FAIL):
+                    failed.append(t.number)
+            except optuna.exceptions.UpdateFinishedTrialError:  # finished meanwhile
+                pass
+        return failed
 
     def running_trial_numbers(self) -> list[int]:
         optuna = quiet_optuna()

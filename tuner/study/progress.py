@@ -41,11 +41,18 @@ class StudyProgress:
             self.console.print(text)
 
     def event(self, kind: str, data: dict) -> None:
+        if kind == "notice":  # said once, whatever the display (stderr: --json output stays clean)
+            self.console.print(data["message"], markup=False, highlight=False, soft_wrap=True)
+            return
         if kind == "start":
             self.done = data.get("done", 0)
         elif kind == "trial_start":
             cfg = {k: v for k, v in data["config"].items() if v is not None}
             self.running[data["number"]] = {"config": cfg, "steps": [], "baseline": data.get("baseline")}
+        elif kind == "capacity_start":
+            r = self.running.get(data["number"])
+            if r is not None:
+                r["steps"].append(f"(from {data['users']})")
         elif kind == "measurement":
             r = self.running.get(data["number"])
             if r is not None:

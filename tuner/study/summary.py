@@ -1,11 +1,19 @@
 """Summaries of studies (for `study status`, `study list`, reports and the dashboard). They only
-read; a database of an older schema is upgraded first, or refused when it is opened read-only."""
+read, and never write the database: it is opened read-only, and one of an older schema is read
+through an upgraded copy (``tuner.storage.snapshot``)."""
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy.engine import Engine
+
 from tuner import explain
 from tuner.errors import StudyNotFoundError
-from tuner.storage import db, repo
+from tuner.storage import db, leases, repo
+from tuner.storage.snapshot import read_current
 from tuner.study import trust
 
 MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s",
@@ -13,12 +21,12 @@ MEASUREMENT_FIELDS = ("users", "meets_slo", "valid", "requests", "errors", "p50_
                       "prefix_cache_hit_rate", "kv_capacity_tokens_total", "wall_time_s", "step", "fidelity")
 
 
-def _engine(storage: str, readonly: bool = False):
-    engine = db.get_engine(storage, create=False, readonly=readonly)
-    if not db.has_schema(engine):
-        raise StudyNotFoundError(f"no tuner studies in {storage}")
-    db.require_current(engine, storage, readonly=readonly)
-    return engine
+@contextmanager
+def _reading(storage: str) -> Iterator[Engine]:
+    with read_current(storage) as engine:
+        if not db.has_schema(engine):
+            raise StudyNotFoundError(f"no tuner studies in {storage}")
+        yield engine
 
 
 def measurement_dict(m) -> dict:
@@ -54,14 +62,15 @@ def trial_dict(t, ms: list, diagnosis: explain.TrialDiagnosis | None = None) -> 
     }
 
 
-def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
-    engine = _engine(storage, readonly)
-    row = repo.get_study(engine, name)
-    if row is None:
-        names = [s.name for s in repo.list_studies(engine)]
-        raise StudyNotFoundError(f"no study {name!r} in {storage}; studies there: {', '.join(names) or 'none'}")
-    ts = repo.trials(engine, name)
-    ms = repo.measurements(engine, name)
+def study_summary(storage: str, name: str) -> dict:
+    with _reading(storage) as engine:
+        row = repo.get_study(engine, name)
+        if row is None:
+            names = [s.name for s in repo.list_studies(engine)]
+            raise StudyNotFoundError(f"no study {name!r} in {storage}; studies there: {', '.join(names) or 'none'}")
+        ts = repo.trials(engine, name)
+        ms = repo.measurements(engine, name)
+        lease = leases.get(engine, name)
     by_trial: dict[int, list] = {}
     for m in ms:
         by_trial.setdefault(m.trial_number, []).append(m)
@@ -89,6 +98,7 @@ def study_summary(storage: str, name: str, *, readonly: bool = False) -> dict:
         "capacity_search": {"start_users": ctx.start_users, "max_users": ctx.max_users,
                             "resolution_users": ctx.resolution_users},
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
+        "driver": driver_dict(lease),
         "trials": trials,
         **_ledger(trials),
     }
@@ -110,16 +120,25 @@ def what_if_summary(summary: dict, p90_ttft_s: float, p90_tpot_s: float) -> dict
             "trials": rows, "best": best.to_dict() if best else None}
 
 
+def driver_dict(lease) -> dict | None:
+    """Who holds the study's driver lease (None: no driver): it may be running it, or have died
+    (a resume takes a dead one over)."""
+    if lease is None:
+        return None
+    return {"command": lease.command, "host": lease.host, "pid": lease.pid, "acquired_at": lease.acquired_at,
+            "heartbeat_age_s": round(max(0.0, time.time() - lease.heartbeat_at), 1)}
+
+
 def _ledger(trials: list[dict]) -> dict:
     rows = trust.ledger_rows(trials)
     return {"simulator_ledger": rows, "simulator_fidelity": trust.running_fidelity(rows)}
 
 
-def list_summaries(storage: str, *, readonly: bool = False) -> list[dict]:
-    engine = _engine(storage, readonly)
+def list_summaries(storage: str) -> list[dict]:
+    with _reading(storage) as engine:
+        studies = [(s, repo.trials(engine, s.name)) for s in repo.list_studies(engine)]
     out = []
-    for s in repo.list_studies(engine):
-        ts = repo.trials(engine, s.name)
+    for s, ts in studies:
         best = repo.best_of(ts)
         base = repo.baseline_of(ts)
         out.append({

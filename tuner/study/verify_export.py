@@ -87,8 +87,8 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
         raise ConfigError("the exported YAML does not exist", file=str(path))
     text = path.read_text()
     launch_args = launch_args_from_header(text)
-    summary = study_summary(storage, name, readonly=True)
-    spec = load_existing(storage, name)
+    summary = study_summary(storage, name)
+    spec = load_existing(storage, name, notes=[])
     if spec.space().engine != "sglang":
         raise ConfigError("only SGLang studies export a --config file to verify", key="study")
     trial = _pick(summary, trial_number)
