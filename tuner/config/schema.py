@@ -218,10 +218,19 @@ class CapacitySpec(_Strict):
 
 class MeasurementSpec(_Strict):
     warmup_s: WarmupSeconds = 120
+    # a fresh server's first load point warms up this long instead (None: warmup_s). Real SGLang
+    # stalls in its first ~35 s of traffic while it compiles and tunes kernels for new shapes.
+    first_warmup_s: WarmupSeconds | None = None
     duration_s: L.WindowSeconds = 600
     max_error_rate: Fraction = 0.05
     time_scale: TimeScale = 1.0
     request_timeout_s: L.WindowSeconds = 600
+
+    def warmup_for(self, load_point_index: int) -> float:
+        """The warm-up of a deployment's ``load_point_index``-th load point (0: its first)."""
+        if load_point_index == 0 and self.first_warmup_s is not None:
+            return max(float(self.warmup_s), float(self.first_warmup_s))
+        return float(self.warmup_s)
 
 
 def _check_flag_mapping(v, what: str):

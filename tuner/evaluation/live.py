@@ -144,7 +144,7 @@ class LiveDeployment(Deployment):
         study = self.request.study
         m = study.measurement
         return dict(
-            warmup_s=float(m.warmup_s),
+            warmup_s=m.warmup_for(self.measurements),
             duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,
@@ -206,6 +206,7 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
+        extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
         server_metrics = _metrics_delta(metrics_before, self._scrape_metrics())
         if server_metrics:
             extra["server_metrics"] = server_metrics
