@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from tuner import limits as L
@@ -130,8 +131,6 @@ class ParamSpec(_Strict):
         """Finite list of the values this parameter can take (ranges discretised by step)."""
         if self.values is not None:
             return list(self.values)
-        import numpy as np
-
         if self.step:
             pts = list(np.arange(self.low, self.high + self.step / 2, self.step))
         elif self.log:
