@@ -220,9 +220,11 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="From now on a fresh server's first load point warms up this many seconds (stored with the "
                    "study as measurement.first_warmup_s): real SGLang stalls in its first ~35 s of traffic while "
                    "it compiles kernels, which the capacity search's first, deciding point should not measure.")
+@click.option("--no-pruning", is_flag=True,
+              help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
-           first_warmup_s, as_json):
+           first_warmup_s, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -241,7 +243,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
         runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
                              parallel=parallel, ray_address=ray_address, use_ray=not no_ray,
-                             max_failures=max_failures, time_limit_s=limit_s, command="resume")
+                             max_failures=max_failures, time_limit_s=limit_s, command="resume",
+                             prune=not no_pruning)
         try:
             acquired = runner.take_over(on_wait=lambda text: click.echo(text, err=True))
             if acquired.previous is not None and not as_json:
