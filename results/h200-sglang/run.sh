@@ -9,7 +9,8 @@
 # 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
 # resumes the study with each new trial's capacity search starting at the simulator's prediction;
-# FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up.
+# FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
+# other `study resume` options (e.g. --no-pruning).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
 # in a later call.
@@ -70,7 +71,7 @@ if [ -n "${STUDY_SKIP:-}" ] || [ "$left" -lt 120 ]; then
 elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
   timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} ${CAPACITY_START:+--capacity-start $CAPACITY_START} \
-    ${FIRST_WARMUP_S:+--first-warmup-s $FIRST_WARMUP_S} \
+    ${FIRST_WARMUP_S:+--first-warmup-s $FIRST_WARMUP_S} ${RESUME_ARGS:-} \
     2>&1 | tee "$LOGS/study.log"
 else
   timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
