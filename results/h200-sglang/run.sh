@@ -8,7 +8,9 @@
 # STEPS (default "study") may also name "verify" (first): export the study's best trial for SGLang
 # 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
-# resumes the study with each new trial's capacity search starting at the simulator's prediction.
+# resumes the study with each new trial's capacity search starting at the simulator's prediction;
+# FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
+# other `study resume` options (e.g. --no-pruning).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
 # in a later call.
@@ -28,14 +30,18 @@ t0=$(date +%s)
 LOGS=/tmp/call-logs
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
 trap 'tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
-SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
-tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site
+# Ray and the Python libraries unpack beside the kit's own archives (different folders, xz is single-threaded)
+mkdir -p /tmp/site
+tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site & ray_pid=$!
 if [ -f .whl/pylibs.tar.xz ]; then  # the same wheels, installed beforehand and packed (1 MB smaller)
-  tar -xJf .whl/pylibs.tar.xz -C /tmp/site
+  tar -xJf .whl/pylibs.tar.xz -C /tmp/site & libs_pid=$!
 else
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >> "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; exit 1; }
+    >> "$LOGS/install.log" 2>&1 & libs_pid=$!
 fi
+SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
+wait "$ray_pid" && wait "$libs_pid" || { echo "unpacking Ray or the libraries failed"; tail -20 "$LOGS/install.log"; exit 1; }
+echo "installed in $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/install.log"
 export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 python3 - > "$LOGS/versions.txt" 2>&1 <<'PY' &
@@ -65,6 +71,7 @@ if [ -n "${STUDY_SKIP:-}" ] || [ "$left" -lt 120 ]; then
 elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
   timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} ${CAPACITY_START:+--capacity-start $CAPACITY_START} \
+    ${FIRST_WARMUP_S:+--first-warmup-s $FIRST_WARMUP_S} ${RESUME_ARGS:-} \
     2>&1 | tee "$LOGS/study.log"
 else
   timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \

@@ -35,7 +35,8 @@ def _study(tmp: Path, name: str = "fake-sglang", trials: int = 3, env: dict | No
         "slo": {"p90_ttft_s": 1.5, "p90_tpot_s": 0.025},
         "target_users": 8,
         "capacity": {"start_users": 4, "max_users": 16, "resolution_users": 4, "growth_factor": 2},
-        "measurement": {"warmup_s": 1, "duration_s": 3, "request_timeout_s": 30, "time_scale": 0.1},
+        "measurement": {"warmup_s": 1, "first_warmup_s": 2, "duration_s": 3, "request_timeout_s": 30,
+                        "time_scale": 0.1},
         "trials": trials,
         "backend": "sglang",
         "backend_options": {
@@ -107,6 +108,16 @@ def test_trials_ran_through_the_sglang_path(finished):
         assert startup["ready"] and startup["max_total_num_tokens"] == measured
         assert startup["capture_s"] == {"decode": 0.2}
         assert (trial_dir / "sglang0.server_info.json").is_file()
+
+
+def test_a_fresh_servers_first_load_point_warms_up_longer(finished):
+    tmp, _, _ = finished
+    con = sqlite3.connect(tmp / "t.db")
+    rows = con.execute("SELECT trial_number, step, extra FROM tuner_measurements").fetchall()
+    warmups = {(n, step): json.loads(extra)["warmup_s"] for n, step, extra in rows}
+    assert any(step > 0 for _, step in warmups)
+    for (n, step), w in warmups.items():
+        assert w == (2.0 if step == 0 else 1.0), (n, step, w)
 
 
 def test_replay_sent_token_ids_to_generate_and_read_metrics(finished):

@@ -18,7 +18,7 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
     assert run_cli(["study", "start", str(study), "--storage", storage, "--no-ray", "--json"],
                    cwd=tmp_path).returncode == 0
     r = run_cli(["study", "resume", "guided", "--storage", storage, "--no-ray", "--trials", "5",
-                 "--capacity-start", "simulator"], cwd=tmp_path)
+                 "--capacity-start", "simulator", "--first-warmup-s", "15"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "starts from simulator (was start_users)" in r.stderr
 
@@ -26,6 +26,8 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
 
     stored = yaml.safe_load(repo.get_study(db.get_engine(storage, create=False), "guided").spec_yaml)
     assert stored["capacity"]["start"] == "simulator"
+    assert stored["measurement"]["first_warmup_s"] == 15
+    assert "first load point warms up 15 s (was 10 s)" in r.stderr
 
     summary = json.loads(run_cli(["study", "status", "guided", "--storage", storage, "--json"],
                                  cwd=tmp_path).stdout)
@@ -44,3 +46,18 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
     assert compared >= 1
     first_run = [by_number[n] for n in (0, 1) if n in by_number and by_number[n].get("measurements")]
     assert all(t["measurements"][0]["users"] == 4 for t in first_run)  # start_users of the tiny study
+
+
+def test_resume_without_pruning_runs_every_search_to_its_end(tmp_path):
+    pruned = {}
+    for flag in ([], ["--no-pruning"]):
+        name = "unpruned" if flag else "pruned"
+        study = write_tiny_study(tmp_path, name=name, max_users=64, trials=1)
+        storage = f"sqlite:///{tmp_path}/{name}.db"
+        assert run_cli(["study", "start", str(study), "--storage", storage, "--no-ray", "--json"],
+                       cwd=tmp_path).returncode == 0
+        r = run_cli(["study", "resume", name, "--storage", storage, "--no-ray", "--trials", "6", "--json", *flag],
+                    cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        pruned[name] = json.loads(r.stdout)["trials_pruned"]
+    assert pruned["pruned"] > 0 and pruned["unpruned"] == 0  # the same study prunes unless told not to

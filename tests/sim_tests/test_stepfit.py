@@ -49,9 +49,10 @@ def test_windows_hold_the_prefills_between_decode_lines_and_leave_out_idle_ones(
 
 def test_committed_h200_logs_give_hundreds_of_windows():
     trials = trials_from_database(REPO / "results" / "h200-sglang" / "h200-sglang-qwen3.db")
-    assert {t.label for t in trials} == {"h200-sglang-qwen3#0", "h200-sglang-qwen3#1"}
+    labels = {t.label for t in trials}
+    assert {"h200-sglang-qwen3#0", "h200-sglang-qwen3#1"} <= labels  # and the trials run since
     for t in trials:
-        assert len(t.windows) > 150
+        assert len(t.windows) > (150 if t.label.endswith(("#0", "#1")) else 50)
         assert t.sglang_version == "0.5.17" and t.flags["attention-backend"] == "triton"
         assert t.shared_prefix_tokens == 2000
     assert fit_context(trials) == {"sglang_version": "0.5.17", "attention_backend": "triton",

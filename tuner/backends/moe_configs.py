@@ -211,8 +211,8 @@ def env_for(moe_dir: Path | None, gemm_site: Path | None = None,
     return env
 
 
-def _tuned_gemm_files(source: Path) -> list[Path]:
-
+def tuned_gemm_files(source: Path) -> list[Path]:
+    """The fp8 block GEMM config files under a tuned tile directory (by their SGLang names)."""
     return [p for p in sorted(source.rglob("*.json")) if parse_gemm_config_filename(p.name)]
 
 
@@ -225,7 +225,7 @@ def prepare_trial_gemm_overlay(trial_dir: str | Path, tuned_source: str | Path, 
     """
 
     source = Path(tuned_source)
-    tuned = _tuned_gemm_files(source) if source.is_dir() else []
+    tuned = tuned_gemm_files(source) if source.is_dir() else []
     if not tuned:
         return None, []
     sgl = sglang_at(sglang_package) if sglang_package else installed_sglang()

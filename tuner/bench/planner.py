@@ -189,8 +189,18 @@ def find_planner_probes(dirs: Iterable[str | Path]) -> list[Path]:
             out.add(d)
         elif d.is_dir():
             out |= {p for p in d.rglob("*.json") if p.name.endswith(".planner.json") or p.parent.name == "planner"
-                    or (d.name == "planner" and p.parent == d)}
+                    or (d.name == "planner" and p.parent == d) or _is_probe_file(p)}
     return sorted(out)
+
+
+def _is_probe_file(path: Path) -> bool:
+    """A file `tuner bench planner-probe` wrote (its format key comes first), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return b'"format": "tuner-planner-probe/' in head
 
 
 # ---- evaluation ----------------------------------------------------------------------------------

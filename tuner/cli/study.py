@@ -216,8 +216,15 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
                    "capacity of the configuration, stepping out by capacity.resolution_users: two load "
                    "points when the prediction is right). Capacities found stay comparable: both search "
                    "to the same resolution.")
+@click.option("--first-warmup-s", "first_warmup_s", type=click.FloatRange(0, 86_400), default=None,
+              help="From now on a fresh server's first load point warms up this many seconds (stored with the "
+                   "study as measurement.first_warmup_s): real SGLang stalls in its first ~35 s of traffic while "
+                   "it compiles kernels, which the capacity search's first, deciding point should not measure.")
+@click.option("--no-pruning", is_flag=True,
+              help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
-def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start, as_json):
+def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
+           first_warmup_s, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -236,7 +243,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
         runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
                              parallel=parallel, ray_address=ray_address, use_ray=not no_ray,
-                             max_failures=max_failures, time_limit_s=limit_s, command="resume")
+                             max_failures=max_failures, time_limit_s=limit_s, command="resume",
+                             prune=not no_pruning)
         try:
             acquired = runner.take_over(on_wait=lambda text: click.echo(text, err=True))
             if acquired.previous is not None and not as_json:
@@ -244,9 +252,9 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                 click.echo(f"took over from the dead driver (PID {acquired.previous.pid} on "
                            f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
                            err=True)
-            if capacity_start is not None and capacity_start != spec.capacity.start:  # written under the lease
-                spec = _restart_capacity_search(storage, spec, capacity_start, quiet=as_json)
-                runner.study = spec
+            amended = _amend_measurement(storage, spec, capacity_start, first_warmup_s, quiet=as_json)
+            if amended is not spec:  # written under the lease
+                spec = runner.study = amended
             recovered = runner.recover_interrupted()
             if recovered and not as_json:
                 click.echo(f"marked {len(recovered)} interrupted trial(s): {recovered}", err=True)
@@ -258,17 +266,27 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
             runner.release()
 
 
-def _restart_capacity_search(storage: str, spec, start: str, *, quiet: bool):
+def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None, *, quiet: bool):
+    """The stored study with how its new trials are measured changed (what a capacity means stays)."""
     import yaml
 
     from tuner.storage import db, repo
 
-    was = spec.capacity.start
-    spec = spec.model_copy(update={"capacity": spec.capacity.model_copy(update={"start": start})})
+    changes, said = {}, []
+    if capacity_start is not None and capacity_start != spec.capacity.start:
+        changes["capacity"] = spec.capacity.model_copy(update={"start": capacity_start})
+        said.append(f"capacity search of new trials starts from {capacity_start} (was {spec.capacity.start})")
+    if first_warmup_s is not None and first_warmup_s != spec.measurement.first_warmup_s:
+        changes["measurement"] = spec.measurement.model_copy(update={"first_warmup_s": first_warmup_s})
+        said.append(f"a fresh server's first load point warms up {first_warmup_s:g} s "
+                    f"(was {spec.measurement.first_warmup_s or spec.measurement.warmup_s:g} s)")
+    if not changes:
+        return spec
+    spec = spec.model_copy(update=changes)
     repo.set_study_spec(db.get_engine(storage, create=False), spec.name,
                         yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     if not quiet:
-        click.echo(f"capacity search of new trials starts from {start} (was {was}); stored with the study", err=True)
+        click.echo("; ".join(said) + "; stored with the study", err=True)
     return spec
 
 

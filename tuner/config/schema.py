@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from tuner import limits as L
@@ -130,8 +131,6 @@ class ParamSpec(_Strict):
         """Finite list of the values this parameter can take (ranges discretised by step)."""
         if self.values is not None:
             return list(self.values)
-        import numpy as np
-
         if self.step:
             pts = list(np.arange(self.low, self.high + self.step / 2, self.step))
         elif self.log:
@@ -218,10 +217,19 @@ class CapacitySpec(_Strict):
 
 class MeasurementSpec(_Strict):
     warmup_s: WarmupSeconds = 120
+    # a fresh server's first load point warms up this long instead (None: warmup_s). Real SGLang
+    # stalls in its first ~35 s of traffic while it compiles and tunes kernels for new shapes.
+    first_warmup_s: WarmupSeconds | None = None
     duration_s: L.WindowSeconds = 600
     max_error_rate: Fraction = 0.05
     time_scale: TimeScale = 1.0
     request_timeout_s: L.WindowSeconds = 600
+
+    def warmup_for(self, load_point_index: int) -> float:
+        """The warm-up of a deployment's ``load_point_index``-th load point (0: its first)."""
+        if load_point_index == 0 and self.first_warmup_s is not None:
+            return max(float(self.warmup_s), float(self.first_warmup_s))
+        return float(self.warmup_s)
 
 
 def _check_flag_mapping(v, what: str):

@@ -143,7 +143,7 @@ class LiveDeployment(Deployment):
         study = self.request.study
         m = study.measurement
         return dict(
-            warmup_s=float(m.warmup_s),
+            warmup_s=m.warmup_for(self.measurements),
             duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,
@@ -206,6 +206,7 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
+        extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
         utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
         if utilization is not None:
             extra["gpu_utilization"] = utilization

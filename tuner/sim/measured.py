@@ -170,7 +170,7 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 model=spec.model, gpu=spec.hardware.gpu, gpus=spec.hardware.gpus_per_node,
                 nodes=spec.hardware.nodes, host_memory_gb=spec.hardware.host_memory_gb,
                 flags={**extra_flags, **(trial.flags or {})}, knobs=dict(trial.knobs or {}), workload=profile,
-                users=m.users, warmup_s=spec.measurement.warmup_s * fid, duration_s=m.duration_s,
+                users=m.users, warmup_s=warmup_of(m, spec, fid), duration_s=m.duration_s,
                 seed=spec.seed + m.trial_number + 1009 * m.step,
                 p90_ttft_slo_s=spec.slo.p90_ttft_s, p90_tpot_slo_s=spec.slo.p90_tpot_s,
                 sglang_version=_version_from_trial(trial, spec.backend_options or {}),
@@ -178,6 +178,12 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 fresh_server=m.step == first_step[m.trial_number],
                 server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
     return out
+
+
+def warmup_of(m, spec, fidelity: float) -> float:
+    """The warm-up a stored load point ran with: its own record, else the study's (scaled by fidelity)."""
+    recorded = (m.extra or {}).get("warmup_s")
+    return float(recorded) if isinstance(recorded, (int, float)) else spec.measurement.warmup_s * fidelity
 
 
 def _req(doc: dict, key: str, kind, path: Path, where: str = ""):

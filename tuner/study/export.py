@@ -16,13 +16,15 @@ import yaml
 
 import tuner
 from tuner import safewrite
-from tuner.backends.moe_configs import prepare_trial_moe_dir, tuned_source_dir
+from tuner.backends.moe_configs import prepare_trial_moe_dir, tuned_gemm_files, tuned_source_dir
 from tuner.backends.router import plan_topology
 from tuner.backends.sglang import (
     checkpoint_for, config_to_argv, config_yaml_dict, pinned_server_flags, render_config_yaml,
 )
 from tuner.catalog import get_gpu, get_model, model_label
 from tuner.catalog.sglang_flags import load_flagset, resolve_version
+from tuner.kernels.configfile import read_configs
+from tuner.kernels.sglang_layout import layout_for
 from tuner.errors import ConfigError, StudyNotFoundError
 from tuner.lifecycle import TrialStatus
 from tuner.study.runner import load_existing
@@ -43,6 +45,25 @@ def _pick(summary: dict, trial_number: int | None) -> dict:
                                   key="--trial")
             return t
     raise ConfigError(f"study {summary['name']!r} has no trial {trial_number}", key="--trial")
+
+
+def _ship_gemm_tiles(files: list[Path], source: Path, output: str | None, version: str,
+                     notes: list[str]) -> list[str]:
+    """Copy tuned fp8 block GEMM tiles beside the export; header lines saying where SGLang reads them."""
+    if not files:
+        return []
+    subdir = f"sglang/{layout_for(version).gemm_config_subdir}"
+    if output:
+        dest = Path(output).parent / (Path(output).stem + "-gemm")
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            safewrite.write_text(dest / f.name, f.read_text())
+        notes.append(f"copied {len(files)} tuned fp8 GEMM tile file(s) to {dest}")
+        where = f"{dest.name}/*.json"
+    else:
+        where = f"the {len(files)} GEMM file(s) under {source}"
+    return [f"fp8 block GEMM tiles: tuned; SGLang {version} reads them only from its own package: copy {where} "
+            f"into <site-packages>/{subdir}/ (no environment variable names that directory)"]
 
 
 def export_study(storage: str, name: str, *, output: str | None = None,
@@ -109,6 +130,9 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     if knobs.get("moe-tile-configs") == "tuned":
         gpu = get_gpu(spec.hardware.gpu)
         source = tuned_source_dir(spec.backend_options, gpu.name)
+        gemm_files = tuned_gemm_files(source) if source.is_dir() else []
+        for f in gemm_files:
+            read_configs(f)  # a corrupt file is refused before anything is copied
         if output and source.is_dir():
             moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
                                                       include_shipped=False)
@@ -121,6 +145,7 @@ def export_study(storage: str, name: str, *, output: str | None = None,
                              f"`tuner kernels tune` and set SGLANG_MOE_CONFIG_DIR to its parent of configs/")
         header.append(f"MoE tile configs: tuned; set SGLANG_MOE_CONFIG_DIR={moe_dir} before launching")
         launch = ["env", f"SGLANG_MOE_CONFIG_DIR={moe_dir}"] + launch
+        header.extend(_ship_gemm_tiles(gemm_files, source, output, fs.version, notes))
     else:
         header.append("MoE tile configs: SGLang's shipped/default tiles (no SGLANG_MOE_CONFIG_DIR)")
     header.append("launch: " + shlex.join(launch))
