@@ -20,8 +20,8 @@ from typing import Iterable
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
-from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, extra_args_to_flags, find_sources,
-                                points_from_database, points_from_probe)
+from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
+                                find_sources, points_from_database, points_from_probe)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
         m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users,
                                 warmup_s=p.warmup_s, duration_s=p.duration_s, seed=p.seed, nodes=p.nodes,
                                 host_memory_gb=p.host_memory_gb, calibration=calibration,
-                                sglang_version=sglang_version or p.sglang_version)
+                                sglang_version=sglang_version or p.sglang_version, fresh_server=p.fresh_server)
     except (TrialError, ConfigError) as exc:
         res.error = str(exc)
         return res
@@ -89,11 +89,23 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
 
 
 def summarize(results: list[PointResult]) -> dict:
+    return _summary([r.ape for r in results], [r.verdict_agrees for r in results], [r.error for r in results])
+
+
+def summarize_points(point_docs: list[dict]) -> dict:
+    """``summarize`` over the point records of a report (``doc["points"]``), e.g. a subset of them."""
+    out = _summary([p["ape"] for p in point_docs], [p["verdict_agrees"] for p in point_docs],
+                   [p["error"] for p in point_docs])
+    out["load_points"] = len(point_docs)
+    return out
+
+
+def _summary(apes: list[dict], agrees: list, errors: list) -> dict:
     mape = {}
     for k in METRICS:
-        vals = [r.ape[k] for r in results if r.ape.get(k) is not None]
+        vals = [a[k] for a in apes if a.get(k) is not None]
         mape[k] = sum(vals) / len(vals) if vals else None
-    verdicts = [r.verdict_agrees for r in results if r.verdict_agrees is not None]
+    verdicts = [v for v in agrees if v is not None]
     agreement = sum(verdicts) / len(verdicts) if verdicts else None
     checks = {
         "p90_ttft_s": mape["p90_ttft_s"] is not None and mape["p90_ttft_s"] <= TARGETS["p90_ttft_s_mape_max"],
@@ -101,11 +113,13 @@ def summarize(results: list[PointResult]) -> dict:
         "verdict_agreement": agreement is not None and agreement >= TARGETS["verdict_agreement_min"],
     }
     return {"mape": mape, "verdict_agreement": agreement, "target_results": checks,
-            "passed": bool(results) and all(checks.values()) and not any(r.error for r in results)}
+            "passed": bool(apes) and all(checks.values()) and not any(errors)}
 
 
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
-                 sglang_version: str | None = None, calibration=None, progress=None) -> dict:
+                 sglang_version: str | None = None, calibration=None, progress=None,
+                 selection: TrialSelection | None = None) -> dict:
+    """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared."""
     dbs, probes = find_sources(dirs)
     points: list[LoadPoint] = []
     skipped = []
@@ -116,6 +130,10 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
             skipped.append({"source": str(path), "reason": str(exc)})
     for path in probes:
         points += points_from_probe(path)
+    if selection is not None and not selection.everything and points:
+        selection.check({(p.study, p.trial) if p.study is not None else (p.label.rsplit("@", 1)[0], None)
+                         for p in points})
+        points = [p for p in points if selection.keeps_point(p)]
     if not points:
         where = ", ".join(str(d) for d in dirs)
         raise UserError(f"no real measurements found under {where}: need study databases (*.db) with "
@@ -235,5 +253,6 @@ def format_report(doc: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "extra_args_to_flags", "find_sources", "format_report",
-           "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity", "summarize"]
+__all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
+           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "summarize", "summarize_points"]

@@ -165,6 +165,7 @@ class LiveDeployment(Deployment):
             raise RuntimeError("measure() after close()")
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
+        fresh = self.measurements == 0  # the server's first traffic
         profile = self.request.study.workload_profile()
         metrics_before = self._scrape_metrics()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
@@ -214,7 +215,7 @@ class LiveDeployment(Deployment):
         try:
             extra[PREDICTION_KEY] = predict(self.request.study, self.request.flags, self.request.knobs, users,
                                             warmup_s=kwargs["warmup_s"], duration_s=kwargs["duration_s"],
-                                            seed=kwargs["seed"])
+                                            seed=kwargs["seed"], fresh_server=fresh)
         except Exception as exc:  # a prediction that cannot be made never costs the real measurement
             log.warning("trial %d: no simulator prediction at %d users: %s", self.request.trial_number, users, exc)
             extra[PREDICTION_KEY] = {"error": f"prediction failed: {type(exc).__name__}: {exc}"}
