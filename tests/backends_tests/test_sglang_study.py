@@ -262,11 +262,16 @@ def test_every_real_load_point_keeps_the_simulators_prediction(finished):
     con = sqlite3.connect(tmp / "t.db")
     rows = con.execute("SELECT trial_number, step, users, valid, extra FROM tuner_measurements").fetchall()
     assert rows
+    first = {}
+    for trial, step, *_ in rows:
+        first[trial] = min(step, first.get(trial, step))
     for trial, step, users, valid, extra in rows:
         pred = json.loads(extra)["simulator_prediction"]
-        # the same load point simulated: its seed is the replay's, its version the study's
+        # the same load point simulated: its seed is the replay's, its version the study's, and the
+        # trial's first load point on a fresh server
         assert pred.get("error") is None, pred
         assert pred["sglang_version"] == "0.5.17" and pred["seed"] == 0 + trial + 1009 * step
+        assert pred["fresh_server"] == (step == first[trial])
         assert pred["p90_ttft_s"] > 0 and pred["throughput_tokens_per_s"] > 0 and "meets_slo" in pred
     from tuner.study.summary import study_summary
 

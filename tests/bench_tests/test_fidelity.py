@@ -138,3 +138,43 @@ def test_probe_files_are_read_and_bad_ones_name_file_and_key(tmp_path, capsys):
 def test_extra_server_args_become_flags():
     assert extra_args_to_flags(["--attention-backend", "triton", "--disable-radix-cache", "--page-size=16"]) == {
         "attention-backend": "triton", "disable-radix-cache": True, "page-size": "16"}
+
+
+def test_trials_are_selected_by_name_and_a_wrong_name_is_a_clear_error(tmp_path, capsys):
+    results, _ = make_db(tmp_path)
+    res = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--only-trials", "fid#0", "--json"])
+    assert res.exit_code == 0, res.output
+    assert [p["label"] for p in json.loads(res.output)["points"]] == ["fid#0@2", "fid#0@6"]
+    code, err = _main(["bench", "fidelity", "--results", str(results), "--only-trials", "fid#7"], capsys)
+    assert code == 2 and "no trial 'fid#7'" in err and "fid#0" in err and "--only-trials" in err
+    code, err = _main(["bench", "fidelity", "--results", str(results), "--exclude-trials", "fid"], capsys)
+    assert code == 2 and "leaves no trial" in err
+
+
+def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path):
+    from tuner.sim.calibrate import load_calibration
+
+    results, _ = make_db(tmp_path)  # measured as the simulator predicts a warm server
+    cal = load_calibration("h200")
+    cal["fresh_server_stalls"] = {"per_start": 8.0, "stall_s": 1.5, "decay_s": 40.0}
+    first, second = run_fidelity([results], calibration=cal)["points"]
+    assert first["fresh_server"] and not second["fresh_server"]
+    assert first["predicted"]["p90_ttft_s"] > first["measured"]["p90_ttft_s"]  # its stalls
+    # the second is not (its step times memoised in 256-token context buckets: equal to a few 1e-5)
+    assert second["ape"]["p90_ttft_s"] < 1e-3 and second["ape"]["p90_tpot_s"] < 1e-3
+
+
+def test_verdicts_are_also_counted_on_the_points_clear_of_the_slo(tmp_path):
+    from tuner.bench.fidelity import summarize_points
+
+    def pt(agrees, ttft, tpot):
+        return {"ape": {}, "verdict_agrees": agrees, "error": None,
+                "clear_of_slo": abs(ttft / 1.0 - 1) > 0.1 and abs(tpot / 0.02 - 1) > 0.1}
+
+    doc = summarize_points([pt(True, 0.5, 0.010), pt(False, 0.97, 0.010), pt(True, 2.0, 0.030), pt(False, 0.5, 0.021)])
+    assert doc["verdict_agreement"] == 0.5
+    assert doc["verdicts_clear_of_slo"] == {"margin": 0.1, "points": 2, "agreement": 1.0}
+    results, _ = make_db(tmp_path)
+    full = run_fidelity([results])
+    assert all(isinstance(p["clear_of_slo"], bool) for p in full["points"])
+    assert full["points"][0]["slo"] == {"p90_ttft_s": 2.0, "p90_tpot_s": 0.03}

@@ -144,3 +144,82 @@ def test_trials_of_different_contexts_are_not_fitted_together():
     b.flags = {"attention-backend": "fa3"}
     with pytest.raises(ConfigError, match="different calibration contexts"):
         fit_context([a, b])
+
+
+# ---- fp8 block-quantized weights: a fixed cost per linear call ------------------------------------
+
+def _decode_gpu(flags, cal, batch=4):
+    from tuner.sim.stepfit import _decode_work
+
+    t = _synthetic_trial(cal, n_windows=0)
+    t.flags = {**FLAGS, **flags}
+    return t.step_model(cal).gpu_time([_decode_work(batch, batch * 5000, 2000)])
+
+
+def test_every_fp8_block_linear_call_costs_its_fixed_time_and_bf16_none():
+    cal = load_calibration("h200")
+    with_cost = copy.deepcopy(cal)
+    set_path(with_cost, ("overhead", "fp8_block_gemm_s"), 2e-5)
+    set_path(cal, ("overhead", "fp8_block_gemm_s"), 0.0)
+    # Qwen3-30B-A3B fp8: per layer the qkv and o projections and both expert GEMMs (48 layers)
+    extra = _decode_gpu({"quantization": "fp8"}, with_cost) - _decode_gpu({"quantization": "fp8"}, cal)
+    assert extra == pytest.approx(4 * 48 * 2e-5, rel=1e-6)
+    assert _decode_gpu({}, with_cost) == pytest.approx(_decode_gpu({}, cal))  # bf16 weights: no such call
+    # tuned expert tiles speed up the GEMMs, not the input quantization beside them
+    tuned = {**with_cost, "moe_tuned_speedup": {1: 2.0, 4096: 2.0}}
+    t = _synthetic_trial(tuned, n_windows=0)
+    t.flags = {**FLAGS, "quantization": "fp8"}
+    t.knobs = {"moe-tile-configs": "tuned"}
+    sm = t.step_model(tuned)
+    t.knobs = {}
+    t._plan = None
+    plain = t.step_model(tuned)
+    moe_roof = plain.moe_time(8) - plain.moe_fixed_s
+    assert sm.moe_time(8) == pytest.approx(moe_roof / 2.0 + plain.moe_fixed_s)
+
+
+def test_the_fit_recovers_the_fixed_cost_of_fp8_calls():
+    base = load_calibration("h200")
+    truth = copy.deepcopy(base)
+    for path, v in TRUE.items():
+        set_path(truth, path, v)
+    set_path(truth, ("overhead", "fp8_block_gemm_s"), 2.5e-5)
+    bf16 = _synthetic_trial(truth, n_windows=120, seed=2)
+    fp8 = TrialSteps(label="synthetic#1", study="synthetic", trial=1, model=bf16.model, gpu=bf16.gpu, gpus=1, nodes=1,
+                     host_memory_gb=128, flags={**FLAGS, "quantization": "fp8"}, knobs={}, sglang_version="0.5.17",
+                     shared_prefix_tokens=2000, windows=copy.deepcopy(_synthetic_trial(truth, n_windows=120,
+                                                                                       seed=3).windows))
+    sm = fp8.step_model(truth)
+    for w in fp8.windows:  # the same traffic, timed with fp8 weights
+        w.gen_tokens_per_s = w.gen_tokens / window_time(sm, w, fp8.shared_prefix_tokens)
+    res = fit([bf16, fp8], calibration=base)
+    assert res.values["overhead.fp8_block_gemm_s"] == pytest.approx(2.5e-5, rel=0.25)
+    # without an fp8 trial the data cannot see it: the prior stays
+    only_bf16 = fit([bf16], calibration=base)
+    assert "overhead.fp8_block_gemm_s" in only_bf16.fixed
+
+
+# ---- fresh-server stalls, measured from the windows ------------------------------------------------
+
+def test_stalls_in_a_fresh_servers_first_minute_are_counted_timed_and_written_as_calibration():
+    from tuner.sim.stepfit import WARMUP_LOOK_S, STALL_KEY, warmup_stalls
+
+    cal = load_calibration("h200")
+    trials = []
+    for k, stall_at in enumerate(((3, 8, 20), (5, 12, 30))):  # seconds after the first window
+        t = _synthetic_trial(cal, n_windows=100, seed=10 + k)
+        t.label, t.trial = f"synthetic#{k}", k
+        for i, w in enumerate(t.windows):  # one window a second, from a server log of its own
+            w.source = f"server{k}.log"
+            if i in stall_at:  # 0.8 s more than the model
+                w.gen_tokens_per_s = w.gen_tokens / (w.wall_s + 0.8)
+        trials.append(t)
+    ws = warmup_stalls(trials, cal)
+    assert ws.servers == 2 and ws.count == 3.0 and len(ws.stalls) == 6
+    assert ws.stall_s == pytest.approx(0.8, rel=0.02)
+    assert [round(s["after_s"], 1) for s in ws.stalls[:3]] == [3.5, 8.5, 20.5]
+    assert 5 < ws.decay_s < WARMUP_LOOK_S and ws.later_rate_per_min == 0.0
+    doc = ws.as_calibration()
+    assert doc["stall_s"] == pytest.approx(0.8, rel=0.02) and doc["decay_s"] == pytest.approx(ws.decay_s, rel=1e-3)
+    assert doc["per_start"] >= 3.0  # the stalls expected beyond the first minute too
+    assert STALL_KEY == "fresh_server_stalls"

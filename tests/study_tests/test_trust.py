@@ -106,6 +106,8 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
     # the stored prediction is the same simulation: |p - 2p| / 2p
     assert s["simulator_fidelity"]["mape"]["p90_ttft_s"] == pytest.approx(0.5, abs=1e-6)
     assert all(r[trust.PREDICTION_KEY]["backfilled"] for t in s["trials"] for r in t["measurements"])
+    # the trial's first load point ran on a fresh server, the next one did not
+    assert [r[trust.PREDICTION_KEY]["fresh_server"] for t in s["trials"] for r in t["measurements"]] == [True, False]
     again = CliRunner().invoke(cli, ["db", "predict", "--storage", url, "--json"])
     assert json.loads(again.output)["kept"] == 2  # nothing predicted twice without --force
     from tuner.errors import StudyNotFoundError

@@ -20,12 +20,15 @@ from typing import Iterable
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
-from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, extra_args_to_flags, find_sources,
-                                points_from_database, points_from_probe)
+from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
+                                find_sources, points_from_database, points_from_probe)
 
 log = logging.getLogger(__name__)
 
 TARGETS = {"p90_ttft_s_mape_max": 0.20, "p90_tpot_s_mape_max": 0.10, "verdict_agreement_min": 0.95}
+# a point whose measured P90s are this close to an SLO limit has a verdict that a prediction within the
+# TPOT target (10 %) may flip either way; the share of agreeing verdicts is also given without them
+SLO_MARGIN = 0.10
 
 
 @dataclass
@@ -38,6 +41,15 @@ class PointResult:
     error: str | None = None
     step_time_source: str | None = None
     predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
+
+    @property
+    def clear_of_slo(self) -> bool | None:
+        """Both measured P90s farther than ``SLO_MARGIN`` (relative) from their limits."""
+        p = self.point
+        ttft, tpot = p.measured.get("p90_ttft_s"), p.measured.get("p90_tpot_s")
+        if ttft is None or tpot is None:
+            return None
+        return abs(ttft / p.p90_ttft_slo_s - 1) > SLO_MARGIN and abs(tpot / p.p90_tpot_slo_s - 1) > SLO_MARGIN
 
     @property
     def verdict_agrees(self) -> bool | None:
@@ -74,7 +86,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
         m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users,
                                 warmup_s=p.warmup_s, duration_s=p.duration_s, seed=p.seed, nodes=p.nodes,
                                 host_memory_gb=p.host_memory_gb, calibration=calibration,
-                                sglang_version=sglang_version or p.sglang_version)
+                                sglang_version=sglang_version or p.sglang_version, fresh_server=p.fresh_server)
     except (TrialError, ConfigError) as exc:
         res.error = str(exc)
         return res
@@ -89,23 +101,43 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
 
 
 def summarize(results: list[PointResult]) -> dict:
+    return _summary([r.ape for r in results], [r.verdict_agrees for r in results], [r.error for r in results],
+                    [r.clear_of_slo for r in results])
+
+
+def summarize_points(point_docs: list[dict]) -> dict:
+    """``summarize`` over the point records of a report (``doc["points"]``), e.g. a subset of them."""
+    out = _summary([p["ape"] for p in point_docs], [p["verdict_agrees"] for p in point_docs],
+                   [p["error"] for p in point_docs], [p.get("clear_of_slo") for p in point_docs])
+    out["load_points"] = len(point_docs)
+    return out
+
+
+def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
     mape = {}
     for k in METRICS:
-        vals = [r.ape[k] for r in results if r.ape.get(k) is not None]
+        vals = [a[k] for a in apes if a.get(k) is not None]
         mape[k] = sum(vals) / len(vals) if vals else None
-    verdicts = [r.verdict_agrees for r in results if r.verdict_agrees is not None]
+    verdicts = [v for v in agrees if v is not None]
     agreement = sum(verdicts) / len(verdicts) if verdicts else None
     checks = {
         "p90_ttft_s": mape["p90_ttft_s"] is not None and mape["p90_ttft_s"] <= TARGETS["p90_ttft_s_mape_max"],
         "p90_tpot_s": mape["p90_tpot_s"] is not None and mape["p90_tpot_s"] <= TARGETS["p90_tpot_s_mape_max"],
         "verdict_agreement": agreement is not None and agreement >= TARGETS["verdict_agreement_min"],
     }
+    clear_verdicts = [v for v, c in zip(agrees, clear) if v is not None and c]
     return {"mape": mape, "verdict_agreement": agreement, "target_results": checks,
-            "passed": bool(results) and all(checks.values()) and not any(r.error for r in results)}
+            "passed": bool(apes) and all(checks.values()) and not any(errors),
+            # not a target: the agreement on the points whose measured P90s are clear of the SLO
+            "verdicts_clear_of_slo": {"margin": SLO_MARGIN, "points": len(clear_verdicts),
+                                      "agreement": sum(clear_verdicts) / len(clear_verdicts) if clear_verdicts
+                                      else None}}
 
 
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
-                 sglang_version: str | None = None, calibration=None, progress=None) -> dict:
+                 sglang_version: str | None = None, calibration=None, progress=None,
+                 selection: TrialSelection | None = None) -> dict:
+    """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared."""
     dbs, probes = find_sources(dirs)
     points: list[LoadPoint] = []
     skipped = []
@@ -116,6 +148,10 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
             skipped.append({"source": str(path), "reason": str(exc)})
     for path in probes:
         points += points_from_probe(path)
+    if selection is not None and not selection.everything and points:
+        selection.check({(p.study, p.trial) if p.study is not None else (p.label.rsplit("@", 1)[0], None)
+                         for p in points})
+        points = [p for p in points if selection.keeps_point(p)]
     if not points:
         where = ", ".join(str(d) for d in dirs)
         raise UserError(f"no real measurements found under {where}: need study databases (*.db) with "
@@ -142,7 +178,9 @@ def _point_doc(r: PointResult) -> dict:
         "model": p.model, "gpu": p.gpu, "sglang_version": p.sglang_version, "flags": p.flags, "knobs": p.knobs,
         "measured": {**{k: p.measured.get(k) for k in METRICS}, "meets_slo": r.measured_meets},
         "predicted": {**r.predicted, "meets_slo": r.predicted_meets, "step_time_source": r.step_time_source},
-        "ape": r.ape, "verdict_agrees": r.verdict_agrees, "off_target": r.off_target(), "error": r.error,
+        "ape": r.ape, "verdict_agrees": r.verdict_agrees, "clear_of_slo": r.clear_of_slo,
+        "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
+        "off_target": r.off_target(), "error": r.error,
         "fresh_server": p.fresh_server,
         "stages": {"measured": p.server_stage_means(), "predicted": r.predicted_stages},
     }
@@ -212,6 +250,11 @@ def format_report(doc: dict) -> str:
     lines.append("MAPE: " + ", ".join(f"{k} {pct(m[k])}" for k in METRICS))
     va = doc["verdict_agreement"]
     lines.append(f"SLO verdicts agree on {pct(va)} of {len(doc['points'])} points")
+    vc = doc.get("verdicts_clear_of_slo") or {}
+    if vc.get("points") is not None:
+        near = [pt["label"] for pt in doc["points"] if pt.get("clear_of_slo") is False]
+        lines.append(f"  on {pct(vc['agreement'])} of the {vc['points']} points whose measured P90s are more than "
+                     f"{vc['margin']:.0%} from their SLO" + (f" (near it: {', '.join(near)})" if near else ""))
     t = doc["targets"]
     checks = doc["target_results"]
     lines.append(f"targets: P90 TTFT MAPE <= {t['p90_ttft_s_mape_max']:.0%} "
@@ -235,5 +278,6 @@ def format_report(doc: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "extra_args_to_flags", "find_sources", "format_report",
-           "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity", "summarize"]
+__all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
+           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "summarize", "summarize_points"]

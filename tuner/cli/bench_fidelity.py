@@ -19,22 +19,28 @@ from tuner.cli._common import emit_json, json_option
               help="Simulate this SGLang version instead of the one each trial recorded.")
 @click.option("--calibration", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Calibration YAML to use on top of the GPU's (to try a refit before committing it).")
+@click.option("--only-trials", "only_trials", multiple=True, metavar="NAMES",
+              help="Only the load points of these trials: comma-separated `study#N` (a trial) or `study` (all "
+                   "its trials), e.g. h200-sglang-qwen3#3,h200-sglang-qwen3#7. Repeatable.")
+@click.option("--exclude-trials", "exclude_trials", multiple=True, metavar="NAMES",
+              help="Leave out the load points of these trials (same names as --only-trials).")
 @json_option
-def fidelity(results_dirs, backend_kinds, sglang_version, calibration, as_json):
+def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, as_json):
     """Predicted against measured P50/P90 TTFT, P90 TPOT, throughput and hit rate per load point,
     the MAPE of each, and whether the SLO verdicts agree.
 
     Exits 1 when a target is missed (P90 TTFT MAPE <= 20%, P90 TPOT MAPE <= 10%, verdicts agree
     on >= 95% of points) or a point cannot be predicted; the points off target are marked with !.
     """
-    from tuner.bench.fidelity import format_report, run_fidelity
+    from tuner.bench.fidelity import TrialSelection, format_report, run_fidelity
 
     def progress(i, n, point):
         if not as_json:
             click.echo(f"[{i + 1}/{n}] simulating {point.label}", err=True)
 
     doc = run_fidelity(results_dirs, backends=tuple(backend_kinds), sglang_version=sglang_version,
-                       calibration=calibration, progress=progress)
+                       calibration=calibration, progress=progress,
+                       selection=TrialSelection.parse(only_trials, exclude_trials))
     if as_json:
         emit_json(doc)
     else:

@@ -38,11 +38,20 @@ def refit(summary, gpu):
                    "logs under runs/<study>/trial-NNNN/. Repeat for several.")
 @click.option("--hold-out", type=click.Choice(["none", "trial", "model"]), default="none", show_default=True,
               help="Also cross-validate: fit without each trial (or each model) and predict its load points.")
+@click.option("--only-trials", "only_trials", multiple=True, metavar="NAMES",
+              help="Fit on these trials only: comma-separated `study#N` (a trial) or `study` (all its trials), "
+                   "e.g. h200-sglang-qwen3#0,h200-sglang-dsv3. Repeatable. The check still predicts every load "
+                   "point and reports those of the trials left out separately (unseen by the fit).")
+@click.option("--exclude-trials", "exclude_trials", multiple=True, metavar="NAMES",
+              help="Fit without these trials (same names as --only-trials).")
 @click.option("--write", is_flag=True,
               help="Write the fit into tuner/sim/calibration/<gpu>.yaml as a `fitted` entry for the data's "
                    "context (SGLang version, attention backend, prefill CUDA graphs).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the fitted values as a calibration YAML of their own, to try with "
+                   "`tuner bench fidelity --calibration FILE` before writing the entry.")
 @json_option
-def fit(results_dirs, hold_out, write, as_json):
+def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
     Stage 1 fits the decode and prefill mechanism (scheduler CPU per step and per request, fixed
@@ -55,21 +64,31 @@ def fit(results_dirs, hold_out, write, as_json):
     """
     from datetime import date
 
-    from tuner.bench.fidelity import format_report, held_out, run_fidelity
+    from tuner.bench.fidelity import format_report, held_out, run_fidelity, summarize_points
     from tuner.sim.calibrate import load_calibration, write_fitted
+    from tuner.sim.measured import TrialSelection, trial_label
     from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, load_real_data
 
     def say(msg):
         if not as_json:
             click.echo(msg, err=True)
 
-    trials, points = load_real_data(results_dirs)
+    all_trials, all_points = load_real_data(results_dirs)
+    selection = TrialSelection.parse(only_trials, exclude_trials)
+    if not selection.everything:
+        selection.check({(t.study, t.trial) for t in all_trials} | {(p.study, p.trial) for p in all_points})
+    trials = [t for t in all_trials if selection.keeps(t.study, t.trial)]
+    points = [p for p in all_points if selection.keeps(p.study, p.trial)]
+    if not trials:
+        from tuner.errors import ConfigError
+        raise ConfigError("no selected trial has SGLang step lines in its server log", key="--only-trials")
     context = fit_context(trials)
+    left_out = sorted({trial_label(t.study, t.trial) for t in all_trials} - {t.label for t in trials})
     say(f"{len(trials)} trials, {sum(len(t.windows) for t in trials)} decode windows, {len(points)} load points; "
-        f"context {context}")
+        f"context {context}" + (f"; left out of the fit: {', '.join(left_out)}" if left_out else ""))
     res = calibrate(trials, points, progress=lambda m: say(m) if "prefill scale" in m else None)
     doc = {
-        "context": context, "trials": res.trials, "windows": res.windows,
+        "context": context, "trials": res.trials, "left_out": left_out, "windows": res.windows,
         "parameters": [{"name": p.name, "prior": res.prior.get(p.name),
                         "fitted": get_path(res.calibration, p.path) if p.name in res.values else None,
                         "meaning": p.meaning, "fitted_from_data": p.name in res.values,
@@ -84,10 +103,19 @@ def fit(results_dirs, hold_out, write, as_json):
     written = load_calibration(trials[0].gpu.name, res.as_overrides())
     fid = run_fidelity(results_dirs, calibration=written)
     doc["fidelity"] = {k: fid[k] for k in ("mape", "verdict_agreement", "target_results", "passed")}
+    doc["fidelity"]["points"] = fid["points"]
     rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
     checked = {"load_points": len(fid["points"]), "mape": rnd(fid["mape"]), "verdict_agreement": fid["verdict_agreement"],
                "date": date.today().isoformat(), "command": "tuner bench fidelity --results "
                                                             + " ".join(results_dirs)}
+    fitted_on = set(res.trials)
+    unseen = [pt for pt in fid["points"] if trial_label(pt["study"], pt["trial"]) not in fitted_on]
+    if left_out and unseen:  # the honest check: load points of trials the fit never saw
+        doc["unseen"] = {"trials": sorted({trial_label(pt["study"], pt["trial"]) for pt in unseen}),
+                         **summarize_points(unseen), "points": unseen}
+        checked["unseen"] = {"trials": doc["unseen"]["trials"], "load_points": len(unseen),
+                             "mape": rnd(doc["unseen"]["mape"]),
+                             "verdict_agreement": doc["unseen"]["verdict_agreement"]}
     if hold_out != "none":
         doc["held_out"] = held_out(trials, points, by=hold_out, progress=say)
         checked["held_out"] = {"by": hold_out, "mape": rnd(doc["held_out"]["mape"]),
@@ -96,11 +124,11 @@ def fit(results_dirs, hold_out, write, as_json):
         gpu = trials[0].gpu.name
         name = f"{gpu}-sglang-{context['sglang_version']}-{context['attention_backend']}" + (
             "" if context["prefill_cuda_graph"] else "-eager-prefill")
-        source = (f"tuner calibration fit --results {' '.join(results_dirs)} on {date.today().isoformat()}: "
-                  f"{len(res.trials)} trials ({', '.join(res.trials)}), {res.windows} decode windows; "
-                  f"docs/calibration.md")
-        path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name, source=source, checked=checked)
+        path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name,
+                            source=_source(results_dirs, res, selection), checked=checked)
         doc["written"] = str(path)
+    if out_path:
+        doc["out"] = str(_write_override(out_path, res.as_overrides(), _source(results_dirs, res, selection)))
     if as_json:
         emit_json(doc)
         return
@@ -109,11 +137,43 @@ def fit(results_dirs, hold_out, write, as_json):
     click.echo(f"\ncalibrated simulator on all {checked['load_points']} load points: P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
                f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, throughput {m['throughput_tokens_per_s']:.1%}, verdicts "
                f"{doc['fidelity']['verdict_agreement']:.0%} (tuner bench fidelity prints the table)")
+    if "unseen" in doc:
+        u = doc["unseen"]
+        um = u["mape"]
+        click.echo(f"on the {u['load_points']} load points of the {len(u['trials'])} trials left out of the fit "
+                   f"({', '.join(u['trials'])}): P90 TTFT MAPE {um['p90_ttft_s']:.1%}, P90 TPOT MAPE "
+                   f"{um['p90_tpot_s']:.1%}, throughput {um['throughput_tokens_per_s']:.1%}, verdicts "
+                   f"{u['verdict_agreement']:.0%}:")
+        click.echo(format_report({**u, "targets": fid["targets"], "skipped": []}))
     if "held_out" in doc:
         click.echo(f"\nheld out by {hold_out} (each fold fitted without it):")
         click.echo(format_report({**doc["held_out"], "skipped": []}))
     if write:
         click.echo(f"\nwrote {doc['written']}")
+    if out_path:
+        click.echo(f"wrote {doc['out']} (try it: tuner bench fidelity --calibration {doc['out']})")
+
+
+def _source(results_dirs, res, selection) -> str:
+    from datetime import date
+
+    chosen = "".join(f" --only-trials {','.join(selection.only)}" if selection.only else "") + (
+        f" --exclude-trials {','.join(selection.exclude)}" if selection.exclude else "")
+    return (f"tuner calibration fit --results {' '.join(results_dirs)}{chosen} on {date.today().isoformat()}: "
+            f"{len(res.trials)} trials ({', '.join(res.trials)}), {res.windows} decode windows; docs/calibration.md")
+
+
+def _write_override(path, values: dict, source: str):
+    """The fitted values as a calibration file of their own (whole or not at all)."""
+    import yaml
+
+    from tuner import safewrite
+
+    target = safewrite.check_target(path)
+    with safewrite.atomic_open(target) as f:
+        f.write(f"# {source}\n# use: tuner bench fidelity --calibration {path}\n")
+        yaml.safe_dump(values, f, sort_keys=False)
+    return target
 
 
 def _format_fit(doc: dict) -> str:
@@ -130,9 +190,12 @@ def _format_fit(doc: dict) -> str:
                          f"simulated / {r['measured_prefill_forward_s'] * 1e3:6.1f} ms measured")
     ws = doc["warmup_stalls"]
     if ws:
-        lines.append(f"\nfresh-server stalls (measured, not simulated): {ws['count_per_start']} per server start in "
-                     f"its first {ws['over_s']} s of traffic, {ws['stall_s']} s each ({len(ws['stalls'])} over "
-                     f"{ws['servers']} starts; {ws['later_per_min']:.2f} per minute later)")
+        c = ws["calibration"]
+        lines.append(f"\nfresh-server stalls: {ws['count_per_start']} per server start in its first {ws['look_s']:g} s "
+                     f"of traffic, {ws['stall_s']} s each ({len(ws['stalls'])} over {ws['servers']} starts; "
+                     f"{ws['later_per_min']:.2f} per minute later), at a rate decaying with a time constant of "
+                     f"{ws['decay_s']} s; simulated in a deployment's first load point as fresh_server_stalls "
+                     f"{c['per_start']:g} per start x {c['stall_s']:g} s, decay {c['decay_s']:g} s")
     lines.append("\nwindow-time error per trial (calibrated model against the log):")
     for label, r in doc["residuals"].items():
         lines.append(f"  {label:<32} {r['windows']:4d} windows, median |error| {r['median_abs_error']:.1%}, "

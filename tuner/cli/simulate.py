@@ -51,8 +51,12 @@ def parse_config(text: str | None) -> tuple[dict, dict]:
 @click.option("--sglang-version", default=None,
               help="SGLang release whose scheduler and memory defaults are simulated (default: the study's "
                    "backend_options.sglang_version, else 0.5.23).")
+@click.option("--fresh-server", is_flag=True,
+              help="The load point is a newly started server's first traffic: it warms up the study's "
+                   "measurement.first_warmup_s (when set) and goes through the fresh-server stalls measured for "
+                   "this context (docs/calibration.md).")
 @json_option
-def simulate(study_name, users, config, seed, duration_s, sglang_version, as_json):
+def simulate(study_name, users, config, seed, duration_s, sglang_version, fresh_server, as_json):
     """Predict P50/P90/P99 TTFT and TPOT of one configuration at USERS users."""
     from tuner.sim import simulate_load_point
     from tuner.config.load import load_study
@@ -61,12 +65,20 @@ def simulate(study_name, users, config, seed, duration_s, sglang_version, as_jso
     flags, knobs = parse_config(config) if config else (dict(study.baseline), {})
     if config is None:
         knobs = {k: flags.pop(k) for k in KNOB_NAMES if k in flags}
+    # what every server of the study runs with (backend_options.server_flags, extra_server_args),
+    # as its trials record it: the fitted calibration of that context applies
+    from tuner.sim.measured import extra_args_to_flags
+    from tuner.study.space import pinned_flags
+
+    options = study.backend_options or {}
+    flags = {**extra_args_to_flags(options.get("extra_server_args") or []), **pinned_flags(study), **flags}
     hw = study.hardware
     m = simulate_load_point(
         study.model, hw.gpu, hw.gpus_per_node, flags, knobs, study.workload_profile(), users,
-        warmup_s=study.measurement.warmup_s, duration_s=duration_s or study.measurement.duration_s,
+        warmup_s=study.measurement.warmup_for(0 if fresh_server else 1),
+        duration_s=duration_s or study.measurement.duration_s,
         seed=study.seed if seed is None else seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
-        sglang_version=sglang_version or (study.backend_options or {}).get("sglang_version"),
+        sglang_version=sglang_version or (study.backend_options or {}).get("sglang_version"), fresh_server=fresh_server,
     )
     meets = m.meets(study.slo.p90_ttft_s, study.slo.p90_tpot_s)
     doc = {

@@ -143,7 +143,7 @@ class LiveDeployment(Deployment):
         study = self.request.study
         m = study.measurement
         return dict(
-            warmup_s=m.warmup_for(self.measurements),
+            warmup_s=m.warmup_for(self.measurements) if hasattr(m, "warmup_for") else float(m.warmup_s),
             duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,
@@ -164,6 +164,7 @@ class LiveDeployment(Deployment):
             raise RuntimeError("measure() after close()")
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
+        fresh = self.measurements == 0  # the server's first traffic
         profile = self.request.study.workload_profile()
         metrics_before = self._scrape_metrics()
         gpu_mark = self.sampler.mark()
@@ -222,7 +223,7 @@ class LiveDeployment(Deployment):
         try:
             extra[PREDICTION_KEY] = predict(self.request.study, self.request.flags, self.request.knobs, users,
                                             warmup_s=kwargs["warmup_s"], duration_s=kwargs["duration_s"],
-                                            seed=kwargs["seed"])
+                                            seed=kwargs["seed"], fresh_server=fresh)
         except Exception as exc:  # a prediction that cannot be made never costs the real measurement
             log.warning("trial %d: no simulator prediction at %d users: %s", self.request.trial_number, users, exc)
             extra[PREDICTION_KEY] = {"error": f"prediction failed: {type(exc).__name__}: {exc}"}

@@ -18,8 +18,9 @@ PREDICTED_METRICS = ("p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p9
 
 
 def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, duration_s: float,
-            seed: int) -> dict[str, Any]:
-    """What the calibrated simulator predicts for this load point (``error`` when it cannot)."""
+            seed: int, fresh_server: bool = False) -> dict[str, Any]:
+    """What the calibrated simulator predicts for this load point (``error`` when it cannot);
+    ``fresh_server``: the deployment's first load point (its server's first traffic)."""
     hw = study.hardware
     options = getattr(study, "backend_options", None) or {}
     t0 = time.process_time()
@@ -27,14 +28,15 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
         m = simulate_load_point(study.model, hw.gpu, hw.gpus_per_node, dict(flags), dict(knobs or {}),
                                 study.workload_profile(), users, warmup_s=warmup_s, duration_s=duration_s, seed=seed,
                                 nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
-                                calibration=options.get("calibration"), sglang_version=options.get("sglang_version"))
+                                calibration=options.get("calibration"), sglang_version=options.get("sglang_version"),
+                                fresh_server=fresh_server)
     except (TrialError, ConfigError) as exc:
         return {"error": str(exc), "seed": seed}
     out: dict[str, Any] = {k: getattr(m, k) for k in PREDICTED_METRICS}
     slo = study.slo
     out.update({
         "meets_slo": m.meets(slo.p90_ttft_s, slo.p90_tpot_s),
-        "seed": seed, "warmup_s": warmup_s, "duration_s": duration_s,
+        "seed": seed, "warmup_s": warmup_s, "duration_s": duration_s, "fresh_server": fresh_server,
         "sglang_version": m.extra.get("sglang_version"),
         "step_time_source": (m.extra.get("step_time_source") or {}).get("overall"),
         "calibration": list(m.extra.get("calibration_applied") or []),
@@ -66,9 +68,12 @@ def predicted_capacity(study, flags: dict, knobs: dict, *, seed: int) -> tuple[i
     search = CapacitySearch.for_study(study)
     m = study.measurement
     sources: set[str] = set()
+    index = 0
     while not search.done:
         users = search.next_users()
-        p = predict(study, flags, knobs, users, warmup_s=m.warmup_s, duration_s=m.duration_s, seed=seed)
+        p = predict(study, flags, knobs, users, warmup_s=m.warmup_for(index), duration_s=m.duration_s, seed=seed,
+                    fresh_server=index == 0)
+        index += 1
         if p.get("error"):
             return None, f"the simulator cannot predict it ({p['error']})"
         sources.update(p.get("calibration") or [])

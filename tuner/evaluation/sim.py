@@ -17,16 +17,23 @@ class SimDeployment(Deployment):
         self.plan = plan
         self.predicted_kv_capacity_tokens_total = plan.kv_capacity_tokens_total
         self.measured_kv_capacity_tokens_total = plan.kv_capacity_tokens_total
+        self.measurements = 0
 
     def measure(self, users: int) -> LoadPointMetrics:
         study, req = self.request.study, self.request
         hw = study.hardware
         options = getattr(study, "backend_options", None) or {}
+        index = self.measurements
+        self.measurements += 1
+        m = study.measurement
+        warmup_s = m.warmup_for(index) if hasattr(m, "warmup_for") else float(m.warmup_s)
+        # the deployment's first load point is its server's first traffic (the warm-up a real
+        # trial gives it, and the fresh-server stalls where they were measured)
         return simulate_load_point(
             study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
-            warmup_s=study.measurement.warmup_s, duration_s=study.measurement.duration_s,
+            warmup_s=warmup_s, duration_s=m.duration_s,
             seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=options.get("calibration"),
-            sglang_version=options.get("sglang_version"),
+            sglang_version=options.get("sglang_version"), fresh_server=index == 0,
         )
 
     def telemetry(self) -> dict:

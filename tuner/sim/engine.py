@@ -132,6 +132,9 @@ class Stats:
         self.prefill_tokens = 0
         self.steps = 0
         self.events = 0
+        self.stalls = 0  # fresh-server stalls simulated (tuner.sim.warmup)
+        self.stall_s = 0.0
+        self.window_stalls = 0  # ... of them inside the measurement window
         self.itl = {}  # gap (0.1 ms buckets) -> token count
         self.window = WindowStats()
 
@@ -174,7 +177,7 @@ class ReplicaEngine:
     def __init__(self, ranks: list[Rank], model: StepTimeModel, rules: SchedulerRules, *, stats: Stats,
                  on_finish: Callable, window: tuple[float, float] = (0.0, math.inf),
                  computed_len: dict | None = None, on_token: Callable | None = None,
-                 max_jump: int = MAX_JUMP_STEPS):
+                 max_jump: int = MAX_JUMP_STEPS, stalls: list[tuple[float, float]] | None = None):
         self.ranks = ranks
         self.model = model
         self.rules = rules
@@ -191,6 +194,9 @@ class ReplicaEngine:
         # boundary it has only seen requests that arrived before the step that just ended began
         self.last_step_start = -math.inf
         self.last_step_end = -math.inf
+        # a fresh server's stalls (time, length), each on the first prefill step starting at or
+        # after its time (tuner.sim.warmup)
+        self.stalls = sorted(stalls or [])
 
     def has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
@@ -584,6 +590,13 @@ class ReplicaEngine:
                 stalled.append(rank)
             running += len(rank.running)
         dt = self.model.step_time(works, running, overlap=self.rules.overlap)
+        if self.stalls and self.stalls[0][0] <= t0:
+            _, stall = self.stalls.pop(0)
+            dt += stall
+            self.stats.stalls += 1
+            self.stats.stall_s += stall
+            if self.window[0] <= t0 < self.window[1]:
+                self.stats.window_stalls += 1
         t1 = t0 + dt
         self.clock = t1
         self.stats.steps += 1

@@ -86,6 +86,58 @@ class LoadPoint:
                 "ttft_s": sm.get("sglang:time_to_first_token_seconds_sum", 0.0) / n}
 
 
+# ---- which trials ----------------------------------------------------------------------------
+
+def trial_label(study: str | None, trial: int | None) -> str:
+    """``study#trial``, as load points and fitted trials are named (``h200-sglang-qwen3#3``)."""
+    return f"{study}#{trial}"
+
+
+@dataclass(frozen=True)
+class TrialSelection:
+    """Which real trials to use: ``only`` (none given: all) minus ``exclude``. Each name is a
+    trial (``study#N``) or a whole study (``study``)."""
+
+    only: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, only=(), exclude=()) -> "TrialSelection":
+        split = lambda values: tuple(x.strip() for v in (values or ()) for x in str(v).split(",") if x.strip())
+        return cls(split(only), split(exclude))
+
+    @property
+    def everything(self) -> bool:
+        return not self.only and not self.exclude
+
+    @staticmethod
+    def _hit(name: str, study: str | None, trial: int | None) -> bool:
+        return name == study or (trial is not None and name == trial_label(study, trial))
+
+    def keeps(self, study: str | None, trial: int | None) -> bool:
+        if self.only and not any(self._hit(n, study, trial) for n in self.only):
+            return False
+        return not any(self._hit(n, study, trial) for n in self.exclude)
+
+    def keeps_point(self, p: "LoadPoint") -> bool:
+        if p.study is None:  # a probe file's point: named by the probe
+            name = p.label.rsplit("@", 1)[0]
+            return self.keeps(name, None) if self.only or self.exclude else True
+        return self.keeps(p.study, p.trial)
+
+    def check(self, known: Iterable[tuple[str | None, int | None]], option: str = "--only-trials") -> None:
+        """A name that matches no trial of the data is a mistake: say which names exist."""
+        known = list(known)
+        for names, key in ((self.only, option), (self.exclude, "--exclude-trials")):
+            for n in names:
+                if not any(self._hit(n, s, t) for s, t in known):
+                    valid = ", ".join(sorted({trial_label(s, t) for s, t in known if t is not None}
+                                             | {str(s) for s, _ in known}))
+                    raise ConfigError(f"no trial {n!r} in the data; valid: {valid}", key=key)
+        if not any(self.keeps(s, t) for s, t in known):
+            raise ConfigError("the selection leaves no trial", key=option)
+
+
 # ---- sources -------------------------------------------------------------------------------
 
 def find_sources(dirs: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:

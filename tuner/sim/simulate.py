@@ -35,6 +35,7 @@ from .optable import profiles_fingerprint
 from .router import Router, SessionIndex, routing_policy
 from .scheduler import SchedulerRules, check_version
 from .steptime import StepTimeModel
+from .warmup import stall_schedule
 
 DRAIN_LIMIT_S = 600.0
 MULTI_REPLICA_JUMP_S = 0.05
@@ -139,12 +140,15 @@ def simulate_load_point(
     host_memory_gb: float | None = None,
     calibration: dict | str | None = None,
     sglang_version: str | None = None,
+    fresh_server: bool = False,
 ) -> LoadPointMetrics:
     """Predict what a replay of ``users`` closed-loop users would measure on this configuration.
 
     This signature is stable: it is what callers use to store the simulator's prediction beside a
     real trial (same configuration, workload, user count and window). ``sglang_version`` selects
     the scheduler rules and memory defaults of that SGLang release (default 0.5.23).
+    ``fresh_server``: the load point is the first traffic of a newly started server, which goes
+    through the calibration's fresh-server stalls (``tuner.sim.warmup``; none where none were measured).
     """
     model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -208,6 +212,7 @@ def simulate_load_point(
             seq += 1
             heapq.heappush(arrivals, (nxt, seq, u))
 
+    stalls = stall_schedule(cal, fresh_server)
     host_tokens = plan.hicache_host_tokens_per_pool if rules.hierarchical_cache else 0
     replicas = []
     all_ranks: list[Rank] = []
@@ -218,7 +223,7 @@ def simulate_load_point(
             ranks.append(Rank(cache, rules))
         all_ranks.extend(ranks)
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
-                                      computed_len=computed_len))
+                                      computed_len=computed_len, stalls=stalls))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)
@@ -299,6 +304,8 @@ def simulate_load_point(
         "sim_steps": stats.steps,
         "sim_events": stats.events,
         "kv_capacity_tokens_per_pool": capacity,
+        "fresh_server": {"fresh": fresh_server, "stalls": stats.stalls, "stall_s": round(stats.stall_s, 3),
+                         "in_window": stats.window_stalls},
         "kv_pools": len(all_ranks),
         "router_policy": router.policy,
         # SGLang's own per-request stages over the whole load point (warm-up and drain included),

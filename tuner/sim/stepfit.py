@@ -42,7 +42,7 @@ import yaml
 from tuner.catalog import get_gpu, get_model
 from tuner.config.schema import StudySpec
 from tuner.errors import ConfigError
-from tuner.planner import parse_layout, plan_memory
+from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import prefill_graph_enabled
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
@@ -53,6 +53,7 @@ from .simulate import build_step_model, simulate_load_point
 from .measured import find_sources, points_from_database
 from .steplog import StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
+from .warmup import KEY as STALL_KEY, fit_decay_s
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(("overhead", "layer_s"), 0.0, 1e-3, meaning="fixed GPU time per layer of a decode step"),
     Parameter(("memory_efficiency",), 0.1, 1.0, meaning="HBM share when a decode step streams weights"),
     Parameter(("kv_memory_efficiency",), 0.05, 1.0, needs="gqa", meaning="HBM share of the decode KV reads"),
+    Parameter(("overhead", "fp8_block_gemm_s"), 0.0, 2e-4, needs="fp8_block",
+              meaning="fixed GPU time per fp8 block-quantized linear call (input quantization kernel + block GEMM)"),
     Parameter(("compute_efficiency", "decode_attention"), 0.01, 1.0, needs="mla",
               meaning="compute share of MLA's absorbed decode attention"),
     Parameter(("overhead", "eager_prefill_per_layer_s"), 0.0, 5e-3, needs="eager_prefill",
@@ -139,6 +142,10 @@ class TrialSteps:
     @property
     def arch(self) -> str:
         return "mla" if self.model.is_mla else "gqa"
+
+    @property
+    def weight_format(self) -> str:
+        return resolve_checkpoint(self.model, self.flags.get("quantization")).weight_format
 
     def step_model_prefill_graph(self) -> bool:
         return prefill_graph_enabled(self.model, self.flags, version_tuple(self.sglang_version))
@@ -256,6 +263,8 @@ def _sees(trials: list[TrialSteps], needs: str) -> bool:
         return bool(trials)
     if needs in ("mla", "gqa"):
         return any(t.arch == needs for t in trials)
+    if needs == "fp8_block":
+        return any(t.weight_format == "fp8_block" for t in trials)
     if needs == "eager_prefill":
         return any(not t.step_model_prefill_graph() for t in trials)
     if needs == "mla_no_prefix":
@@ -285,6 +294,8 @@ class FitResult:
                       ("overhead", "prefill_batch_s")]
             paths += [("compute_efficiency", "extend_attention", m) for m in
                       ("gqa", "gqa_causal", "mla_absorbed", "mla_absorbed_causal", "mla_mha", "mla_mha_causal")]
+        if self.warmup is not None:
+            paths.append((STALL_KEY,))
         out: dict = {}
         for path in dict.fromkeys(paths):
             v = get_path(self.calibration, path)
@@ -481,19 +492,32 @@ STALL_MIN_S = 0.3  # a window this much (and half) slower than the model holds a
 @dataclass
 class WarmupStalls:
     """Stalls of fresh servers: windows of their first ``WARMUP_LOOK_S`` of traffic far slower
-    than the step-time model, which warm servers do not show."""
+    than the step-time model, which warm servers show far less often. The simulator's
+    ``fresh_server_stalls`` (``tuner.sim.warmup``) come from here."""
 
-    count: float  # per server start
+    count: float  # per server start, within its first WARMUP_LOOK_S
     stall_s: float  # mean excess of a stall window
-    over_s: float  # the stalls spread over the first over_s seconds
+    decay_s: float  # time constant of their decaying rate (maximum likelihood over the look)
     servers: int
     stalls: list[dict] = field(default_factory=list)  # log, seconds after first traffic, excess
-    later_rate_per_min: float = 0.0  # the same excess after WARMUP_LOOK_S, per minute (should be ~0)
+    later_rate_per_min: float = 0.0  # the same excess after WARMUP_LOOK_S, per minute
+
+    @property
+    def per_start(self) -> float:
+        """Expected stalls per start over all time (the look sees 1 - exp(-look/decay) of them)."""
+        seen = -math.expm1(-WARMUP_LOOK_S / self.decay_s) if self.decay_s > 0 else 1.0
+        return self.count / seen if seen > 0 else self.count
+
+    def as_calibration(self) -> dict:
+        """The simulator's ``fresh_server_stalls`` entry."""
+        return {"per_start": float(f"{self.per_start:.4g}"), "stall_s": float(f"{self.stall_s:.4g}"),
+                "decay_s": float(f"{self.decay_s:.4g}")}
 
     def as_dict(self) -> dict:
         return {"count_per_start": round(self.count, 2), "stall_s": round(self.stall_s, 3),
-                "over_s": round(self.over_s, 1), "servers": self.servers,
-                "later_per_min": round(self.later_rate_per_min, 3), "stalls": self.stalls}
+                "decay_s": round(self.decay_s, 1), "look_s": WARMUP_LOOK_S, "servers": self.servers,
+                "later_per_min": round(self.later_rate_per_min, 3), "stalls": self.stalls,
+                "calibration": self.as_calibration()}
 
 
 def warmup_stalls(trials: list[TrialSteps], calibration: dict) -> WarmupStalls | None:
@@ -509,35 +533,35 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict) -> WarmupStalls |
             for w, p in rows:
                 excess = w.wall_s - p
                 if excess > STALL_MIN_S and excess > 0.5 * p:
-                    if w.t_end - t0 <= WARMUP_LOOK_S:
-                        stalls.append({"log": log, "after_s": w.t_end - t0, "excess_s": excess})
+                    if w.t_end - t0 <= WARMUP_LOOK_S:  # at the middle of its window
+                        stalls.append({"log": log, "after_s": (w.t_start + w.t_end) / 2 - t0, "excess_s": excess})
                     else:
                         late += 1
             late_minutes += max(0.0, rows[-1][0].t_end - t0 - WARMUP_LOOK_S) / 60
     if not servers:
         return None
-    count = len(stalls) / servers
+    later = late / late_minutes if late_minutes else 0.0
     if not stalls:
-        return WarmupStalls(0.0, 0.0, WARMUP_LOOK_S, servers)
-    last = [max(s["after_s"] for s in stalls if s["log"] == log)
-            for log in {s["log"] for s in stalls}]
-    over = float(np.mean(last)) * count / max(count - 0.5, 0.5)
-    return WarmupStalls(count, float(np.mean([s["excess_s"] for s in stalls])), over, servers, stalls,
-                        late / late_minutes if late_minutes else 0.0)
+        return WarmupStalls(0.0, 0.0, WARMUP_LOOK_S, servers, [], later)
+    times = [s["after_s"] for s in stalls]
+    return WarmupStalls(len(stalls) / servers, float(np.mean([s["excess_s"] for s in stalls])),
+                        fit_decay_s(times, WARMUP_LOOK_S), servers, stalls, later)
 
 
 def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None,
               progress: Callable[[str], None] | None = None) -> FitResult:
-    """Every stage: the window fit, the first-use stall, then the prefill scale."""
+    """Every stage: the window fit, the prefill scale, then the fresh-server stalls."""
     res = fit(trials, calibration=calibration, progress=progress)
     pts = [p for p in points if any(p.study == t.study and p.trial == t.trial for t in trials)]
     if steady_points(pts):
         scale = fit_prefill_scale(pts, res.calibration, progress)
         res.prefill_scale = scale
         res.calibration = scale_prefill(res.calibration, scale.scale)
-    # measured and reported, not simulated: as discrete stalls they made the cross-validated P90
-    # TTFT worse (docs/calibration.md, "Fresh servers")
+    # the stalls of fresh servers, measured against the calibrated step times; the simulator puts
+    # them into a deployment's first load point (tuner.sim.warmup)
     res.warmup = warmup_stalls(trials, res.calibration)
+    if res.warmup is not None:
+        res.calibration[STALL_KEY] = res.warmup.as_calibration()
     res.residuals = residual_summary(trials, res.calibration)
     return res
 

@@ -87,19 +87,24 @@ class StepTimeModel:
             return t
 
         # ---- linears: every layer's GEMMs -------------------------------------------------
-        # (layers, flops per token, weight-read seconds, rate, table, per-logit)
+        # (layers, flops per token, weight-read seconds, rate, table, per-logit, name, fixed seconds per call)
+        ov = calibration["overhead"]
+        # fp8 block-quantized linears: each call first quantizes its input per 128-wide group in a
+        # kernel of its own, then runs the block-scaled GEMM (fixed GPU time per call, fitted)
+        self.fp8_call_s = float(ov.get("fp8_block_gemm_s", 0.0))
         self.gemms = []
         for g in gemms(model, ckpt, layout):
             bpp = BYTES_PER_PARAM[g.dtype]
             rate = self._rate(g.dtype) * eff["dense"]
             table = find("gemm", g.key)
-            self.gemms.append((g.layers, 2.0 * g.n * g.k, g.n * g.k * bpp / self.bw, rate, table, g.per == "logit",
-                               g.name))
+            read_s = g.n * g.k * bpp / self.bw
+            fixed_s = self.fp8_call_s if g.dtype == "fp8_block" else 0.0
+            self.gemms.append((g.layers, 2.0 * g.n * g.k, read_s, rate, table, g.per == "logit", g.name, fixed_s))
         self.any_gemm_table = any(t[4] is not None for t in self.gemms)
         token_gemms = [x for x in self.gemms if not x[5]]
         self.read_bound_tokens = min((r * rate / f for _, f, r, rate, *_ in self.gemms if f), default=0.0)
-        self.linear_read_s = sum(layers * r for layers, _, r, *_ in token_gemms)
-        self.lm_read_s = sum(layers * r for layers, _, r, _, _, logit, _ in self.gemms if logit)
+        self.linear_read_s = sum(layers * (r + fixed) for layers, _, r, _, _, _, _, fixed in token_gemms)
+        self.lm_read_s = sum(layers * (r + fixed) for layers, _, r, _, _, logit, _, fixed in self.gemms if logit)
 
         # ---- attention --------------------------------------------------------------------
         attn_tp = layout.attn_tp
@@ -175,6 +180,8 @@ class StepTimeModel:
             self.moe_rate = mma * eff["moe"]
             self.moe_dequant_rate = None if native else calibration["dequant_gelem_per_s"] * 1e9
             self.moe_fp8_block = routed_fmt == "fp8_block"
+            # both expert GEMMs quantize their input first (gate_up's tokens, down's activations)
+            self.moe_fixed_s = 2 * self.moe_layers * self.fp8_call_s if self.moe_fp8_block else 0.0
             shape = moe_shape(model, ckpt, layout)
             self.moe_table = find("moe", shape.key, moe_runner_backend=self.moe_backend,
                                   variant="tuned" if moe_tiles == "tuned" else "default")
@@ -186,7 +193,6 @@ class StepTimeModel:
         self.misc_table = find("layer_misc", misc_shape)
         self.sampling_table = find("sampling", {"vocab": -(-model.vocab_size // layout.tp)})
         self.overhead_table = find("step_overhead", {"model": model.name, "tp": layout.tp})
-        ov = calibration["overhead"]
         self.layer_s = ov["layer_s"]
         self.layer_passes = ov["layer_bytes_passes"]
         self.sampling_s = ov["sampling_s"]
@@ -241,13 +247,13 @@ class StepTimeModel:
             self._src["linear"][1] += 1
             return self.linear_read_s + (self.lm_read_s if logits else 0.0)
         t = 0.0
-        for layers, flops, read_s, rate, table, per_logit, _ in self.gemms:
+        for layers, flops, read_s, rate, table, per_logit, _, fixed_s in self.gemms:
             n = logits if per_logit else tokens
             if n <= 0:
                 continue
             v = table.lookup_s(n) if table is not None else None
             if v is None:
-                v = max(flops * n / rate, read_s)
+                v = max(flops * n / rate, read_s) + fixed_s
                 self._count("linear", None)
             else:
                 self._count("linear", table)
@@ -414,7 +420,7 @@ class StepTimeModel:
             measured = tuned_speedup(self.cal, tokens)
             if measured:
                 total /= measured
-        return total
+        return total + self.moe_fixed_s
 
     # ---- one synchronised step of all ranks -------------------------------------------------
     def gpu_time(self, ranks: list[RankWork], overheads: bool = True) -> float:

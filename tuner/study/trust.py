@@ -116,7 +116,11 @@ def backfill_predictions(engine, *, study: str | None = None, force: bool = Fals
             continue
         spec = StudySpec.model_validate(yaml.safe_load(row.spec_yaml))
         trials = {t.trial_number: t for t in repo.trials(engine, row.name)}
-        for m in repo.measurements(engine, row.name):
+        rows = repo.measurements(engine, row.name)
+        first_step: dict[int, int] = {}
+        for m in rows:  # one server per trial: its first load point ran on a fresh server
+            first_step[m.trial_number] = min(m.step, first_step.get(m.trial_number, m.step))
+        for m in rows:
             t = trials.get(m.trial_number)
             if m.backend_kind == BackendKind.SIMULATOR.value or not m.valid or t is None:
                 continue
@@ -125,7 +129,8 @@ def backfill_predictions(engine, *, study: str | None = None, force: bool = Fals
                 continue
             fid = max(0.05, min(1.0, m.fidelity or 1.0))
             pred = predict(spec, t.flags or {}, t.knobs or {}, m.users, warmup_s=warmup_of(m, spec, fid),
-                           duration_s=m.duration_s, seed=spec.seed + m.trial_number + 1009 * m.step)
+                           duration_s=m.duration_s, seed=spec.seed + m.trial_number + 1009 * m.step,
+                           fresh_server=m.step == first_step[m.trial_number])
             pred["backfilled"] = True
             repo.set_measurement_extra(engine, m.id, {**(m.extra or {}), PREDICTION_KEY: pred})
             counts["unpredictable" if pred.get("error") else "predicted"] += 1

@@ -1,0 +1,170 @@
+"""Fresh-server stalls: their schedule from the measured statistics, where the engine puts them,
+and that only a deployment's first load point whose window overlaps them is changed."""
+
+import copy
+import math
+
+import pytest
+
+from tuner.catalog import get_gpu, get_model
+from tuner.errors import ConfigError
+from tuner.planner import parse_layout, plan_memory
+from tuner.sim import simulate_load_point
+from tuner.sim.cache import SessionPrefixCache
+from tuner.sim.calibrate import calibration_context, load_calibration
+from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
+from tuner.sim.simulate import build_step_model, scheduler_rules
+from tuner.sim.warmup import StallModel, fit_decay_s, stall_schedule
+from tuner.workload.profiles import load_profile
+
+QWEN = "qwen3-30b-a3b"
+TRITON_EAGER = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
+STALLS = {"per_start": 4.0, "stall_s": 0.8, "decay_s": 15.0}
+
+
+def test_the_schedule_places_round_per_start_stalls_at_the_quantiles_of_the_decaying_rate():
+    m = StallModel(per_start=3.6, stall_s=0.9, decay_s=10.0)
+    sched = m.schedule()
+    assert len(sched) == 4  # round(3.6)
+    # the expected stall time is kept: 3.6 x 0.9 s shared by the four
+    assert sum(d for _, d in sched) == pytest.approx(3.6 * 0.9)
+    times = [t for t, _ in sched]
+    assert times == sorted(times)
+    for i, t in enumerate(times):  # quantile (i + 1/2) / n of exp(-t / 10)
+        assert 1 - math.exp(-t / 10.0) == pytest.approx((i + 0.5) / 4)
+    assert m.expected_after(20.0) == pytest.approx(3.6 * math.exp(-2.0))
+    assert StallModel(0.4, 1.0, 10.0).schedule() == []  # fewer than half a stall: none
+
+
+def test_the_calibration_key_is_read_and_checked():
+    assert StallModel.from_calibration({}) is None
+    assert StallModel.from_calibration({"fresh_server_stalls": {"per_start": 0, "stall_s": 1, "decay_s": 5}}) is None
+    assert StallModel.from_calibration({"fresh_server_stalls": STALLS}) == StallModel(4.0, 0.8, 15.0)
+    with pytest.raises(ConfigError, match="decay_s"):
+        StallModel.from_calibration({"fresh_server_stalls": {"per_start": 1, "stall_s": 1, "decay_s": 0}})
+    with pytest.raises(ConfigError, match="numbers"):
+        StallModel.from_calibration({"fresh_server_stalls": {"per_start": 1}})
+    # a load point that is not its server's first goes through none of them
+    assert stall_schedule({"fresh_server_stalls": STALLS}, fresh_server=False) == []
+    assert len(stall_schedule({"fresh_server_stalls": STALLS}, fresh_server=True)) == 4
+    # the shipped default measures none
+    assert stall_schedule(load_calibration("h200"), fresh_server=True) == []
+
+
+def test_the_decay_constant_comes_back_from_event_times():
+    tau, horizon = 12.0, 60.0
+    # event times at the quantiles of an exponential truncated at the horizon
+    cut = 1 - math.exp(-horizon / tau)
+    times = [-tau * math.log(1 - cut * (i + 0.5) / 200) for i in range(200)]
+    assert fit_decay_s(times, horizon) == pytest.approx(tau, rel=0.03)
+    assert fit_decay_s([10.0, 30.0, 50.0], horizon) == horizon  # no decay seen
+    assert fit_decay_s([], horizon) == horizon
+
+
+def _engine(stalls):
+    m, g = get_model(QWEN), get_gpu("h200")
+    flags = {**TRITON_EAGER, "max-total-tokens": 100_000}
+    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
+    layout = parse_layout(m, flags, 1)
+    rules = scheduler_rules(plan, layout, flags, "0.5.17")
+    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
+    rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
+    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1, stalls=stalls)
+    return eng, rank
+
+
+def _first_tokens(stalls, arrivals):
+    eng, rank = _engine(stalls)
+    reqs = []
+    for i, t in enumerate(arrivals):
+        while eng.clock < t and eng.has_work():
+            eng.step()
+        eng.clock = max(eng.clock, t)
+        q = Req(i, i, 0, t, 1500, 50)
+        rank.waiting.append(q)
+        reqs.append(q)
+    while eng.has_work():
+        eng.step()
+    return [q.first_t for q in reqs], eng.stats
+
+
+def test_a_stall_lands_on_the_first_prefill_step_that_starts_at_or_after_its_time():
+    base, _ = _first_tokens([], [0.0, 2.0])
+    # due at 1 s: nothing prefills between 1 s and the second request, whose prefill takes it
+    stalled, stats = _first_tokens([(1.0, 0.7)], [0.0, 2.0])
+    assert stalled[0] == pytest.approx(base[0])  # the first prefill started before the stall was due
+    assert stalled[1] == pytest.approx(base[1] + 0.7)
+    assert stats.stalls == 1 and stats.stall_s == pytest.approx(0.7)
+    # due at once: the very first prefill carries it, and the second request, arriving while the
+    # server still catches up, is delayed too
+    early, _ = _first_tokens([(0.0, 0.7)], [0.0, 0.1])
+    later, _ = _first_tokens([], [0.0, 0.1])
+    assert early[0] == pytest.approx(later[0] + 0.7)
+    assert early[1] > later[1] + 0.5
+
+
+def _point(cal, *, fresh, warmup_s, users=24):
+    return simulate_load_point(QWEN, "h200", 1, TRITON_EAGER, {}, load_profile("coding-agent-40k"), users,
+                               warmup_s=warmup_s, duration_s=40, seed=5, host_memory_gb=256, calibration=cal,
+                               sglang_version="0.5.17", fresh_server=fresh)
+
+
+def _cal(stalls):
+    m, g = get_model(QWEN), get_gpu("h200")
+    cal = copy.deepcopy(load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17")))
+    cal["fresh_server_stalls"] = stalls
+    return cal
+
+
+def test_only_a_fresh_servers_window_that_overlaps_the_stalls_is_slower():
+    cal = _cal({"per_start": 4.0, "stall_s": 2.5, "decay_s": 15.0})  # stalls at 2.0, 6.9, 14.7, 31.2 s
+    warm = _point(cal, fresh=False, warmup_s=20)
+    fresh = _point(cal, fresh=True, warmup_s=20)
+    assert fresh.extra["fresh_server"] == {"fresh": True, "stalls": 4, "stall_s": 10.0, "in_window": 1}
+    assert warm.extra["fresh_server"]["stalls"] == 0
+    # a 2.5 s stall inside the window: every request in flight waits (the slowest of them take it
+    # in their TPOT), and those arriving meanwhile get their first token later
+    assert fresh.p99_tpot_s > warm.p99_tpot_s * 1.1
+    assert fresh.p90_ttft_s > warm.p90_ttft_s * 1.2
+    # a first load point that warms up past the stalls measures what a warm server does
+    long_fresh = _point(cal, fresh=True, warmup_s=45)
+    long_warm = _point(cal, fresh=False, warmup_s=45)
+    assert long_fresh.extra["fresh_server"]["in_window"] == 0
+    assert long_fresh.p90_tpot_s == pytest.approx(long_warm.p90_tpot_s, rel=0.03)
+    # where no stall was measured a fresh server is a warm one
+    none = _cal({"per_start": 0.0, "stall_s": 0.0, "decay_s": 15.0})
+    assert _point(none, fresh=True, warmup_s=20).p90_tpot_s == _point(none, fresh=False, warmup_s=20).p90_tpot_s
+
+
+def test_the_committed_h200_fit_carries_the_measured_stalls():
+    m, g = get_model(QWEN), get_gpu("h200")
+    cal = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
+    stalls = StallModel.from_calibration(cal)
+    assert stalls is not None and 2 <= stalls.per_start <= 8 and 0.3 <= stalls.stall_s <= 2.0
+    # with the studies' 45 s first warm-up fewer than one in ten stalls falls into the window
+    assert stalls.expected_after(45.0) < 0.1 * stalls.per_start
+    # elsewhere nothing was measured
+    assert StallModel.from_calibration(load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))) \
+        is None
+
+
+def test_tuner_simulate_puts_a_fresh_server_behind_the_studys_first_warmup():
+    import json
+
+    from click.testing import CliRunner
+
+    from tests.conftest import REPO
+    from tuner.cli import cli
+
+    study = str(REPO / "studies" / "h200-sglang-qwen3.yaml")  # first_warmup_s 45, server_flags: triton, eager
+    docs = {}
+    for extra in ([], ["--fresh-server"]):
+        res = CliRunner().invoke(cli, ["simulate", "--study", study, "--users", "8", "--json", *extra])
+        assert res.exit_code == 0, res.output
+        docs[bool(extra)] = json.loads(res.output)
+    fresh, warm = docs[True]["extra"], docs[False]["extra"]
+    # the study's pinned server flags are simulated, so its fitted calibration applies
+    assert fresh["calibration_applied"] == ["h200-sglang-0.5.17-triton-eager-prefill"]
+    assert docs[True]["flags"]["attention-backend"] == "triton"
+    assert fresh["fresh_server"]["stalls"] >= 2 and fresh["fresh_server"]["in_window"] == 0  # all before 45 s
+    assert warm["fresh_server"] == {"fresh": False, "stalls": 0, "stall_s": 0.0, "in_window": 0}
