@@ -11,18 +11,7 @@ const TunerCompare = (() => {
                      fewer_than: "fewer than the smallest stored point", no_points: "no stored points" };
   const fmt = TunerCharts.fmt;
 
-  function h(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k === "text") e.textContent = v;
-      else if (k === "style") Object.assign(e.style, v);  // CSSOM, which the dashboard's CSP allows
-      else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
+  const h = TunerCharts.h;
   const card = (title, help, ...body) => h("section", { class: "card" }, h("h3", { text: title }),
     help ? h("p", { class: "help", text: help }) : null, ...body);
   const hw = (r) => `${r.hardware.nodes > 1 ? r.hardware.nodes + " x " : ""}${r.hardware.gpus_per_node}x ${r.hardware.gpu.toUpperCase()}`;

@@ -50,6 +50,21 @@ const TunerCharts = (() => {
       for (const m of [1, 2, 5]) { const v = m * Math.pow(10, e); if (v >= lo * 0.999 && v <= hi * 1.001) ticks.push(v); }
     return ticks;
   }
+  // One element builder for every view: {class, text, style (an object: CSSOM, which the pages' CSP
+  // allows), on<event>: handler, any other attribute}, then the children.
+  function h(tag, attrs, ...kids) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") e.className = v;
+      else if (k === "text") e.textContent = v;
+      else if (k === "style") Object.assign(e.style, v);  // CSSOM, which the dashboard's CSP allows
+      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? "" : v);
+    }
+    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
+    return e;
+  }
   function fmt(v) {
     if (v === null || v === undefined || Number.isNaN(v)) return "–";
     const a = Math.abs(v);
@@ -266,5 +281,5 @@ const TunerCharts = (() => {
     return svg;
   }
 
-  return { line, hbars, compare, parallel, fmt, empty };
+  return { line, hbars, compare, parallel, fmt, empty, h };
 })();

@@ -9,18 +9,7 @@ const TunerView = (() => {
   const PALETTE = ["#2563eb", "#db2777", "#0891b2", "#ea580c", "#7c3aed", "#65a30d", "#0d9488", "#c026d3"];
   const fmt = TunerCharts.fmt;
 
-  function h(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k === "text") e.textContent = v;
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
+  const h = TunerCharts.h;
   const s = (v) => (v === null || v === undefined ? "–" : v < 1 ? `${+(v).toPrecision(2)} s` : `${+(v).toPrecision(3)} s`);
   const ms = (v) => (v === null || v === undefined ? "–" : `${+(v * 1000).toPrecision(3)} ms`);
   const tokens = (v) => (v === null || v === undefined ? "–" : fmt(v));

@@ -12,19 +12,7 @@ const TunerWhy = (() => {
   const COVERAGE_TEXT = { measured: "measured", simulated: "simulated", estimated: "estimated",
                           not_measured: "not measured", not_applicable: "n/a" };
 
-  function h(tag, attrs, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === "class") e.className = v;
-      else if (k === "text") e.textContent = v;
-      else if (k === "style") Object.assign(e.style, v);  // CSSOM, which the dashboard's CSP allows
-      else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-      else e.setAttribute(k, v === true ? "" : v);
-    }
-    for (const k of kids) if (k !== null && k !== undefined) e.append(k);
-    return e;
-  }
+  const h = TunerCharts.h;
   const causeTag = (cause, title) => h("span", { class: "why-cause", style: { background: CAUSE_COLORS[cause] || "#6b7280" },
                                                  "data-cause": cause, text: title || cause.replace(/_/g, " ") });
 
