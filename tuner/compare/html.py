@@ -4,12 +4,10 @@ against its SLO target scaled (drawn by the report's own SVG charts, tuner/repor
 
 from __future__ import annotations
 
-import time
 from html import escape
 from importlib import resources
 
-from tuner import __version__
-from tuner.report.html import REPORT_CSP, _json_for_script, static_text
+from tuner.report.html import _json_for_script, page_start, static_text
 
 
 def _esc(v) -> str:
@@ -25,18 +23,7 @@ def render_html(doc: dict) -> str:
     boot = ("(()=>{const d=JSON.parse(document.getElementById('compare-data').textContent);"
             "TunerCompare.render(document.getElementById('compare-view'),d);})();")
     notes = "".join(f"<li>{_esc(n)}</li>" for n in doc.get("notes") or [])
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>tuner compare · {_esc(doc['comparison'])}</title>
-<style>{css}</style>
-</head>
-<body class="report">
-<header class="top"><h1>tuner</h1><span class="sub">comparison · {_esc(doc['comparison'])} · generated {_esc(time.strftime('%Y-%m-%d %H:%M'))} by tuner {_esc(__version__)}</span></header>
-<main>
+    return page_start(f"tuner compare · {doc['comparison']}", f"comparison · {doc['comparison']}", css) + f"""<main>
 <h2>{_esc(doc['comparison'])}</h2>
 <p class="help">{_esc(doc.get('description'))} Workload: {_esc((doc.get('workload') or {}).get('name'))}.</p>
 {f'<ul class="help compare-notes">{notes}</ul>' if notes else ''}

@@ -23,6 +23,22 @@ def esc(v) -> str:
     return escape("" if v is None else str(v), quote=True)
 
 
+def page_start(title: str, subtitle: str, css: str) -> str:
+    """The head and top bar of a self-contained tuner page (the report's CSP, its inline CSS)."""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{esc(title)}</title>
+<style>{css}</style>
+</head>
+<body class="report">
+<header class="top"><h1>tuner</h1><span class="sub">{esc(subtitle)} · generated {esc(_when(time.time()))} by tuner {esc(__version__)}</span></header>
+"""
+
+
 def static_text(name: str) -> str:
     return resources.files(STATIC).joinpath("static", name).read_text(encoding="utf-8")
 
@@ -175,18 +191,7 @@ def render_report(s: dict, importance: dict) -> str:
             "v.update(d.study,d.importance);"
             "TunerWhy.create(document.getElementById('why-view')).update(d.study);})();")
     payload = _json_for_script({"study": s, "importance": importance})
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{REPORT_CSP}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>tuner report · {esc(s['name'])}</title>
-<style>{css}</style>
-</head>
-<body class="report">
-<header class="top"><h1>tuner</h1><span class="sub">study report · {esc(s['name'])} · generated {esc(_when(time.time()))} by tuner {esc(__version__)}</span></header>
-<main>
+    return page_start(f"tuner report · {s['name']}", f"study report · {s['name']}", css) + f"""<main>
 <h2>Study {esc(s['name'])}</h2>
 {summary_html(s)}
 {ledger_html(s)}
