@@ -155,9 +155,11 @@ def test_sim_evaluator_deploys_and_measures():
     from tuner.evaluation.sim import SimEvaluator
     from tests.sim_tests.test_behaviour import AGENT
 
+    from tuner.config.schema import MeasurementSpec
+
     study = SimpleNamespace(
         model="glm-5.1", hardware=SimpleNamespace(gpu="h200", gpus_per_node=8, nodes=1, host_memory_gb=2048),
-        workload_profile=lambda: AGENT, measurement=SimpleNamespace(warmup_s=30, duration_s=50))
+        workload_profile=lambda: AGENT, measurement=MeasurementSpec(warmup_s=30, duration_s=50))
     ev = SimEvaluator()
     req = TrialRequest(study=study, trial_number=0, flags=FP4_DP8, knobs={"router-policy": "cache_aware"})
     assert ev.kind == "simulator" and ev.gpus_needed(req) == 0

@@ -143,7 +143,7 @@ class LiveDeployment(Deployment):
         study = self.request.study
         m = study.measurement
         return dict(
-            warmup_s=m.warmup_for(self.measurements) if hasattr(m, "warmup_for") else float(m.warmup_s),
+            warmup_s=m.warmup_for(self.measurements),
             duration_s=max(1.0, float(m.duration_s)),
             seed=self.request.seed + 1009 * self.measurements,
             api=self.plan.api,

@@ -26,7 +26,7 @@ class SimDeployment(Deployment):
         index = self.measurements
         self.measurements += 1
         m = study.measurement
-        warmup_s = m.warmup_for(index) if hasattr(m, "warmup_for") else float(m.warmup_s)
+        warmup_s = m.warmup_for(index)
         # the deployment's first load point is its server's first traffic (the warm-up a real
         # trial gives it, and the fresh-server stalls where they were measured)
         return simulate_load_point(
