@@ -268,8 +268,7 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
 
 def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None, *, quiet: bool):
     """The stored study with how its new trials are measured changed (what a capacity means stays)."""
-    import yaml
-
+    from tuner.config.load import stored_spec_yaml
     from tuner.storage import db, repo
 
     changes, said = {}, []
@@ -283,8 +282,7 @@ def _amend_measurement(storage: str, spec, capacity_start: str | None, first_war
     if not changes:
         return spec
     spec = spec.model_copy(update=changes)
-    repo.set_study_spec(db.get_engine(storage, create=False), spec.name,
-                        yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    repo.set_study_spec(db.get_engine(storage, create=False), spec.name, stored_spec_yaml(spec))
     if not quiet:
         click.echo("; ".join(said) + "; stored with the study", err=True)
     return spec

@@ -321,6 +321,11 @@ def _check_baseline_value(knob, value, file: str, key: str) -> None:
         raise ConfigError(f"invalid value {value!r}; valid: " + ", ".join(map(str, knob.choices)), file=file, key=key)
 
 
+def stored_spec_yaml(study: StudySpec) -> str:
+    """The study as a database stores it (``tuner_studies.spec_yaml``; ``load_stored_study`` reads it back)."""
+    return yaml.safe_dump(study.model_dump(mode="json"), sort_keys=False)
+
+
 def spec_hash(study: StudySpec) -> str:
     """Hash of everything that changes what a trial measures (not the trial budget)."""
     dump = study.model_dump(mode="json", exclude={"trials", "source_path", "description", "backend"})

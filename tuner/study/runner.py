@@ -45,7 +45,7 @@ from tuner.errors import (ConfigError, DriverBusyError, LeaseLostError, StorageF
                           StudyNotFoundError, UserError)
 from tuner.evaluation.registry import get_evaluator
 from tuner.lifecycle import StopReason, TrialStatus
-from tuner.config.load import load_stored_study, spec_hash
+from tuner.config.load import load_stored_study, spec_hash, stored_spec_yaml
 from tuner.config.schema import StudySpec
 from tuner.storage import db, repo
 from tuner.storage.reserve import SpaceReserve
@@ -159,7 +159,7 @@ class StudyRunner:
                            f"it with `tuner study resume {self.study.name}` or choose another storage")
         if repo.get_study(self.engine, self.study.name) is not None:
             raise exists
-        spec_yaml = yaml.safe_dump(self.study.model_dump(mode="json"), sort_keys=False)
+        spec_yaml = stored_spec_yaml(self.study)
         ledger = Ledger(self.records, None, backend_kind=self.backend_kind)
         try:
             ledger.create_study(
