@@ -30,20 +30,10 @@ t0=$(date +%s)
 LOGS=/tmp/call-logs
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
 trap 'tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
-# Ray and the Python libraries unpack beside the kit's own archives (different folders, xz is single-threaded)
-mkdir -p /tmp/site
-tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site & ray_pid=$!
-if [ -f .whl/pylibs.tar.xz ]; then  # the same wheels, installed beforehand and packed (1 MB smaller)
-  tar -xJf .whl/pylibs.tar.xz -C /tmp/site & libs_pid=$!
-else
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    >> "$LOGS/install.log" 2>&1 & libs_pid=$!
-fi
-SGLKIT_NO_HF=1 bash .sglkit/install.sh > "$LOGS/install.log" 2>&1 || { cat "$LOGS/install.log"; exit 1; }
-wait "$ray_pid" && wait "$libs_pid" || { echo "unpacking Ray or the libraries failed"; tail -20 "$LOGS/install.log"; exit 1; }
-echo "installed in $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/install.log"
-export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# the kit, Ray and the study's libraries (skipped on a warm machine that has them already)
+source results/h200-sglang/kit-setup.sh
+KIT_RAY=1 kit_setup || exit 1
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15
 python3 - > "$LOGS/versions.txt" 2>&1 <<'PY' &
 import importlib.metadata as m, sys, time
 t = time.time()
