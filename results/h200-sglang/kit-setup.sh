@@ -5,15 +5,17 @@
 # A warm machine keeps /tmp/site between calls: a marker skips the unpacking then.
 # Writes its log to $LOGS/install.log; returns non-zero when anything failed.
 kit_setup() {
-  local t0 marker="/tmp/site/.tuner-kit-${KIT_RAY:-0}" ray_pid="" libs_pid=""
+  local t0 marker="/tmp/site/.tuner-kit-with-libs-ray${KIT_RAY:-0}" ray_pid="" libs_pid=""
   t0=$(date +%s)
   mkdir -p /tmp/site "$LOGS"
   if [ -f "$marker" ]; then
     echo "kit already installed on this machine ($marker)" | tee -a "$LOGS/install.log"
   else
-    if [ "${KIT_RAY:-0}" = 1 ]; then
-      # beside the kit's own archives (different folders; xz is single-threaded)
+    if [ "${KIT_RAY:-0}" = 1 ]; then  # beside the kit's own archives (different folders; xz is single-threaded)
       tar -xJf .sglkit/ray/ray-2.60.0-slim.tar.xz -C /tmp/site & ray_pid=$!
+    fi
+    if [ -f "/tmp/site/.tuner-libs" ]; then :
+    else
       if [ -f .whl/pylibs.tar.xz ]; then  # the wheels installed beforehand and packed (1 MB smaller)
         tar -xJf .whl/pylibs.tar.xz -C /tmp/site & libs_pid=$!
       else
@@ -21,10 +23,12 @@ kit_setup() {
           >> "$LOGS/install.log" 2>&1 & libs_pid=$!
       fi
     fi
-    SGLKIT_NO_HF=1 bash .sglkit/install.sh >> "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; return 1; }
-    if [ -n "$ray_pid" ]; then
-      { wait "$ray_pid" && wait "$libs_pid"; } || { echo "unpacking Ray or the libraries failed"; tail -20 "$LOGS/install.log"; return 1; }
+    if [ -f /tmp/site/sglang/__init__.py ]; then echo "SGLang already unpacked" >> "$LOGS/install.log"
+    else SGLKIT_NO_HF=1 bash .sglkit/install.sh >> "$LOGS/install.log" 2>&1 || { tail -20 "$LOGS/install.log"; return 1; }
     fi
+    { [ -z "$ray_pid" ] || wait "$ray_pid"; } && { [ -z "$libs_pid" ] || wait "$libs_pid"; } \
+      || { echo "unpacking Ray or the libraries failed"; tail -20 "$LOGS/install.log"; return 1; }
+    touch /tmp/site/.tuner-libs
     touch "$marker"
   fi
   echo "installed in $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/install.log"

@@ -2,7 +2,7 @@
 # One device call on the H200 machine: tune SGLang 0.5.17's own kernels for the studies' models with
 # `tuner kernels tune`, writing straight into this folder (committed; a later call with the same
 # command continues from each run's state/), and pack the results into $OUT/kernels.tgz.
-# Run from the repository root with carry [".sglkit"]:
+# Run from the repository root with carry [".sglkit", ".whl"] (optuna drives the search):
 #
 #   OUT=$OUT LIMIT=540 STEPS="qwen3-bf16 qwen3-fp8-moe qwen3-fp8-gemm" bash results/kernels/h200/sglang/run.sh
 #
