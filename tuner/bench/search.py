@@ -81,7 +81,7 @@ def setup(study: StudySpec, *, results_dir: Path = RESULTS_DIR, tag: str = "", w
     if not grid:
         raise ConfigError("the search space has no configuration that meets its constraints", key="search_space")
     baseline = baseline_values(study)
-    table = Table(study, Path(results_dir) / f"table-{study.name}{tag}-{study.space().name}.json")
+    table = Table(study, Path(results_dir) / f"table-{study.name}{tag}-{study.space().name}.json.gz")
     todo = table.missing(grid + [baseline])
     if todo:
         table.fill(todo, workers=workers, progress=None if quiet else stderr_progress(f"grid{tag}"))
@@ -291,7 +291,7 @@ def warm_start_bench(bs: BenchSetup, *, k: int, seeds: int, budget: int, sim_tri
                      workers: int | None = None, quiet: bool = False) -> dict:
     """Trials to 95% of a perturbed reality's optimum: cold start vs simulator warm start."""
     reality = with_calibration(bs.study, calibration or PERTURBED_CALIBRATION)
-    rtable = Table(reality, Path(results_dir) / f"table-{bs.study.name}-perturbed-{bs.study.space().name}.json")
+    rtable = Table(reality, Path(results_dir) / f"table-{bs.study.name}-perturbed-{bs.study.space().name}.json.gz")
     rbs = BenchSetup(study=reality, grid=bs.grid, baseline=bs.baseline, table=rtable)
     ranked = sorted(bs.grid, key=lambda v: -require_entry(bs.table, v)["capacity_users"])
     todo = rtable.missing(ranked[:REALITY_CANDIDATES] + [bs.baseline])

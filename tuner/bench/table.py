@@ -11,6 +11,7 @@ changes a measurement, so an edited study or calibration never reads stale entri
 from __future__ import annotations
 
 import hashlib
+import gzip
 import json
 import os
 import sys
@@ -94,7 +95,7 @@ class Table:
         self.workers: int | None = None
         self.compute_s = 0.0  # wall time spent measuring the entries, over every fill
         if self.path.exists():
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(_read_text(self.path))
             if doc.get("table_hash") == self.hash:
                 self.entries = doc.get("entries", {})
                 self.compute_s = float(doc.get("compute_s") or 0.0)
@@ -152,9 +153,21 @@ class Table:
                "model": self.study.model, "gpu": self.study.hardware.gpu, "space": self.study.space().name,
                "calibration": (self.study.backend_options or {}).get("calibration"),
                "compute_s": round(self.compute_s, 1), "workers": self.workers, "entries": self.entries}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=0, sort_keys=True))
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        text = json.dumps(doc, indent=0, sort_keys=True)
+        if self.path.suffix == ".gz":  # committed tables are compressed (~8x smaller)
+            with gzip.open(tmp, "wt", compresslevel=9) as f:
+                f.write(text)
+        else:
+            tmp.write_text(text)
         tmp.replace(self.path)
+
+
+def _read_text(path: Path) -> str:
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    return path.read_text()
 
 
 def stderr_progress(label: str) -> Callable[[int, int, float], None]:
