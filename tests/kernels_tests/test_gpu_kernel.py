@@ -75,8 +75,10 @@ def test_short_tune_writes_sglang_file(tmp_path):
 
     from tuner.cli.kernels import kernels
 
+    # our look-alike kernel (--impl own): where SGLang is importable, auto would time SGLang's own
     res = CliRunner().invoke(kernels, ["tune", "--model", "qwen3-235b-a22b", "--tp-size", "8", "--dtype", "bf16",
-                                       "--batch-sizes", "1,64", "--budget", "6", "-o", str(tmp_path), "--json"])
+                                       "--impl", "own", "--batch-sizes", "1,64", "--budget", "6", "-o", str(tmp_path),
+                                       "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     path = tmp_path / doc["config_file"] if not doc["config_file"].startswith("/") else doc["config_file"]
