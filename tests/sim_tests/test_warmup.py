@@ -14,7 +14,8 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import StallModel, fit_decay_s, stall_schedule
+from tuner.sim.warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KernelWarmup, StallModel, fit_decay_s, moe_variant,
+                               stall_schedule)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
@@ -168,3 +169,73 @@ def test_tuner_simulate_puts_a_fresh_server_behind_the_studys_first_warmup():
     assert docs[True]["flags"]["attention-backend"] == "triton"
     assert fresh["fresh_server"]["stalls"] >= 2 and fresh["fresh_server"]["in_window"] == 0  # all before 45 s
     assert warm["fresh_server"] == {"fresh": False, "stalls": 0, "stall_s": 0.0, "in_window": 0}
+
+
+# ---- the kernel-variant model ------------------------------------------------------------------
+
+BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
+
+
+def test_a_variant_is_the_nearest_config_keys_tile_group_and_the_divisibility_of_m_times_topk():
+    # 40 is nearest 32 and 48 (ties to the smaller key, as SGLang's min over the file's keys)
+    assert moe_variant(40, BF16_GROUPS, 8) == moe_variant(32, BF16_GROUPS, 8)
+    # 32 shares its tile config with 4: one compiled kernel
+    assert moe_variant(4, BF16_GROUPS, 8) == moe_variant(32, BF16_GROUPS, 8)
+    # 1800 and 2500 map to 2048 and 3072, whose configs are equal
+    assert moe_variant(1800, BF16_GROUPS, 8) == moe_variant(2500, BF16_GROUPS, 8)
+    # an odd M: 8 x M is not divisible by 16, a second specialisation of the same config
+    assert moe_variant(1801, BF16_GROUPS, 8) != moe_variant(1800, BF16_GROUPS, 8)
+    assert moe_variant(1801, BF16_GROUPS, 8)[0] == moe_variant(1800, BF16_GROUPS, 8)[0]
+    # without groups every key is its own config
+    assert moe_variant(4, None, 8) != moe_variant(32, None, 8)
+
+
+def test_only_the_first_step_of_each_variant_pays_the_compile():
+    k = KernelWarmup(0.5, BF16_GROUPS, 8)
+    assert [k.prefill_stall(n) for n in (1800, 2500, 1801, 300, 1802)] == [0.5, 0.0, 0.5, 0.5, 0.0]
+    assert KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 0.0}}, "x", 8) is None
+    with pytest.raises(ConfigError):
+        KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": "slow"}}, "x", 8)
+    with pytest.raises(ConfigError):
+        KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 1, "moe_config_groups":
+                                                               {"x": [[5]]}}}, "x", 8)
+    # the time schedule is not used beside it
+    assert stall_schedule({"fresh_server_stalls": {"per_new_kernel_s": 0.5}}, fresh_server=True) == []
+
+
+def test_the_engine_stalls_a_prefill_step_that_runs_a_new_variant():
+    m, g = get_model(QWEN), get_gpu("h200")
+    flags = {**TRITON_EAGER, "max-total-tokens": 100_000}
+    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
+    layout = parse_layout(m, flags, 1)
+    rules = scheduler_rules(plan, layout, flags, "0.5.17")
+    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
+
+    def first_tokens(kernels, prompts):
+        rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
+        eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1,
+                            kernels=kernels)
+        out = []
+        for i, n in enumerate(prompts):  # one after the other, each on an idle server
+            q = Req(i, i, 0, eng.clock, n, 5)
+            rank.waiting.append(q)
+            while eng.has_work():
+                eng.step()
+            out.append(q.first_t - q.arrival)
+        return out, eng.stats
+
+    base, _ = first_tokens(None, [1500, 1500, 1501, 300])
+    cold, stats = first_tokens(KernelWarmup(0.7, BF16_GROUPS, 8), [1500, 1500, 1501, 300])
+    # 1500 (new), 1500 (seen), 1501 (odd: new), 300 (key 256: new)
+    assert [c - b for c, b in zip(cold, base)] == pytest.approx([0.7, 0.0, 0.7, 0.7], abs=1e-6)
+    assert stats.stalls == 3 and stats.stall_s == pytest.approx(2.1)
+
+
+def test_a_fresh_load_point_under_the_kernel_model_is_slower_in_prefill_and_a_warm_one_is_not():
+    cal = _cal({"per_new_kernel_s": 0.8, "moe_config_groups": {"qwen3-30b-a3b:bf16": BF16_GROUPS}})
+    warm = _point(cal, fresh=False, warmup_s=45, users=16)
+    fresh = _point(cal, fresh=True, warmup_s=45, users=16)
+    assert warm.extra["fresh_server"]["stalls"] == 0
+    assert fresh.extra["fresh_server"]["stalls"] >= 5  # a handful of variants, most in the first seconds
+    assert fresh.extra["server_stage_means"]["prefill_forward_s"] > warm.extra["server_stage_means"][
+        "prefill_forward_s"] * 1.1

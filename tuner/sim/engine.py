@@ -35,6 +35,7 @@ from typing import Callable
 
 from .scheduler import LPM_MAX_QUEUE, AddResult, NewTokenRatio, Policy, SchedulerRules
 from .steptime import RankWork, StepTimeModel
+from .warmup import KernelWarmup
 
 MAX_JUMP_STEPS = 256
 
@@ -177,7 +178,8 @@ class ReplicaEngine:
     def __init__(self, ranks: list[Rank], model: StepTimeModel, rules: SchedulerRules, *, stats: Stats,
                  on_finish: Callable, window: tuple[float, float] = (0.0, math.inf),
                  computed_len: dict | None = None, on_token: Callable | None = None,
-                 max_jump: int = MAX_JUMP_STEPS, stalls: list[tuple[float, float]] | None = None):
+                 max_jump: int = MAX_JUMP_STEPS, stalls: list[tuple[float, float]] | None = None,
+                 kernels: KernelWarmup | None = None):
         self.ranks = ranks
         self.model = model
         self.rules = rules
@@ -197,6 +199,8 @@ class ReplicaEngine:
         # a fresh server's stalls (time, length), each on the first prefill step starting at or
         # after its time (tuner.sim.warmup)
         self.stalls = sorted(stalls or [])
+        # ... or: a prefill step running a fused-MoE kernel variant for the first time compiles it
+        self.kernels = kernels
 
     def has_work(self) -> bool:
         return any(r.busy() for r in self.ranks)
@@ -590,8 +594,12 @@ class ReplicaEngine:
                 stalled.append(rank)
             running += len(rank.running)
         dt = self.model.step_time(works, running, overlap=self.rules.overlap)
-        if self.stalls and self.stalls[0][0] <= t0:
+        stall = 0.0
+        if self.kernels is not None:  # the MoE runs every rank's tokens of the step
+            stall = self.kernels.prefill_stall(sum(w.prefill_tokens + (w.decode_reqs if mixed else 0) for w in works))
+        elif self.stalls and self.stalls[0][0] <= t0:
             _, stall = self.stalls.pop(0)
+        if stall > 0:
             dt += stall
             self.stats.stalls += 1
             self.stats.stall_s += stall

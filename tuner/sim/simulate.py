@@ -35,7 +35,7 @@ from .optable import profiles_fingerprint
 from .router import Router, SessionIndex, routing_policy
 from .scheduler import SchedulerRules, check_version
 from .steptime import StepTimeModel
-from .warmup import stall_schedule
+from .warmup import kernel_warmup, stall_schedule
 
 DRAIN_LIMIT_S = 600.0
 MULTI_REPLICA_JUMP_S = 0.05
@@ -213,6 +213,7 @@ def simulate_load_point(
             heapq.heappush(arrivals, (nxt, seq, u))
 
     stalls = stall_schedule(cal, fresh_server)
+    moe_key = f"{model.name}:{resolve_checkpoint(model, flags.get('quantization')).weight_format}"
     host_tokens = plan.hicache_host_tokens_per_pool if rules.hierarchical_cache else 0
     replicas = []
     all_ranks: list[Rank] = []
@@ -223,7 +224,8 @@ def simulate_load_point(
             ranks.append(Rank(cache, rules))
         all_ranks.extend(ranks)
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
-                                      computed_len=computed_len, stalls=stalls))
+                                      computed_len=computed_len, stalls=stalls,
+                                      kernels=kernel_warmup(cal, fresh_server, moe_key, model.experts_per_token)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)

@@ -51,9 +51,9 @@ from .calibrate import calibration_context, load_calibration
 from .scheduler import check_version, version_tuple
 from .simulate import build_step_model, simulate_load_point
 from .measured import find_sources, points_from_database
-from .steplog import StepWindow, decode_windows, read_step_lines
+from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
-from .warmup import KEY as STALL_KEY, fit_decay_s
+from .warmup import H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_variant
 
 
 @dataclass(frozen=True)
@@ -501,6 +501,14 @@ class WarmupStalls:
     servers: int
     stalls: list[dict] = field(default_factory=list)  # log, seconds after first traffic, excess
     later_rate_per_min: float = 0.0  # the same excess after WARMUP_LOOK_S, per minute
+    # the kernel-variant model: windows holding a prefill batch that runs a fused-MoE variant new to
+    # its server, over the whole log (tuner.sim.warmup.KernelWarmup)
+    per_new_kernel_s: float = 0.0  # extra time per new variant, above other prefill windows' mean
+    new_kernel_windows: int = 0
+    new_kernel_window_stalls: int = 0  # of them holding a stall (as above, at any time)
+    other_prefill_windows: int = 0
+    other_prefill_window_stalls: int = 0
+    moe_config_groups: dict = field(default_factory=dict)
 
     @property
     def per_start(self) -> float:
@@ -509,7 +517,11 @@ class WarmupStalls:
         return self.count / seen if seen > 0 else self.count
 
     def as_calibration(self) -> dict:
-        """The simulator's ``fresh_server_stalls`` entry."""
+        """The simulator's ``fresh_server_stalls`` entry: the kernel-variant model where new
+        variants were seen, else the time schedule."""
+        if self.new_kernel_windows:
+            return {"per_new_kernel_s": float(f"{self.per_new_kernel_s:.4g}"),
+                    "moe_config_groups": {k: [list(g) for g in v] for k, v in sorted(self.moe_config_groups.items())}}
         return {"per_start": float(f"{self.per_start:.4g}"), "stall_s": float(f"{self.stall_s:.4g}"),
                 "decay_s": float(f"{self.decay_s:.4g}")}
 
@@ -517,35 +529,77 @@ class WarmupStalls:
         return {"count_per_start": round(self.count, 2), "stall_s": round(self.stall_s, 3),
                 "decay_s": round(self.decay_s, 1), "look_s": WARMUP_LOOK_S, "servers": self.servers,
                 "later_per_min": round(self.later_rate_per_min, 3), "stalls": self.stalls,
+                "per_new_kernel_s": round(self.per_new_kernel_s, 3), "new_kernel_windows": self.new_kernel_windows,
+                "new_kernel_window_stalls": self.new_kernel_window_stalls,
+                "other_prefill_windows": self.other_prefill_windows,
+                "other_prefill_window_stalls": self.other_prefill_window_stalls,
                 "calibration": self.as_calibration()}
 
 
-def warmup_stalls(trials: list[TrialSteps], calibration: dict) -> WarmupStalls | None:
+def _is_stall(excess: float, predicted: float) -> bool:
+    return excess > STALL_MIN_S and excess > 0.5 * predicted
+
+
+def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None) -> list[float]:
+    """Times of the prefill lines of a server log that ran a fused-MoE variant first on it."""
+    seen, out = set(), []
+    for ev in read_step_lines(log):
+        if isinstance(ev, PrefillLine):
+            v = moe_variant(ev.new_tokens, groups, t.model.experts_per_token)
+            if v not in seen:
+                seen.add(v)
+                out.append(ev.t)
+    return out
+
+
+def warmup_stalls(trials: list[TrialSteps], calibration: dict,
+                  groups: dict[str, list[list[int]]] | None = None) -> WarmupStalls | None:
+    """Fresh servers' stalls against the calibrated step times: their times (the time model) and
+    the windows holding a prefill batch that runs a fused-MoE kernel variant new to its server
+    (the kernel-variant model: the mean extra time of those windows over other prefill windows')."""
+    groups = H200_0_5_17_MOE_CONFIG_GROUPS if groups is None else groups
     stalls, servers, late, late_minutes = [], 0, 0, 0.0
+    new_ex, new_n, new_st, new_variants, old_ex, old_n, old_st = 0.0, 0, 0, 0, 0.0, 0, 0
+    used: dict = {}
     for t in trials:
         pred = trial_window_times(t, calibration)
+        key = f"{t.model.name}:{t.weight_format}"
+        if key in groups:
+            used[key] = groups[key]
         by_log: dict[str, list] = {}
         for w, p in zip(t.windows, pred):
             by_log.setdefault(w.source, []).append((w, p))
         for log, rows in by_log.items():
             servers += 1
             t0 = rows[0][0].t_start
+            fresh = np.array(new_variant_times(t, log, groups.get(key)) if t.model.is_moe else [])
             for w, p in rows:
                 excess = w.wall_s - p
-                if excess > STALL_MIN_S and excess > 0.5 * p:
+                if _is_stall(excess, p):
                     if w.t_end - t0 <= WARMUP_LOOK_S:  # at the middle of its window
                         stalls.append({"log": log, "after_s": (w.t_start + w.t_end) / 2 - t0, "excess_s": excess})
                     else:
                         late += 1
+                if not w.prefills:
+                    continue
+                k = int(((fresh > w.t_start) & (fresh <= w.t_end)).sum()) if fresh.size else 0
+                if k:
+                    new_ex, new_n, new_st, new_variants = new_ex + excess, new_n + 1, new_st + _is_stall(excess, p), \
+                        new_variants + k
+                else:
+                    old_ex, old_n, old_st = old_ex + excess, old_n + 1, old_st + _is_stall(excess, p)
             late_minutes += max(0.0, rows[-1][0].t_end - t0 - WARMUP_LOOK_S) / 60
     if not servers:
         return None
     later = late / late_minutes if late_minutes else 0.0
+    per_new = max(0.0, (new_ex - new_n * (old_ex / old_n if old_n else 0.0)) / new_variants) if new_variants else 0.0
+    kernel = dict(per_new_kernel_s=per_new, new_kernel_windows=new_n, new_kernel_window_stalls=new_st,
+                  other_prefill_windows=old_n, other_prefill_window_stalls=old_st, moe_config_groups=used)
     if not stalls:
-        return WarmupStalls(0.0, 0.0, WARMUP_LOOK_S, servers, [], later)
+        return WarmupStalls(0.0, 0.0, WARMUP_LOOK_S, servers, [], later, **kernel)
     times = [s["after_s"] for s in stalls]
     return WarmupStalls(len(stalls) / servers, float(np.mean([s["excess_s"] for s in stalls])),
-                        fit_decay_s(times, WARMUP_LOOK_S), servers, stalls, later)
+                        fit_decay_s(times, WARMUP_LOOK_S), servers, stalls, later, **kernel)
 
 
 def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None,

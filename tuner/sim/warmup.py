@@ -1,4 +1,4 @@
-"""Stalls of a freshly started server: what its first seconds of traffic cost beyond the step times.
+"""Stalls of a freshly started server: what its first traffic costs beyond the step times.
 
 Real SGLang servers (0.5.17, Triton attention and MoE, eager prefill, on the H200) stall a few
 times in their first tens of seconds of traffic, for most of a second each, and then rarely:
@@ -17,6 +17,27 @@ or after its time: the whole server waits (running requests do not decode, the p
 get their first token later, new arrivals queue). Only a deployment's first load point is
 simulated on a fresh server; where its warm-up outlasts the stalls they fall before the window and
 change nothing that is measured.
+
+That time schedule is the first model. The step logs of eleven servers say what the stalls are
+tied to (``tuner.sim.stepfit.warmup_stalls``): the first prefill batch whose token count needs a
+fused-MoE kernel variant the server has not run yet. SGLang picks the fused-MoE tile config by the
+batch's token count M, from the config file's entry nearest to M (17:
+``layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py::try_get_optimal_moe_config``;
+without a file ``get_default_config``), and Triton compiles ``fused_moe_kernel`` once per tile
+config and per specialisation of its integer arguments, among them ``num_valid_tokens = M x top-k``
+and ``EM``, which Triton specialises on divisibility by 16 (17:
+``kernels/ops/moe/fused_moe_triton_kernels.py::fused_moe_kernel``; no ``do_not_specialize``). The
+second model, used where the calibration has ``per_new_kernel_s``::
+
+    fresh_server_stalls:
+      per_new_kernel_s: 0.64   # mean extra time of a step that runs a new variant
+      moe_config_groups:       # config-file keys sharing one tile config, per model:weight format
+        qwen3-30b-a3b:bf16: [[1], [2], [4, 32], ..., [96, 128], ..., [1536, 2048, 3072]]
+
+A variant is (the group of the key nearest M, whether M x top-k is divisible by 16). Decode steps
+replay captured CUDA graphs and do not compile. Triton's on-disk cache can outlive a server (a
+server started after one that ran the same kernels in the same device call stalled less), which
+the model does not know: it takes every fresh server's cache as cold.
 """
 
 from __future__ import annotations
@@ -68,9 +89,89 @@ class StallModel:
 
 
 def stall_schedule(cal: dict, fresh_server: bool) -> list[tuple[float, float]]:
-    """The stalls a load point's server goes through: none unless it is fresh."""
-    model = StallModel.from_calibration(cal) if fresh_server else None
+    """The time-scheduled stalls a load point's server goes through: none unless it is fresh (and
+    none where the calibration holds the kernel-variant model instead)."""
+    if not fresh_server or is_kernel_model(cal):
+        return []
+    model = StallModel.from_calibration(cal)
     return model.schedule() if model else []
+
+
+# ---- stalls on a new fused-MoE kernel variant -------------------------------------------------
+
+# the token counts SGLang's fused-MoE config files are tuned at (every file has these keys)
+MOE_CONFIG_KEYS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+# SGLang 0.5.17 on the H200, the configs its servers logged using: keys whose tile configs are
+# equal share one compiled kernel. Qwen3-30B-A3B bf16: triton_3_6_0/E=128,N=768,device_name=
+# NVIDIA_H200.json; fp8 block: triton_3_2_0/E=128,N=768,...,dtype=fp8_w8a8,block_shape=[128, 128]
+# .json (the fallback the logs name); DeepSeek-V3 shapes (E=257): no file, get_default_config's
+# one block-fp8 config for every M.
+H200_0_5_17_MOE_CONFIG_GROUPS: dict[str, list[list[int]]] = {
+    "qwen3-30b-a3b:bf16": [[1], [2], [4, 32], [8], [16], [24], [48], [64], [96, 128], [256], [512], [1024, 4096],
+                           [1536, 2048, 3072]],
+    "qwen3-30b-a3b:fp8_block": [[1], [2], [4, 16, 48], [8, 24], [32, 128], [64, 96],
+                                [256, 512, 1024, 1536, 2048, 3072, 4096]],
+    "deepseek-v3:fp8_block": [list(MOE_CONFIG_KEYS)],
+}
+
+
+def is_kernel_model(cal: dict) -> bool:
+    doc = cal.get(KEY)
+    return isinstance(doc, dict) and "per_new_kernel_s" in doc
+
+
+def moe_variant(tokens: int, groups: list[list[int]] | None, topk: int) -> tuple[int, bool]:
+    """The fused-MoE kernel variant a batch of ``tokens`` runs: (tile-config group of the config
+    key nearest to it, ties to the smaller key as SGLang's ``min`` does; ``tokens x topk``
+    divisible by 16). Without groups every key has a config of its own."""
+    key = min(MOE_CONFIG_KEYS, key=lambda k: abs(k - tokens))
+    group = next((i for i, g in enumerate(groups or []) if key in g), MOE_CONFIG_KEYS.index(key) + 1000)
+    return group, (tokens * topk) % 16 == 0
+
+
+@dataclass
+class KernelWarmup:
+    """A fresh server's fused-MoE kernel variants: a prefill step that runs one for the first time
+    costs ``per_new_kernel_s`` more (the whole server waits, as for any step)."""
+
+    per_new_kernel_s: float
+    groups: list[list[int]] | None
+    topk: int
+    seen: set = None  # variants run so far
+
+    def __post_init__(self):
+        self.seen = set() if self.seen is None else self.seen
+
+    def prefill_stall(self, tokens: int) -> float:
+        v = moe_variant(tokens, self.groups, self.topk)
+        if v in self.seen:
+            return 0.0
+        self.seen.add(v)
+        return self.per_new_kernel_s
+
+    @classmethod
+    def from_calibration(cls, cal: dict, model_key: str, topk: int) -> "KernelWarmup | None":
+        doc = cal.get(KEY)
+        if not is_kernel_model(cal):
+            return None
+        try:
+            s = float(doc["per_new_kernel_s"])
+        except (TypeError, ValueError):
+            raise ConfigError("per_new_kernel_s must be a number", key=KEY) from None
+        if s < 0:
+            raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
+        groups = (doc.get("moe_config_groups") or {}).get(model_key)
+        if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
+                                          for g in groups):
+            raise ConfigError(f"moe_config_groups[{model_key!r}] must be lists of config keys {MOE_CONFIG_KEYS}",
+                              key=KEY)
+        return cls(s, groups, topk) if s > 0 else None
+
+
+def kernel_warmup(cal: dict, fresh_server: bool, model_key: str, topk: int) -> KernelWarmup | None:
+    """A fresh server's kernel-variant stalls (None for a warm server or the time model)."""
+    return KernelWarmup.from_calibration(cal, model_key, topk) if fresh_server else None
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -97,4 +198,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "StallModel", "fit_decay_s", "stall_schedule"]
+__all__ = ["H200_0_5_17_MOE_CONFIG_GROUPS", "KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "StallModel", "fit_decay_s",
+           "is_kernel_model", "kernel_warmup", "moe_variant", "stall_schedule"]
