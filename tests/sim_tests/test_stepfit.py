@@ -219,7 +219,40 @@ def test_stalls_in_a_fresh_servers_first_minute_are_counted_timed_and_written_as
     assert ws.stall_s == pytest.approx(0.8, rel=0.02)
     assert [round(s["after_s"], 1) for s in ws.stalls[:3]] == [3.5, 8.5, 20.5]
     assert 5 < ws.decay_s < WARMUP_LOOK_S and ws.later_rate_per_min == 0.0
+    assert ws.new_kernel_windows == 0  # no prefill times in these windows: the time schedule is written
     doc = ws.as_calibration()
     assert doc["stall_s"] == pytest.approx(0.8, rel=0.02) and doc["decay_s"] == pytest.approx(ws.decay_s, rel=1e-3)
     assert doc["per_start"] >= 3.0  # the stalls expected beyond the first minute too
     assert STALL_KEY == "fresh_server_stalls"
+
+
+def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_per_variant():
+    from tuner.sim.stepfit import warmup_stalls
+    from tuner.sim.warmup import H200_0_5_17_MOE_CONFIG_GROUPS, moe_variant
+
+    cal = load_calibration("h200")
+    groups = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
+    t = TrialSteps(label="synthetic#0", study="synthetic", trial=0, model=get_model("qwen3-30b-a3b"),
+                   gpu=get_gpu("h200"), gpus=1, nodes=1, host_memory_gb=128, flags=dict(FLAGS), knobs={},
+                   sglang_version="0.5.17", shared_prefix_tokens=2000)
+    sm = t.step_model(cal)
+    # prefill sizes: 1800 new, 2500 (key 2048, as 1800), 1801 (odd: new), 300 (key 256: new), 301 (odd: new);
+    # 1500 (key 1536: the config of 2048), 1802, 2502, 299 seen
+    sizes = [1800, 2500, 1801, 300, 1800, 2502, 301, 1500, 1802, 299]
+    seen = set()
+    for i, n in enumerate(sizes):
+        w = StepWindow(float(i), float(i + 1), 8, 8, 80_000, 80_000, 1.0, True,
+                       [PrefillLine(i + 0.5, 1, n, 4000, 8, 0)], source="not-a-file.log")
+        wall = window_time(sm, w, t.shared_prefix_tokens)
+        v = moe_variant(n, groups, 8)
+        if v not in seen:  # the compile: 0.6 s more
+            seen.add(v)
+            wall += 0.6
+        w.gen_tokens_per_s = w.gen_tokens / wall
+        t.windows.append(w)
+    ws = warmup_stalls([t], cal)
+    assert ws.new_kernel_windows == 4 and ws.new_kernel_window_stalls == 4  # 1800, 1801, 300, 301
+    assert ws.other_prefill_windows == 6 and ws.other_prefill_window_stalls == 0
+    assert ws.per_new_kernel_s == pytest.approx(0.6, abs=0.01)
+    assert ws.as_calibration()["per_new_kernel_s"] == pytest.approx(0.6, abs=0.01)
+    assert ws.as_calibration()["moe_config_groups"] == {"qwen3-30b-a3b:bf16": groups}

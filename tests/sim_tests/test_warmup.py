@@ -21,6 +21,7 @@ from tuner.workload.profiles import load_profile
 QWEN = "qwen3-30b-a3b"
 TRITON_EAGER = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
 STALLS = {"per_start": 4.0, "stall_s": 0.8, "decay_s": 15.0}
+BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
 
 
 def test_the_schedule_places_round_per_start_stalls_at_the_quantiles_of_the_decaying_rate():
@@ -137,44 +138,19 @@ def test_only_a_fresh_servers_window_that_overlaps_the_stalls_is_slower():
     assert _point(none, fresh=True, warmup_s=20).p90_tpot_s == _point(none, fresh=False, warmup_s=20).p90_tpot_s
 
 
-def test_the_committed_h200_fit_carries_the_measured_stalls():
+def test_the_committed_h200_fit_carries_the_measured_kernel_variant_stalls():
     m, g = get_model(QWEN), get_gpu("h200")
     cal = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
-    stalls = StallModel.from_calibration(cal)
-    assert stalls is not None and 2 <= stalls.per_start <= 8 and 0.3 <= stalls.stall_s <= 2.0
-    # with the studies' 45 s first warm-up fewer than one in ten stalls falls into the window
-    assert stalls.expected_after(45.0) < 0.1 * stalls.per_start
+    k = KernelWarmup.from_calibration(cal, "qwen3-30b-a3b:bf16", 8)
+    assert k is not None and 0.1 <= k.per_new_kernel_s <= 2.0
+    assert k.groups == BF16_GROUPS
+    assert StallModel.from_calibration(cal) is None  # the time schedule is replaced
     # elsewhere nothing was measured
-    assert StallModel.from_calibration(load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))) \
-        is None
-
-
-def test_tuner_simulate_puts_a_fresh_server_behind_the_studys_first_warmup():
-    import json
-
-    from click.testing import CliRunner
-
-    from tests.conftest import REPO
-    from tuner.cli import cli
-
-    study = str(REPO / "studies" / "h200-sglang-qwen3.yaml")  # first_warmup_s 45, server_flags: triton, eager
-    docs = {}
-    for extra in ([], ["--fresh-server"]):
-        res = CliRunner().invoke(cli, ["simulate", "--study", study, "--users", "8", "--json", *extra])
-        assert res.exit_code == 0, res.output
-        docs[bool(extra)] = json.loads(res.output)
-    fresh, warm = docs[True]["extra"], docs[False]["extra"]
-    # the study's pinned server flags are simulated, so its fitted calibration applies
-    assert fresh["calibration_applied"] == ["h200-sglang-0.5.17-triton-eager-prefill"]
-    assert docs[True]["flags"]["attention-backend"] == "triton"
-    assert fresh["fresh_server"]["stalls"] >= 2 and fresh["fresh_server"]["in_window"] == 0  # all before 45 s
-    assert warm["fresh_server"] == {"fresh": False, "stalls": 0, "stall_s": 0.0, "in_window": 0}
+    other = load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))
+    assert StallModel.from_calibration(other) is None and KernelWarmup.from_calibration(other, "x", 8) is None
 
 
 # ---- the kernel-variant model ------------------------------------------------------------------
-
-BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
-
 
 def test_a_variant_is_the_nearest_config_keys_tile_group_and_the_divisibility_of_m_times_topk():
     # 40 is nearest 32 and 48 (ties to the smaller key, as SGLang's min over the file's keys)

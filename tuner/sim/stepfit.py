@@ -541,9 +541,12 @@ def _is_stall(excess: float, predicted: float) -> bool:
 
 
 def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None) -> list[float]:
-    """Times of the prefill lines of a server log that ran a fused-MoE variant first on it."""
+    """Times of the prefill lines of a server log that ran a fused-MoE variant first on it (the
+    whole log where it exists, with the prefills of windows left out; else its windows')."""
     seen, out = set(), []
-    for ev in read_step_lines(log):
+    events = read_step_lines(log) if Path(log).is_file() else \
+        [p for w in t.windows if w.source == log for p in w.prefills]
+    for ev in events:
         if isinstance(ev, PrefillLine):
             v = moe_variant(ev.new_tokens, groups, t.model.experts_per_token)
             if v not in seen:

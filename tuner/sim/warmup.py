@@ -60,7 +60,7 @@ class StallModel:
     def from_calibration(cls, cal: dict) -> "StallModel | None":
         """The calibration's ``fresh_server_stalls`` (None when absent or zero)."""
         doc = cal.get(KEY)
-        if not doc:
+        if not doc or is_kernel_model(cal):
             return None
         if not isinstance(doc, dict):
             raise ConfigError("must be a mapping {per_start, stall_s, decay_s}", key=KEY)
