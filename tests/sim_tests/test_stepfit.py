@@ -231,7 +231,7 @@ def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_
     from tuner.sim.warmup import H200_0_5_17_MOE_CONFIG_GROUPS, moe_variant
 
     cal = load_calibration("h200")
-    groups = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
+    groups = H200_0_5_17_MOE_CONFIG_GROUPS["E=128,N=768"]
     t = TrialSteps(label="synthetic#0", study="synthetic", trial=0, model=get_model("qwen3-30b-a3b"),
                    gpu=get_gpu("h200"), gpus=1, nodes=1, host_memory_gb=128, flags=dict(FLAGS), knobs={},
                    sglang_version="0.5.17", shared_prefix_tokens=2000)
@@ -255,4 +255,4 @@ def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_
     assert ws.other_prefill_windows == 6 and ws.other_prefill_window_stalls == 0
     assert ws.per_new_kernel_s == pytest.approx(0.6, abs=0.01)
     assert ws.as_calibration()["per_new_kernel_s"] == pytest.approx(0.6, abs=0.01)
-    assert ws.as_calibration()["moe_config_groups"] == {"qwen3-30b-a3b:bf16": groups}
+    assert ws.as_calibration()["moe_config_groups"] == {"E=128,N=768": groups}

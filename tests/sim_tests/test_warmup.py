@@ -14,14 +14,16 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KernelWarmup, StallModel, fit_decay_s, moe_variant,
-                               stall_schedule)
+from tuner.sim.warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KernelWarmup, StallModel, fit_decay_s, kernel_warmup,
+                               moe_config_key, moe_variant, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
 TRITON_EAGER = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
 STALLS = {"per_start": 4.0, "stall_s": 0.8, "decay_s": 15.0}
-BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS["qwen3-30b-a3b:bf16"]
+BF16_KEY = "E=128,N=768"
+BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS[BF16_KEY]
+QWEN_BF16_SHAPE = triton_moe_shape(get_model(QWEN), "bf16", 1, 1)
 
 
 def test_the_schedule_places_round_per_start_stalls_at_the_quantiles_of_the_decaying_rate():
@@ -142,7 +144,7 @@ def test_the_committed_h200_fit_carries_the_measured_stalls():
     m, g = get_model(QWEN), get_gpu("h200")
     cal = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
     stalls = StallModel.from_calibration(cal)
-    kernels = KernelWarmup.from_calibration(cal, "qwen3-30b-a3b:bf16", 8)
+    kernels = KernelWarmup.from_calibration(cal, QWEN_BF16_SHAPE)
     # one of the two models: the time schedule, or the kernel variants once the entry is refitted
     assert (stalls is None) != (kernels is None)
     if stalls is not None:
@@ -151,7 +153,7 @@ def test_the_committed_h200_fit_carries_the_measured_stalls():
         assert 0.1 <= kernels.per_new_kernel_s <= 2.0 and kernels.groups == BF16_GROUPS
     # elsewhere nothing was measured
     other = load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))
-    assert StallModel.from_calibration(other) is None and KernelWarmup.from_calibration(other, "x", 8) is None
+    assert StallModel.from_calibration(other) is None and KernelWarmup.from_calibration(other, QWEN_BF16_SHAPE) is None
 
 
 # ---- the kernel-variant model ------------------------------------------------------------------
@@ -170,15 +172,46 @@ def test_a_variant_is_the_nearest_config_keys_tile_group_and_the_divisibility_of
     assert moe_variant(4, None, 8) != moe_variant(32, None, 8)
 
 
+def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
+    from tuner.catalog import ModelRef, resolve_ref
+
+    # an 8-layer DeepSeek-V3 (a study's override) has another name but the same config file
+    small = get_model(resolve_ref(ModelRef(name="deepseek-v3", overrides={"num_hidden_layers": 8})))
+    assert small.name != "deepseek-v3" and small.num_layers == 8
+    shape = triton_moe_shape(small, "fp8_block", 1, 1)
+    key = moe_config_key(shape)
+    assert key == "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"  # the shared expert fused in
+    assert key == moe_config_key(triton_moe_shape(get_model("deepseek-v3"), "fp8_block", 1, 1))
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_0_5_17_MOE_CONFIG_GROUPS}}
+    k = kernel_warmup(cal, True, small, "fp8_block", 1, 1, {})
+    assert k.groups == H200_0_5_17_MOE_CONFIG_GROUPS[key] and len(k.groups) == 1  # one default config
+    # M x top-k counts the fused shared expert: 9 per token, so only M divisible by 16 is "divisible"
+    assert k.topk == 9
+    assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [0.5, 0.0, 0.5, 0.0]
+    # without the fusion the file is another (E=256) and so are the groups: none known
+    assert moe_config_key(triton_moe_shape(small, "fp8_block", 1, 1, {"disable-shared-experts-fusion": True})) \
+        == "E=256,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"
+    assert kernel_warmup(cal, True, small, "fp8_block", 1, 1, {"disable-shared-experts-fusion": True}).groups is None
+    # Qwen3's files: bf16 has no dtype part; TP2 halves N
+    qwen = get_model(QWEN)
+    assert moe_config_key(triton_moe_shape(qwen, "bf16", 1, 1)) == BF16_KEY
+    assert moe_config_key(triton_moe_shape(qwen, "fp8_block", 1, 1)) in H200_0_5_17_MOE_CONFIG_GROUPS
+    assert moe_config_key(triton_moe_shape(qwen, "bf16", 2, 1)) == "E=128,N=384"
+    # no Triton fused MoE: a dense model, an nvfp4 checkpoint, a warm server
+    assert triton_moe_shape(get_model("llama-3.1-70b"), "bf16", 1, 1) is None
+    assert triton_moe_shape(qwen, "nvfp4", 1, 1) is None
+    assert kernel_warmup(cal, False, small, "fp8_block", 1, 1, {}) is None
+
+
 def test_only_the_first_step_of_each_variant_pays_the_compile():
     k = KernelWarmup(0.5, BF16_GROUPS, 8)
     assert [k.prefill_stall(n) for n in (1800, 2500, 1801, 300, 1802)] == [0.5, 0.0, 0.5, 0.5, 0.0]
-    assert KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 0.0}}, "x", 8) is None
+    assert KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 0.0}}, QWEN_BF16_SHAPE) is None
     with pytest.raises(ConfigError):
-        KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": "slow"}}, "x", 8)
+        KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": "slow"}}, QWEN_BF16_SHAPE)
     with pytest.raises(ConfigError):
         KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 1, "moe_config_groups":
-                                                               {"x": [[5]]}}}, "x", 8)
+                                                               {BF16_KEY: [[5]]}}}, QWEN_BF16_SHAPE)
     # the time schedule is not used beside it
     assert stall_schedule({"fresh_server_stalls": {"per_new_kernel_s": 0.5}}, fresh_server=True) == []
 
@@ -212,7 +245,7 @@ def test_the_engine_stalls_a_prefill_step_that_runs_a_new_variant():
 
 
 def test_a_fresh_load_point_under_the_kernel_model_is_slower_in_prefill_and_a_warm_one_is_not():
-    cal = _cal({"per_new_kernel_s": 0.8, "moe_config_groups": {"qwen3-30b-a3b:bf16": BF16_GROUPS}})
+    cal = _cal({"per_new_kernel_s": 0.8, "moe_config_groups": {BF16_KEY: BF16_GROUPS}})
     warm = _point(cal, fresh=False, warmup_s=45, users=16)
     fresh = _point(cal, fresh=True, warmup_s=45, users=16)
     assert warm.extra["fresh_server"]["stalls"] == 0

@@ -110,10 +110,11 @@ def parse_block_shape(text: str | None) -> tuple[int, int] | None:
     return values  # type: ignore[return-value]
 
 
-def moe_shape(model: str, tp_size: int, ep_size: int = 1, dtype: str = "bf16",
+def moe_shape(model, tp_size: int, ep_size: int = 1, dtype: str = "bf16",
               block_shape: tuple[int, int] | None = None,
               disable_shared_experts_fusion: bool = False) -> MoEShape:
-    """The (E, N, K) a model's MoE layer has on one GPU at tp_size / ep_size."""
+    """The (E, N, K) a model's MoE layer has on one GPU at tp_size / ep_size (``model``: a catalog
+    name or a ``ModelDescription``, an overridden one included)."""
     spec = get_model(model)
     if not spec.is_moe:
         raise ConfigError(f"model {spec.name!r} has no MoE layers", key="model")

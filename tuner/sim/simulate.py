@@ -213,7 +213,7 @@ def simulate_load_point(
             heapq.heappush(arrivals, (nxt, seq, u))
 
     stalls = stall_schedule(cal, fresh_server)
-    moe_key = f"{model.name}:{resolve_checkpoint(model, flags.get('quantization')).weight_format}"
+    weight_format = resolve_checkpoint(model, flags.get("quantization")).weight_format
     host_tokens = plan.hicache_host_tokens_per_pool if rules.hierarchical_cache else 0
     replicas = []
     all_ranks: list[Rank] = []
@@ -225,7 +225,8 @@ def simulate_load_point(
         all_ranks.extend(ranks)
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
                                       computed_len=computed_len, stalls=stalls,
-                                      kernels=kernel_warmup(cal, fresh_server, moe_key, model.experts_per_token)))
+                                      kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp, layout.ep,
+                                                            flags)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)

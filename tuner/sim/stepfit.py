@@ -53,7 +53,8 @@ from .simulate import build_step_model, simulate_load_point
 from .measured import find_sources, points_from_database
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
-from .warmup import H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_variant
+from .warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_config_key, moe_variant,
+                     triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class TrialSteps:
     @property
     def weight_format(self) -> str:
         return resolve_checkpoint(self.model, self.flags.get("quantization")).weight_format
+
+    def moe_kernel_shape(self):
+        """The expert shape its Triton fused MoE ran (``tuner.sim.warmup.triton_moe_shape``)."""
+        layout = parse_layout(self.model, self.flags, self.gpus * self.nodes)
+        return triton_moe_shape(self.model, self.weight_format, layout.tp, layout.ep, self.flags)
 
     def step_model_prefill_graph(self) -> bool:
         return prefill_graph_enabled(self.model, self.flags, version_tuple(self.sglang_version))
@@ -540,7 +546,7 @@ def _is_stall(excess: float, predicted: float) -> bool:
     return excess > STALL_MIN_S and excess > 0.5 * predicted
 
 
-def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None) -> list[float]:
+def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, topk: int) -> list[float]:
     """Times of the prefill lines of a server log that ran a fused-MoE variant first on it (the
     whole log where it exists, with the prefills of windows left out; else its windows')."""
     seen, out = set(), []
@@ -548,7 +554,7 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None) -
         [p for w in t.windows if w.source == log for p in w.prefills]
     for ev in events:
         if isinstance(ev, PrefillLine):
-            v = moe_variant(ev.new_tokens, groups, t.model.experts_per_token)
+            v = moe_variant(ev.new_tokens, groups, topk)
             if v not in seen:
                 seen.add(v)
                 out.append(ev.t)
@@ -566,7 +572,8 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
     used: dict = {}
     for t in trials:
         pred = trial_window_times(t, calibration)
-        key = f"{t.model.name}:{t.weight_format}"
+        shape = t.moe_kernel_shape()
+        key = moe_config_key(shape) if shape is not None else None
         if key in groups:
             used[key] = groups[key]
         by_log: dict[str, list] = {}
@@ -575,7 +582,7 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
         for log, rows in by_log.items():
             servers += 1
             t0 = rows[0][0].t_start
-            fresh = np.array(new_variant_times(t, log, groups.get(key)) if t.model.is_moe else [])
+            fresh = np.array(new_variant_times(t, log, groups.get(key), shape.topk) if shape is not None else [])
             for w, p in rows:
                 excess = w.wall_s - p
                 if _is_stall(excess, p):

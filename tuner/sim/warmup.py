@@ -31,8 +31,8 @@ second model, used where the calibration has ``per_new_kernel_s``::
 
     fresh_server_stalls:
       per_new_kernel_s: 0.64   # mean extra time of a step that runs a new variant
-      moe_config_groups:       # config-file keys sharing one tile config, per model:weight format
-        qwen3-30b-a3b:bf16: [[1], [2], [4, 32], ..., [96, 128], ..., [1536, 2048, 3072]]
+      moe_config_groups:       # config-file keys sharing one tile config, per config file shape
+        "E=128,N=768": [[1], [2], [4, 32], ..., [96, 128], ..., [1536, 2048, 3072]]
 
 A variant is (the group of the key nearest M, whether M x top-k is divisible by 16). Decode steps
 replay captured CUDA graphs and do not compile. Triton's on-disk cache can outlive a server (a
@@ -46,6 +46,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
+from tuner.kernels.shapes import moe_shape
 
 KEY = "fresh_server_stalls"
 
@@ -103,17 +104,48 @@ def stall_schedule(cal: dict, fresh_server: bool) -> list[tuple[float, float]]:
 MOE_CONFIG_KEYS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 
 # SGLang 0.5.17 on the H200, the configs its servers logged using: keys whose tile configs are
-# equal share one compiled kernel. Qwen3-30B-A3B bf16: triton_3_6_0/E=128,N=768,device_name=
-# NVIDIA_H200.json; fp8 block: triton_3_2_0/E=128,N=768,...,dtype=fp8_w8a8,block_shape=[128, 128]
-# .json (the fallback the logs name); DeepSeek-V3 shapes (E=257): no file, get_default_config's
-# one block-fp8 config for every M.
+# equal share one compiled kernel. Keyed by the config file's shape selector, the part of SGLang's
+# ``get_config_file_name`` other than the device (``moe_config_key``): the file depends on the
+# expert shape, not on the model's name or its layer count. Qwen3-30B-A3B bf16: triton_3_6_0/
+# E=128,N=768,device_name=NVIDIA_H200.json; fp8 block: triton_3_2_0/E=128,N=768,...,dtype=fp8_w8a8,
+# block_shape=[128, 128].json (the fallback the logs name); DeepSeek-V3 at TP1 (E=257 with the
+# shared expert fused, N=2048): no file, get_default_config's one block-fp8 config for every M.
 H200_0_5_17_MOE_CONFIG_GROUPS: dict[str, list[list[int]]] = {
-    "qwen3-30b-a3b:bf16": [[1], [2], [4, 32], [8], [16], [24], [48], [64], [96, 128], [256], [512], [1024, 4096],
-                           [1536, 2048, 3072]],
-    "qwen3-30b-a3b:fp8_block": [[1], [2], [4, 16, 48], [8, 24], [32, 128], [64, 96],
-                                [256, 512, 1024, 1536, 2048, 3072, 4096]],
-    "deepseek-v3:fp8_block": [list(MOE_CONFIG_KEYS)],
+    "E=128,N=768": [[1], [2], [4, 32], [8], [16], [24], [48], [64], [96, 128], [256], [512], [1024, 4096],
+                    [1536, 2048, 3072]],
+    "E=128,N=768,dtype=fp8_w8a8,block_shape=[128, 128]": [[1], [2], [4, 16, 48], [8, 24], [32, 128], [64, 96],
+                                                          [256, 512, 1024, 1536, 2048, 3072, 4096]],
+    "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]": [list(MOE_CONFIG_KEYS)],
 }
+
+# the Triton fused-MoE kernel's weight dtype and block shape per checkpoint format (nvfp4 runs
+# other kernels: no Triton config file)
+_TRITON_MOE_DTYPE: dict[str, tuple[str, tuple[int, int] | None]] = {
+    "bf16": ("bf16", None),
+    "fp8_block": ("fp8_w8a8", (128, 128)),
+}
+
+
+def triton_moe_shape(model, weight_format: str, tp: int, ep: int, flags: dict | None = None):
+    """The expert shape SGLang's Triton fused-MoE kernel runs on one GPU at ``tp`` / ``ep``
+    (``tuner.kernels.shapes.moe_shape``, the fused shared expert included); None for a dense model
+    or a weight format the Triton kernel does not run."""
+    if not getattr(model, "is_moe", False) or weight_format not in _TRITON_MOE_DTYPE:
+        return None
+    dtype, block = _TRITON_MOE_DTYPE[weight_format]
+    return moe_shape(model, tp, ep, dtype, block,
+                     disable_shared_experts_fusion=bool((flags or {}).get("disable-shared-experts-fusion")))
+
+
+def moe_config_key(shape) -> str:
+    """The shape selector of the fused-MoE config file SGLang reads for ``shape``
+    (``get_config_file_name`` without the device): ``E=..,N=..[,dtype=..][,block_shape=[..]]``."""
+    key = f"E={shape.num_experts},N={shape.intermediate}"
+    if shape.config_dtype:
+        key += f",dtype={shape.config_dtype}"
+    if shape.block_shape:
+        key += f",block_shape={list(shape.block_shape)}"
+    return key
 
 
 def is_kernel_model(cal: dict) -> bool:
@@ -151,9 +183,11 @@ class KernelWarmup:
         return self.per_new_kernel_s
 
     @classmethod
-    def from_calibration(cls, cal: dict, model_key: str, topk: int) -> "KernelWarmup | None":
+    def from_calibration(cls, cal: dict, shape) -> "KernelWarmup | None":
+        """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
+        (``triton_moe_shape``; None: no Triton fused MoE, no stalls)."""
         doc = cal.get(KEY)
-        if not is_kernel_model(cal):
+        if not is_kernel_model(cal) or shape is None:
             return None
         try:
             s = float(doc["per_new_kernel_s"])
@@ -161,17 +195,21 @@ class KernelWarmup:
             raise ConfigError("per_new_kernel_s must be a number", key=KEY) from None
         if s < 0:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
-        groups = (doc.get("moe_config_groups") or {}).get(model_key)
+        key = moe_config_key(shape)
+        groups = (doc.get("moe_config_groups") or {}).get(key)
         if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
                                           for g in groups):
-            raise ConfigError(f"moe_config_groups[{model_key!r}] must be lists of config keys {MOE_CONFIG_KEYS}",
+            raise ConfigError(f"moe_config_groups[{key!r}] must be lists of config keys {MOE_CONFIG_KEYS}",
                               key=KEY)
-        return cls(s, groups, topk) if s > 0 else None
+        return cls(s, groups, shape.topk) if s > 0 else None
 
 
-def kernel_warmup(cal: dict, fresh_server: bool, model_key: str, topk: int) -> KernelWarmup | None:
-    """A fresh server's kernel-variant stalls (None for a warm server or the time model)."""
-    return KernelWarmup.from_calibration(cal, model_key, topk) if fresh_server else None
+def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: int, ep: int,
+                  flags: dict | None = None) -> KernelWarmup | None:
+    """A fresh server's kernel-variant stalls (None for a warm server, a dense model or the time model)."""
+    if not fresh_server or not is_kernel_model(cal):
+        return None
+    return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags))
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -199,4 +237,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 
 __all__ = ["H200_0_5_17_MOE_CONFIG_GROUPS", "KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "StallModel", "fit_decay_s",
-           "is_kernel_model", "kernel_warmup", "moe_variant", "stall_schedule"]
+           "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "stall_schedule",
+           "triton_moe_shape"]
