@@ -224,9 +224,9 @@ def simulate_load_point(
             ranks.append(Rank(cache, rules))
         all_ranks.extend(ranks)
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
-                                      computed_len=computed_len, stalls=stalls,
-                                      kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp, layout.ep,
-                                                            flags)))
+                                      computed_len=computed_len, stalls=stalls,  # each replica compiles its own
+                                      kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp,
+                                                            layout.ep, flags)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)
