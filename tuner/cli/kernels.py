@@ -91,7 +91,9 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Directory: MoE files go to DIR/configs/triton_X_Y_Z/ (SGLANG_MOE_CONFIG_DIR=DIR), GEMM files "
-                   "to DIR/gemm_configs/, reports to DIR/reports/ and DIR/summary.json.")
+                   "to DIR/gemm_configs/, each shape's report to DIR/reports/<shape>.json, finished batch "
+                   "sizes to DIR/state/ (a rerun continues), and every shape's report, merged, to "
+                   "DIR/summary.json. Calls for other shapes may share DIR.")
 @json_option
 def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, kernel_kind, impl,
              attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, grid, deadline_s, gpu_ids, seed,
@@ -167,22 +169,17 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
 
 
 @kernels.command("table")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 def table_cmd(reports):
-    """Print the per-batch-size table of tune reports (OUT/reports/*.json or OUT/summary.json)."""
-    import json
+    """Print the per-batch-size tables of tune reports.
 
-    from tuner.errors import ConfigError
-    from tuner.kernels.tune import summary_table
+    Each argument is a tune directory (`tuner kernels tune -o DIR`: every shape's DIR/reports/*.json),
+    a shape's report or a summary.json.
+    """
+    from tuner.kernels.tune import reports_in, summary_table
 
     for path in reports:
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"not JSON ({exc})", file=str(path)) from None
-        for rep in doc.get("reports", [doc]):
-            if "rows" not in rep or "kind" not in rep:
-                raise ConfigError("not a tune report (no kind/rows)", file=str(path))
+        for rep in reports_in(path):
             for line in summary_table(rep):
                 click.echo(line)
 
@@ -283,7 +280,8 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
 @click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
 @click.option("--model", default=None, help="Catalog model (its MoE layer count, with --kernel-report).")
 @click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A tune report (OUT/reports/<shape>.json or OUT/summary.json): the MoE share of a step.")
+              help="A tune report (OUT/reports/<shape>.json, or an OUT/summary.json with one MoE shape): the MoE "
+                   "share of a step.")
 @click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
 @json_option
 def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, dry_run, as_json):
