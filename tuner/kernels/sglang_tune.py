@@ -79,6 +79,7 @@ class _State:
 
     def __init__(self, out_dir: Path, tag: str, identity: dict):
         self.path = out_dir / "state" / f"{tag}.jsonl"
+        identity = json.loads(json.dumps(_clean(identity)))  # compared with what JSON gives back
         self.identity = identity
         self.rows: dict[int, dict] = {}
         if self.path.exists():
