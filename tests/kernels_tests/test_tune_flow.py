@@ -232,6 +232,30 @@ def test_shapes_share_one_directory_and_summary(fake_gpu, tmp_path, monkeypatch)
     assert (out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json").read_text() == before
 
 
+def test_no_gemm_shape_starts_after_the_deadline(fake_gpu, tmp_path, monkeypatch):
+    from tuner.kernels import tune
+    from tuner.kernels.gemm_shapes import gemm_shapes
+
+    started = []
+    monkeypatch.setattr(tune, "_check_gpu", lambda: 1)
+    monkeypatch.setattr(tune, "sglang_importable", lambda: True)
+    import tuner.kernels.sglang_tune as st
+
+    def fake_gemm(g, *a, **kw):
+        started.append(g.tag)
+        return {"tag": g.tag, "kind": "gemm", "complete": True, "rows": [], "files": []}
+
+    monkeypatch.setattr(st, "tune_gemm", fake_gemm)
+    shapes = gemm_shapes("qwen3-30b-a3b", 1)
+    assert len(shapes) >= 2
+    doc = tune.run_sglang_tune(types.SimpleNamespace(moe=None, gemms=shapes), [1], tmp_path, deadline_s=1e-9)
+    # the first shape always starts (it stops at its first batch size); the rest wait for a rerun
+    assert started == [shapes[0].tag]
+    assert doc["not_started"] == [g.tag for g in shapes[1:]] and doc["complete"] is False
+    doc = tune.run_sglang_tune(types.SimpleNamespace(moe=None, gemms=shapes), [1], tmp_path)
+    assert doc["not_started"] == [] and doc["complete"] is True
+
+
 def test_summary_is_rebuilt_from_every_report_even_after_a_cut_call(tmp_path):
     from tuner.kernels.tune import write_summary
 

@@ -164,6 +164,8 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
     for rep in doc["reports"]:
         for line in summary_table(rep):
             click.echo(line)
+    if doc.get("not_started"):
+        click.echo(f"not started (deadline reached): {', '.join(doc['not_started'])}")
     click.echo(f"{'complete' if doc['complete'] else 'INCOMPLETE (rerun to continue)'}; wall {doc['wall_s']} s; "
                f"{doc['summary_file']}")
 
