@@ -157,6 +157,20 @@ def sglang_importable() -> bool:
 SUMMARY_FILE = "summary.json"
 
 
+def shape_reports(out_dir: Path) -> list[dict]:
+    """The per-shape tune reports of a directory (``DIR/reports/*.json``; a summary there gives all
+    of its shapes); unreadable files are skipped."""
+    out = []
+    for path in sorted((Path(out_dir) / "reports").glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            out.extend(r for r in doc.get("reports", [doc]) if isinstance(r, dict) and "rows" in r)
+    return out
+
+
 def write_summary(out_dir: Path, *, last_call_wall_s: float | None = None) -> Path:
     """Rewrite ``DIR/summary.json`` from every shape's report in ``DIR/reports/`` (one entry per shape).
 
@@ -164,14 +178,7 @@ def write_summary(out_dir: Path, *, last_call_wall_s: float | None = None) -> Pa
     calls of several shapes, and a call cut short before it wrote the summary, share one directory
     and one summary without clobbering each other.
     """
-    reports = []
-    for path in sorted((out_dir / "reports").glob("*.json")):
-        try:
-            rep = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(rep, dict) and "kind" in rep and "tag" in rep and "rows" in rep:
-            reports.append(rep)
+    reports = [rep for rep in shape_reports(out_dir) if "kind" in rep and "tag" in rep]
     reports.sort(key=lambda r: (r["kind"] != "moe", r["tag"]))
     doc = {"impl": "sglang", "complete": bool(reports) and all(r.get("complete") for r in reports),
            "shapes": [r["tag"] for r in reports], "last_call_wall_s": last_call_wall_s, "reports": reports}

@@ -16,12 +16,12 @@ A serving refit in the simulator calibration that found no gain anywhere overrid
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.kernels.tune import shape_reports
 
 DEFAULT_MIN_GAIN = 1.03
 #: a batch size M is covered when the file key serving it is within this factor of M (either way);
@@ -90,17 +90,6 @@ def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
     return worst[1], worst[2]
 
 
-def _reports(tuned_dir: Path) -> list[dict]:
-    out = []
-    for path in sorted((tuned_dir / "reports").glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        out.extend(r for r in doc.get("reports", [doc]) if isinstance(r, dict) and "rows" in r)
-    return out
-
-
 def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: str, *, tp_size: int,
                              ep_size: int = 1, tuned_dir: str | Path, shared_experts_fusion: bool = True,
                              min_gain: float = DEFAULT_MIN_GAIN, batch_range: tuple[int, int] | None = None,
@@ -130,7 +119,7 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     if serving_speedups and max(serving_speedups.values()) < min_gain:
         return Verdict(False, f"serving with tuned tiles measured at most {max(serving_speedups.values()):.3f}x",
                        shape_tag=shape.tag)
-    reports = [rep for rep in _reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
+    reports = [rep for rep in shape_reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
                and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)]
     if batch_range is not None:
         keys = sorted(read_configs(path))
