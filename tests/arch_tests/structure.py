@@ -68,6 +68,7 @@ STATUS_WORD_OTHER_MEANINGS = {
     ("cli/kernels.py", "complete"): "a tile-tuning report that covered every batch size",
     ("kernels/tune.py", "complete"): "the same tile-tuning state, per batch size",
     ("kernels/sglang_tune.py", "complete"): "the same tile-tuning state, per batch size",
+    ("kernels/worth.py", "complete"): "the same tile-tuning report, read back",
     ("kernels/sglang_compile.py", "failed"): "a kernel compile error message",
 }
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_cli
+from tuner.workload.metrics import PREDICTION_KEY
 
 FAKE = Path(__file__).with_name("fake_sglang.py")
 
@@ -118,6 +119,29 @@ def test_a_fresh_servers_first_load_point_warms_up_longer(finished):
     assert any(step > 0 for _, step in warmups)
     for (n, step), w in warmups.items():
         assert w == (2.0 if step == 0 else 1.0), (n, step, w)
+
+
+def test_the_kernel_warmup_runs_before_a_fresh_servers_first_load_point_only(tmp_path):
+    measurement = {"warmup_s": 1, "duration_s": 2, "request_timeout_s": 30, "time_scale": 0.1,
+                   "kernel_warmup": True}
+    study = _study(tmp_path, name="fake-warm", trials=1, measurement=measurement)
+    storage = f"sqlite:///{tmp_path}/t.db"
+    r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    con = sqlite3.connect(tmp_path / "t.db")
+    rows = [(step, json.loads(extra)) for step, extra in
+            con.execute("SELECT step, extra FROM tuner_measurements WHERE valid = 1 ORDER BY step")]
+    assert len(rows) >= 2
+    first = rows[0][1]["kernel_warmup"]
+    # SGLang's 18 config-file keys with both parities (1..4097 tokens), all answered
+    from tuner.kernels.targets import SGLANG_BATCH_SIZES
+    from tuner.workload.kernel_warmup import prompt_lengths
+
+    assert first["requests"] == len(prompt_lengths(SGLANG_BATCH_SIZES, 4097)) == 35
+    assert first["failed"] == 0 and first["max_prompt_tokens"] == 4097
+    assert all("kernel_warmup" not in extra for _, extra in rows[1:])
+    # the simulator's prediction beside it treats the warmed server as one that has run its kernels
+    assert rows[0][1][PREDICTION_KEY]["fresh_server"] is False
 
 
 def test_replay_sent_token_ids_to_generate_and_read_metrics(finished):

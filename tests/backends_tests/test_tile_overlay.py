@@ -109,3 +109,51 @@ def test_corrupt_gemm_file_is_refused_before_building(tmp_path):
     with pytest.raises(ConfigError, match="not valid JSON"):
         moe_configs.prepare_trial_gemm_overlay(tmp_path / "t", src, sglang_package=pkg)
     assert not (tmp_path / "t" / "sglang-site").exists()
+
+
+def test_tuned_files_come_from_the_documented_places_only(tmp_path):
+    src = _tuned(tmp_path)
+    # a tuned directory nested inside another (results/kernels/h200/sglang in results/kernels/h200)
+    write_configs(src / "sglang/configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json", CFG)
+    write_configs(src / "sglang/gemm_configs" / GEMM.replace("N=5120", "N=2048"), CFG)
+    write_configs(src / "triton_3_5_1/E=8,N=16,device_name=NVIDIA_H200.json", CFG)
+    write_configs(src / "E=4,N=16,device_name=NVIDIA_H200.json", CFG)  # flat
+    files = [(v, p.relative_to(src).as_posix()) for v, p in moe_configs._tuned_files(src, "triton_3_6_0")]
+    assert files == [("triton_3_5_1", "triton_3_5_1/E=8,N=16,device_name=NVIDIA_H200.json"),
+                     ("triton_3_6_0", f"configs/triton_3_6_0/{UP}"),
+                     ("triton_3_6_0", f"configs/triton_3_6_0/{UP.replace('.json', '_down.json')}"),
+                     ("triton_3_6_0", "E=4,N=16,device_name=NVIDIA_H200.json")]
+    assert [p.relative_to(src).as_posix() for p in moe_configs.tuned_gemm_files(src)] == [f"gemm_configs/{GEMM}"]
+
+
+def test_the_same_tuned_file_in_two_places_is_refused(tmp_path):
+    src = _tuned(tmp_path)
+    write_configs(src / "triton_3_6_0" / UP, CFG)
+    with pytest.raises(ConfigError, match="in both"):
+        moe_configs.prepare_trial_moe_dir(tmp_path / "t", src, triton_version="3.6.0", include_shipped=False)
+    write_configs(src / GEMM, CFG)
+    with pytest.raises(ConfigError, match="in both"):
+        moe_configs.tuned_gemm_files(src)
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp8_block"])
+def test_qwen3_study_uses_the_committed_h200_directory(tmp_path, monkeypatch, weights):
+    from tests.conftest import REPO
+    from tuner.config.load import load_study
+
+    pkg = _pkg("0.5.17")
+    monkeypatch.chdir(REPO)
+    spec = load_study(str(REPO / "studies/h200-sglang-qwen3.yaml"))
+    source = moe_configs.tuned_source_dir(spec.backend_options, spec.hardware.gpu)
+    assert source == Path("results/kernels/h200/sglang")
+    model, gpu = get_model(spec.model), get_gpu(spec.hardware.gpu)
+    keys = moe_configs.trial_config_keys(model, gpu, weights, tp_size=1, ep_size=1)
+    gemm = moe_configs.trial_gemm_file_names(model, gpu, weights, tp_size=1)
+    tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", source, triton_version="3.6.0",
+                                                   include_shipped=False, required=keys, required_gemm=gemm,
+                                                   sglang_package=pkg)
+    up = "E=128,N=768,device_name=NVIDIA_H200" + (",dtype=fp8_w8a8,block_shape=[128, 128]" if weights != "bf16" else "")
+    want = [f"{up}.json", f"{up}_down.json"] + ([GEMM] if weights != "bf16" else [])
+    assert sorted(tiles.expected) == sorted(want)
+    assert (tiles.gemm_site is None) == (weights == "bf16")  # a bf16 model reads no fp8 GEMM file
+    assert (tiles.moe_dir / "configs/triton_3_6_0" / f"{up}.json").is_file()

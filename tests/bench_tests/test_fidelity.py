@@ -43,7 +43,7 @@ def _simulated(study, users, step, trial=0):
                                seed=study.seed + trial + 1009 * step, host_memory_gb=256, sglang_version="0.5.17")
 
 
-def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db"):
+def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False):
     (tmp_path / "studies").mkdir(exist_ok=True)
     (tmp_path / "studies" / "fid.yaml").write_text(STUDY)
     study = load_study(str(tmp_path / "studies" / "fid.yaml"))
@@ -59,6 +59,8 @@ def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db"):
     for step, users in enumerate(USERS):
         m = _simulated(study, users, step)
         m = replace(m, p90_ttft_s=m.p90_ttft_s * ttft_scale, p50_ttft_s=m.p50_ttft_s * ttft_scale)
+        if kernel_warmup and step == 0:  # as the live evaluator records it
+            m = replace(m, extra={**m.extra, "kernel_warmup": {"requests": 35, "failed": 0}})
         repo.add_measurement(engine, study_name="fid", trial_number=0, step=step, backend_kind=backend, metrics=m,
                              meets_slo=m.meets(2.0, 0.03), wall_time_s=1.0)
     repo.finish_trial(engine, "fid", 0, status="complete", capacity_users=USERS[-1])
@@ -162,6 +164,17 @@ def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path
     assert first["predicted"]["p90_ttft_s"] > first["measured"]["p90_ttft_s"]  # its stalls
     # the second is not (its step times memoised in 256-token context buckets: equal to a few 1e-5)
     assert second["ape"]["p90_ttft_s"] < 1e-3 and second["ape"]["p90_tpot_s"] < 1e-3
+
+
+def test_a_first_load_point_after_the_kernel_warmup_is_predicted_on_a_warm_server(tmp_path):
+    from tuner.sim.calibrate import load_calibration
+
+    results, _ = make_db(tmp_path, kernel_warmup=True)
+    cal = load_calibration("h200")
+    cal["fresh_server_stalls"] = {"per_start": 8.0, "stall_s": 1.5, "decay_s": 40.0}
+    first, second = run_fidelity([results], calibration=cal)["points"]
+    assert not first["fresh_server"] and not second["fresh_server"]
+    assert first["ape"]["p90_ttft_s"] < 1e-3  # no stalls put into it
 
 
 def test_verdicts_are_also_counted_on_the_points_clear_of_the_slo(tmp_path):

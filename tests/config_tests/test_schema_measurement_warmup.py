@@ -21,3 +21,10 @@ def test_it_is_bounded_like_the_warmup():
         MeasurementSpec(warmup_s=20, first_warmup_s=-1, duration_s=40)
     with pytest.raises(ValidationError):
         MeasurementSpec(warmup_s=20, first_warmup_s=float("inf"), duration_s=40)
+
+
+def test_only_a_first_load_point_without_the_kernel_warmup_meets_fresh_kernels():
+    plain = MeasurementSpec(warmup_s=20, duration_s=40)
+    assert plain.fresh_kernels(0) is True and plain.fresh_kernels(1) is False
+    warmed = MeasurementSpec(warmup_s=20, duration_s=40, kernel_warmup=True)
+    assert warmed.fresh_kernels(0) is False and warmed.fresh_kernels(3) is False

@@ -196,3 +196,86 @@ def test_table_command_prints_rows(fake_gpu, tmp_path):
     res = CliRunner().invoke(cli, ["kernels", "table", str(tmp_path / "reports" / f"{shape.tag}.json")])
     assert res.exit_code == 0, res.output
     assert "shipped" in res.output and "\n     1 " in res.output
+
+
+def _tune_into(out, shape, monkeypatch, **kw):
+    from tuner.kernels import tune
+
+    monkeypatch.setattr(tune, "_check_gpu", lambda: 1)
+    monkeypatch.setattr(tune, "sglang_importable", lambda: True)
+    return tune.run_sglang_tune(types.SimpleNamespace(moe=shape, gemms=[]), kw.pop("batch_sizes", [1, 64]), out,
+                                budget=kw.pop("budget", 10), down_budget=kw.pop("down_budget", 5), **kw)
+
+
+def test_shapes_share_one_directory_and_summary(fake_gpu, tmp_path, monkeypatch):
+    from tuner.errors import ConfigError
+
+    out = tmp_path / "h200"
+    bf16 = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    fp8 = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
+    first = _tune_into(out, bf16, monkeypatch)
+    doc = _tune_into(out, fp8, monkeypatch)
+    assert [r["tag"] for r in doc["reports"]] == [fp8.tag]  # what this call did
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["shapes"] == sorted([bf16.tag, fp8.tag]) and summary["complete"]
+    assert {r["tag"]: r["rows"] for r in summary["reports"]}[bf16.tag] == first["reports"][0]["rows"]
+    names = sorted(p.name for p in (out / "configs/triton_3_6_0").iterdir())
+    assert len(names) == 4 and all(n.startswith("E=128,N=768,device_name=NVIDIA_H200") for n in names)
+    # the table reads the directory: both shapes
+    res = CliRunner().invoke(cli, ["kernels", "table", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"moe {bf16.tag}" in res.output and f"moe {fp8.tag}" in res.output
+    # the same shape with other settings would overwrite its tile file: refused, file untouched
+    before = (out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json").read_text()
+    with pytest.raises(ConfigError, match="other settings.*grid False there, True now"):
+        _tune_into(out, bf16, monkeypatch, grid=True, down_budget=0)
+    assert (out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json").read_text() == before
+
+
+def test_no_gemm_shape_starts_after_the_deadline(fake_gpu, tmp_path, monkeypatch):
+    from tuner.kernels import tune
+    from tuner.kernels.gemm_shapes import gemm_shapes
+
+    started = []
+    monkeypatch.setattr(tune, "_check_gpu", lambda: 1)
+    monkeypatch.setattr(tune, "sglang_importable", lambda: True)
+    import tuner.kernels.sglang_tune as st
+
+    def fake_gemm(g, *a, **kw):
+        started.append(g.tag)
+        return {"tag": g.tag, "kind": "gemm", "complete": True, "rows": [], "files": []}
+
+    monkeypatch.setattr(st, "tune_gemm", fake_gemm)
+    shapes = gemm_shapes("qwen3-30b-a3b", 1)
+    assert len(shapes) >= 2
+    doc = tune.run_sglang_tune(types.SimpleNamespace(moe=None, gemms=shapes), [1], tmp_path, deadline_s=1e-9)
+    # the first shape always starts (it stops at its first batch size); the rest wait for a rerun
+    assert started == [shapes[0].tag]
+    assert doc["not_started"] == [g.tag for g in shapes[1:]] and doc["complete"] is False
+    doc = tune.run_sglang_tune(types.SimpleNamespace(moe=None, gemms=shapes), [1], tmp_path)
+    assert doc["not_started"] == [] and doc["complete"] is True
+
+
+def test_summary_is_rebuilt_from_every_report_even_after_a_cut_call(tmp_path):
+    from tuner.kernels.tune import write_summary
+
+    (tmp_path / "reports").mkdir()
+    for tag, kind, done in (("N5120_K2048_fp8_b128x128", "gemm", False), ("E128_N768_K2048_bf16", "moe", True)):
+        (tmp_path / "reports" / f"{tag}.json").write_text(json.dumps(
+            {"kind": kind, "tag": tag, "complete": done, "rows": [{"batch_size": 1}]}))
+    (tmp_path / "reports" / "E128_N768_K2048_bf16.timings.jsonl").write_text("{}\n")
+    doc = json.loads(write_summary(tmp_path).read_text())
+    assert doc["shapes"] == ["E128_N768_K2048_bf16", "N5120_K2048_fp8_b128x128"]  # MoE first
+    assert doc["complete"] is False and not (tmp_path / "summary.json.tmp").exists()
+
+
+def test_table_of_a_directory_without_reports_exits_2(tmp_path):
+    res = _tuner(["kernels", "table", str(tmp_path)])
+    assert res.exit_code == 2 and "reports/<shape>.json" in res.output, res.output
+
+
+def test_table_of_the_committed_h200_directory():
+    res = CliRunner().invoke(cli, ["kernels", "table", "results/kernels/h200/sglang"])
+    assert res.exit_code == 0, res.output
+    for tag in ("E128_N768_K2048_bf16", "E128_N768_K2048_fp8_w8a8_b128x128", "N5120_K2048_fp8_b128x128"):
+        assert f" {tag} (NVIDIA H200, SGLang 0.5.17)" in res.output

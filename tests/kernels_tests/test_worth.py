@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 
-from tuner.kernels.configfile import write_configs
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tuner.errors import ConfigError
+from tuner.kernels.configfile import read_configs, write_configs
 from tuner.kernels.shapes import moe_shape
-from tuner.kernels.worth import tile_configs_worth_trial
+from tuner.kernels.worth import (find_tuned_file, tile_configs_worth_trial, trial_batch_range,
+                                 uncovered_batch_sizes)
 
 CFG = {1: {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1}}
 
@@ -38,3 +43,86 @@ def test_not_worth_without_gain_file_or_triton_path(tmp_path):
     assert not v.worth and "no tuned file" in v.reason
     assert not tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "nvfp4", tp_size=1, tuned_dir=d).worth
     assert not tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_B200", "bf16", tp_size=1, tuned_dir=d).worth
+
+
+FP8 = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+def _fp8_tuned(tmp_path, keys, complete=True, requested=None):
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
+    write_configs(tmp_path / "configs/triton_3_6_0" / FP8, {m: CFG[1] for m in keys})
+    (tmp_path / "reports").mkdir()
+    rows = [{"batch_size": m, "speedup_vs_baseline": 1.08} for m in keys]
+    (tmp_path / "reports" / f"{shape.tag}.json").write_text(json.dumps(
+        {"kind": "moe", "tag": shape.tag, "device_name": "NVIDIA H200", "rows": rows, "complete": complete,
+         "batch_sizes_requested": requested or list(keys)}))
+    return tmp_path
+
+
+def test_fp8_block_file_is_found_despite_its_brackets(tmp_path):
+    # "[128, 128]" in a glob pattern is a character class: the file was never found
+    d = _fp8_tuned(tmp_path, [1, 4, 16])
+    assert find_tuned_file(d / "configs", FP8) == d / "configs/triton_3_6_0" / FP8
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d)
+    assert v.worth and v.best_gain == 1.08, v.reason
+
+
+def test_newest_triton_directory_wins(tmp_path):
+    for vdir in ("triton_3_2_0", "triton_3_10_0", "triton_3_6_0"):
+        write_configs(tmp_path / vdir / FP8, CFG)
+    (tmp_path / "triton_3_11_0").mkdir()  # a newer directory without the file
+    assert find_tuned_file(tmp_path, FP8) == tmp_path / "triton_3_10_0" / FP8
+    assert find_tuned_file(tmp_path / "absent", FP8) is None
+
+
+def test_file_tuned_at_small_batches_only_is_refused_for_a_trial_running_large_ones(tmp_path):
+    d = _fp8_tuned(tmp_path, [1, 4, 16], complete=False, requested=[1, 4, 16, 32, 64, 4096])
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 batch_range=trial_batch_range(8192, cuda_graph_max_bs=256))
+    assert not v.worth
+    assert "M=8192 would use the M=16 tiles" in v.reason and "incomplete" in v.reason and "[32, 64, 4096]" in v.reason
+    # the same file is fine for a trial that never runs more than 32 tokens at once
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 batch_range=trial_batch_range(32, max_running_requests=16))
+    assert v.worth, v.reason
+
+
+def test_file_covering_the_range_is_accepted(tmp_path):
+    d = _fp8_tuned(tmp_path, [1, 4, 16, 32, 64, 128, 512, 2048, 4096])
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 batch_range=trial_batch_range(8192, max_running_requests=128))
+    assert v.worth, v.reason
+
+
+def test_coverage_follows_sglangs_nearest_key_rule():
+    assert uncovered_batch_sizes([1, 4, 16], (1, 8192)) == (8192, 16)
+    assert uncovered_batch_sizes([64, 4096], (1, 100)) == (1, 64)  # decode M=1 served by M=64 tiles
+    assert uncovered_batch_sizes([1, 2, 4], (1, 16)) is None  # 16 = 4 x 4
+    assert uncovered_batch_sizes([1, 2, 4], (1, 17)) == (17, 4)
+    # between keys: 16 serves M up to 72, the midpoint of 16 and 128, and 72 / 16 = 4.5
+    assert uncovered_batch_sizes([16, 128], (16, 128)) == (72, 16)
+    assert uncovered_batch_sizes([1, 4, 16, 32, 64, 128, 512, 2048, 4096], (1, 8192)) is None
+    assert uncovered_batch_sizes([], (1, 8)) == (1, 0)
+
+
+def test_trial_batch_range():
+    assert trial_batch_range(8192, None, 256) == (1, 8192)
+    assert trial_batch_range(2048, 4096) == (1, 4096)
+    with pytest.raises(ConfigError):
+        trial_batch_range(0)
+
+
+def test_cli_on_the_committed_h200_directory():
+    d = REPO / "results/kernels/h200/sglang"
+    r = run_cli(["kernels", "worth", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--quantization", "fp8",
+                 "--tp-size", "1", "--tuned-dir", str(d), "--json"])
+    doc = json.loads(r.stdout)
+    assert doc["batch_range"] == [1, 8192]  # SGLang's H200 default chunked-prefill size
+    has_large = max(read_configs(find_tuned_file(d / "configs", FP8))) >= 2048
+    assert r.returncode == (0 if doc["worth"] else 1)
+    if not has_large:
+        assert not doc["worth"] and "tuned at M=" in doc["reason"], doc
+    r = run_cli(["kernels", "worth", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--quantization", "fp8",
+                 "--tp-size", "1", "--tuned-dir", str(d), "--chunked-prefill-size", "16",
+                 "--max-running-requests", "16"])
+    assert r.returncode == 0 and "worth a trial: tuned tiles gain up to" in r.stdout, r.stdout + r.stderr

@@ -59,3 +59,13 @@ def test_bad_load_points(tmp_path):
         sr.serving_pairs([_point(4, 0.02, 10.0)], [_point(8, 0.02, 10.0)])
     (tmp_path / "l.jsonl").write_text(json.dumps(_point(4, 0.02, 10.0)) + "\n")
     assert sr.load_points(tmp_path / "l.jsonl")[0]["users"] == 4
+
+
+def test_kernel_report_with_one_moe_shape_only():
+    one = {"kind": "moe", "tag": "E128_N768_K2048_bf16", "rows": [{"batch_size": 4, "shipped_us": 78.8,
+                                                                    "default_us": 83.7}]}
+    gemm = {"kind": "gemm", "tag": "N5120_K2048_fp8_b128x128", "rows": [{"batch_size": 1, "default_us": 17.4}]}
+    assert sr.default_moe_us_from_report({"reports": [gemm, one]}) == {4: 78.8}
+    two = {**one, "tag": "E128_N768_K2048_fp8_w8a8_b128x128"}
+    with pytest.raises(ConfigError, match="2 fused-MoE shapes.*reports/<shape>.json"):
+        sr.default_moe_us_from_report({"reports": [one, two]})

@@ -137,15 +137,26 @@ def _tuned_files(source: Path, default_version_dir: str) -> list[tuple[str, Path
     """(version dir, file) for every tile config under ``source``.
 
     Accepts flat files (``source/E=....json``: put under ``default_version_dir``),
-    ``source/triton_X_Y_Z/*.json`` and ``source/configs/triton_X_Y_Z/*.json``.
+    ``source/triton_X_Y_Z/*.json`` and ``source/configs/triton_X_Y_Z/*.json`` (what `tuner kernels
+    tune -o` writes). Only these places: a tuned directory nested inside another (say
+    ``results/kernels/h200/sglang`` inside ``results/kernels/h200``) is not mixed in. The same
+    file in two of these places is an error, not a silent choice.
     """
-    found: list[tuple[str, Path]] = []
-    for path in sorted(source.rglob("*.json")):
-        if parse_config_file_name(path.name) is None:
-            continue
-        parent = path.parent.name
-        found.append((parent if _VERSION_DIR_RE.match(parent) else default_version_dir, path))
-    return found
+    places: list[tuple[str | None, Path]] = [(None, source)]
+    for parent in (source, source / "configs"):
+        if parent.is_dir():
+            places += [(d.name, d) for d in sorted(parent.iterdir()) if d.is_dir() and _VERSION_DIR_RE.match(d.name)]
+    found: dict[tuple[str, str], Path] = {}
+    for vname, folder in places:
+        for path in sorted(folder.iterdir()):
+            if not path.is_file() or parse_config_file_name(path.name) is None:
+                continue
+            key = (vname or default_version_dir, path.name)
+            if key in found:
+                raise ConfigError(f"tile config {path.name} is in both {str(found[key].parent)!r} and "
+                                  f"{str(path.parent)!r}; keep one", key="backend_options.moe_config_dir")
+            found[key] = path
+    return [(v, found[(v, n)]) for v, n in sorted(found)]
 
 
 def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
@@ -212,8 +223,17 @@ def env_for(moe_dir: Path | None, gemm_site: Path | None = None,
 
 
 def tuned_gemm_files(source: Path) -> list[Path]:
-    """The fp8 block GEMM config files under a tuned tile directory (by their SGLang names)."""
-    return [p for p in sorted(source.rglob("*.json")) if parse_gemm_config_filename(p.name)]
+    """The fp8 block GEMM config files of a tuned tile directory (by their SGLang names): flat in
+    ``source`` or in ``source/gemm_configs/`` (what `tuner kernels tune -o` writes)."""
+    out: dict[str, Path] = {}
+    for folder in (source, source / "gemm_configs"):
+        for p in sorted(folder.iterdir()) if folder.is_dir() else ():
+            if p.is_file() and parse_gemm_config_filename(p.name):
+                if p.name in out:
+                    raise ConfigError(f"GEMM tile config {p.name} is in both {str(source)!r} and "
+                                      f"{str(folder)!r}; keep one", key="backend_options.moe_config_dir")
+                out[p.name] = p
+    return [out[n] for n in sorted(out)]
 
 
 def prepare_trial_gemm_overlay(trial_dir: str | Path, tuned_source: str | Path, *,
@@ -286,25 +306,30 @@ class TrialTileFiles:
 
 def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, *,
                                triton_version: str | None = None, include_shipped: bool = True,
-                               required: Iterable[MoEConfigKey] = (), required_gemm: Iterable[str] = (),
+                               required: Iterable[MoEConfigKey] | None = None,
+                               required_gemm: Iterable[str] | None = None,
                                sglang_package: str | Path | None = None) -> TrialTileFiles:
     """MoE config dir and (if GEMM files were tuned) the GEMM overlay of one tuned trial.
 
     ``required`` / ``required_gemm`` (``trial_config_keys`` / ``trial_gemm_file_names``) are the files
     this trial's model reads; those of them that were tuned are what the server log must show loaded.
+    None means not known (every tuned file is expected); an empty list means the model reads none
+    (a bf16 model reads no fp8 GEMM file, so it gets no GEMM overlay and expects none).
     """
-    required = list(required)
-    required_gemm = list(required_gemm)
+    required = None if required is None else list(required)
+    required_gemm = None if required_gemm is None else list(required_gemm)
     moe_dir, moe_files = prepare_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
-                                               include_shipped=include_shipped, required=required)
-    site, gemm_files = prepare_trial_gemm_overlay(trial_dir, tuned_source, sglang_package=sglang_package)
+                                               include_shipped=include_shipped, required=required or ())
+    site, gemm_files = None, []
+    if required_gemm is None or required_gemm:
+        site, gemm_files = prepare_trial_gemm_overlay(trial_dir, tuned_source, sglang_package=sglang_package)
     vdir = version_dir(triton_version or installed_triton_version() or "3.6.0")
     moe_names = [Path(f).name for f in moe_files if Path(f).parent.name == vdir]
     gemm_names = [Path(f).name for f in gemm_files]
-    if required:
+    if required is not None:
         wanted = {k.file_name for k in required}
         moe_names = [n for n in moe_names if n in wanted]
-    if required_gemm:
+    if required_gemm is not None:
         gemm_names = [n for n in gemm_names if n in set(required_gemm)]
     return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names)
 

@@ -91,7 +91,9 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Directory: MoE files go to DIR/configs/triton_X_Y_Z/ (SGLANG_MOE_CONFIG_DIR=DIR), GEMM files "
-                   "to DIR/gemm_configs/, reports to DIR/reports/ and DIR/summary.json.")
+                   "to DIR/gemm_configs/, each shape's report to DIR/reports/<shape>.json, finished batch "
+                   "sizes to DIR/state/ (a rerun continues), and every shape's report, merged, to "
+                   "DIR/summary.json. Calls for other shapes may share DIR.")
 @json_option
 def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, kernel_kind, impl,
              attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, grid, deadline_s, gpu_ids, seed,
@@ -162,27 +164,24 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
     for rep in doc["reports"]:
         for line in summary_table(rep):
             click.echo(line)
+    if doc.get("not_started"):
+        click.echo(f"not started (deadline reached): {', '.join(doc['not_started'])}")
     click.echo(f"{'complete' if doc['complete'] else 'INCOMPLETE (rerun to continue)'}; wall {doc['wall_s']} s; "
                f"{doc['summary_file']}")
 
 
 @kernels.command("table")
-@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 def table_cmd(reports):
-    """Print the per-batch-size table of tune reports (OUT/reports/*.json or OUT/summary.json)."""
-    import json
+    """Print the per-batch-size tables of tune reports.
 
-    from tuner.errors import ConfigError
-    from tuner.kernels.tune import summary_table
+    Each argument is a tune directory (`tuner kernels tune -o DIR`: every shape's DIR/reports/*.json),
+    a shape's report or a summary.json.
+    """
+    from tuner.kernels.tune import reports_in, summary_table
 
     for path in reports:
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"not JSON ({exc})", file=str(path)) from None
-        for rep in doc.get("reports", [doc]):
-            if "rows" not in rep or "kind" not in rep:
-                raise ConfigError("not a tune report (no kind/rows)", file=str(path))
+        for rep in reports_in(path):
             for line in summary_table(rep):
                 click.echo(line)
 
@@ -283,7 +282,8 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
 @click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
 @click.option("--model", default=None, help="Catalog model (its MoE layer count, with --kernel-report).")
 @click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A tune report (OUT/reports/<shape>.json or OUT/summary.json): the MoE share of a step.")
+              help="A tune report (OUT/reports/<shape>.json, or an OUT/summary.json with one MoE shape): the MoE "
+                   "share of a step.")
 @click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
 @json_option
 def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, dry_run, as_json):
@@ -320,20 +320,39 @@ def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, d
 @click.option("--quantization", default="bf16", show_default=True, help="The model's checkpoint key (bf16, fp8, ...).")
 @click.option("--tp-size", type=int, required=True)
 @click.option("--ep-size", type=int, default=1, show_default=True)
-@click.option("--tuned-dir", required=True, type=click.Path(path_type=Path))
+@click.option("--tuned-dir", required=True, type=click.Path(path_type=Path),
+              help="A `tuner kernels tune -o` directory (configs/, reports/).")
 @click.option("--min-gain", type=float, default=1.03, show_default=True)
+@click.option("--chunked-prefill-size", type=int, default=None,
+              help="The trial's chunked-prefill size (default: SGLang's for this GPU and TP size).")
+@click.option("--max-running-requests", type=int, default=None,
+              help="The trial's running-request limit (default: its decode CUDA-graph size).")
+@click.option("--cuda-graph-max-bs", type=int, default=None,
+              help="The trial's decode CUDA-graph size (default: SGLang's for this GPU and TP size).")
+@click.option("--sglang-version", default=None, help="For SGLang's defaults above (default: the planner's).")
 @json_option
-def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, as_json):
-    """Is `moe-tile-configs: tuned` worth a trial here? Exit 0 if yes, 1 if not."""
+def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, chunked_prefill_size,
+              max_running_requests, cuda_graph_max_bs, sglang_version, as_json):
+    """Is `moe-tile-configs: tuned` worth a trial here? Exit 0 if yes, 1 if not.
+
+    Yes only if the tuned file for this shape exists, covers the batch sizes the trial runs (decode
+    batches up to its running-request limit, prefill chunks up to its chunked-prefill size: SGLang
+    serves every M with the file's nearest key), and its tune report measured a gain there.
+    """
     from tuner.catalog import get_gpu, get_model
-    from tuner.kernels.worth import tile_configs_worth_trial
+    from tuner.kernels.worth import tile_configs_worth_trial, trial_batch_range
+    from tuner.planner.memory import default_batch_limits
 
     m = get_model(model)
+    g = get_gpu(gpu)
     ckpt = m.checkpoint(quantization)
-    v = tile_configs_worth_trial(m.name, get_gpu(gpu).device_name, ckpt.weight_format, tp_size=tp_size,
-                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain)
+    chunk_default, graph_default = default_batch_limits(g.memory_mib, tp_size, sglang_version)
+    batch_range = trial_batch_range(chunked_prefill_size or chunk_default, max_running_requests,
+                                    cuda_graph_max_bs or graph_default)
+    v = tile_configs_worth_trial(m.name, g.device_name, ckpt.weight_format, tp_size=tp_size,
+                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain, batch_range=batch_range)
     if as_json:
-        emit_json(v.__dict__)
+        emit_json({**v.__dict__, "batch_range": list(batch_range)})
     else:
         click.echo(("worth a trial: " if v.worth else "not worth a trial: ") + v.reason)
     raise SystemExit(0 if v.worth else 1)

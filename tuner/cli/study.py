@@ -220,11 +220,15 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="From now on a fresh server's first load point warms up this many seconds (stored with the "
                    "study as measurement.first_warmup_s): real SGLang stalls in its first ~35 s of traffic while "
                    "it compiles kernels, which the capacity search's first, deciding point should not measure.")
+@click.option("--kernel-warmup/--no-kernel-warmup", "kernel_warmup", default=None,
+              help="From now on, before a fresh server's first load point, send one prompt per fused-MoE "
+                   "tile-config variant so that the kernels SGLang compiles on first use are built before "
+                   "anything is measured (stored with the study as measurement.kernel_warmup).")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
-           first_warmup_s, no_pruning, as_json):
+           first_warmup_s, kernel_warmup, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -252,7 +256,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                 click.echo(f"took over from the dead driver (PID {acquired.previous.pid} on "
                            f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
                            err=True)
-            amended = _amend_measurement(storage, spec, capacity_start, first_warmup_s, quiet=as_json)
+            amended = _amend_measurement(storage, spec, capacity_start, first_warmup_s, kernel_warmup,
+                                         quiet=as_json)
             if amended is not spec:  # written under the lease
                 spec = runner.study = amended
             recovered = runner.recover_interrupted()
@@ -266,7 +271,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
             runner.release()
 
 
-def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None, *, quiet: bool):
+def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,
+                       kernel_warmup: bool | None, *, quiet: bool):
     """The stored study with how its new trials are measured changed (what a capacity means stays)."""
     from tuner.config.load import stored_spec_yaml
     from tuner.storage import db, repo
@@ -275,10 +281,17 @@ def _amend_measurement(storage: str, spec, capacity_start: str | None, first_war
     if capacity_start is not None and capacity_start != spec.capacity.start:
         changes["capacity"] = spec.capacity.model_copy(update={"start": capacity_start})
         said.append(f"capacity search of new trials starts from {capacity_start} (was {spec.capacity.start})")
+    measurement = {}
     if first_warmup_s is not None and first_warmup_s != spec.measurement.first_warmup_s:
-        changes["measurement"] = spec.measurement.model_copy(update={"first_warmup_s": first_warmup_s})
+        measurement["first_warmup_s"] = first_warmup_s
         said.append(f"a fresh server's first load point warms up {first_warmup_s:g} s "
                     f"(was {spec.measurement.first_warmup_s or spec.measurement.warmup_s:g} s)")
+    if kernel_warmup is not None and kernel_warmup != spec.measurement.kernel_warmup:
+        measurement["kernel_warmup"] = kernel_warmup
+        said.append("a fresh server's kernels are warmed up before its first load point" if kernel_warmup
+                    else "no kernel warm-up before a fresh server's first load point")
+    if measurement:
+        changes["measurement"] = spec.measurement.model_copy(update=measurement)
     if not changes:
         return spec
     spec = spec.model_copy(update=changes)

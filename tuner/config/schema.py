@@ -220,6 +220,10 @@ class MeasurementSpec(_Strict):
     # a fresh server's first load point warms up this long instead (None: warmup_s). Real SGLang
     # stalls in its first ~35 s of traffic while it compiles and tunes kernels for new shapes.
     first_warmup_s: WarmupSeconds | None = None
+    # before a fresh server's first load point, one prompt per fused-MoE tile-config variant
+    # (tuner/workload/kernel_warmup.py): the kernels SGLang compiles on first use are built before
+    # the warm-up and window, so the first load point measures a server like the later ones
+    kernel_warmup: bool = False
     duration_s: L.WindowSeconds = 600
     max_error_rate: Fraction = 0.05
     time_scale: TimeScale = 1.0
@@ -230,6 +234,11 @@ class MeasurementSpec(_Strict):
         if load_point_index == 0 and self.first_warmup_s is not None:
             return max(float(self.warmup_s), float(self.first_warmup_s))
         return float(self.warmup_s)
+
+    def fresh_kernels(self, load_point_index: int) -> bool:
+        """Whether this load point meets kernels its server has not run yet (its first one, without
+        the kernel warm-up): where the simulator applies the fresh-server stalls."""
+        return load_point_index == 0 and not self.kernel_warmup
 
 
 def _check_flag_mapping(v, what: str):

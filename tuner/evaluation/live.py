@@ -35,6 +35,8 @@ from tuner.errors import TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.evaluation.prediction import PREDICTION_KEY, predict
 from tuner.lifecycle import FailureClass
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
+from tuner.workload.kernel_warmup import prompt_lengths, run_kernel_warmup
 from tuner.workload.metrics import LoadPointMetrics
 from tuner.backends.prometheus import BREAKDOWN_LABELS, scrape, window_delta
 
@@ -164,8 +166,10 @@ class LiveDeployment(Deployment):
             raise RuntimeError("measure() after close()")
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
-        fresh = self.measurements == 0  # the server's first traffic
+        m = self.request.study.measurement
         profile = self.request.study.workload_profile()
+        warmed = self._warm_kernels(kwargs, profile) if self.measurements == 0 and m.kernel_warmup else None
+        fresh = m.fresh_kernels(self.measurements)  # the server meets kernels it has not run yet
         metrics_before = self._scrape_metrics()
         gpu_mark = self.sampler.mark()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
@@ -208,6 +212,8 @@ class LiveDeployment(Deployment):
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
         extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
+        if warmed is not None:
+            extra["kernel_warmup"] = warmed.to_dict()
         utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
         if utilization is not None:
             extra["gpu_utilization"] = utilization
@@ -233,6 +239,22 @@ class LiveDeployment(Deployment):
         else:
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
+
+    def _warm_kernels(self, kwargs: dict, profile):
+        """The kernel warm-up before the server's first load point (``measurement.kernel_warmup``)."""
+        lengths = prompt_lengths(SGLANG_BATCH_SIZES, min(SGLANG_BATCH_SIZES[-1] + 1, profile.max_context_tokens - 1))
+        result = run_kernel_warmup(
+            self.plan.base_url, lengths, api=kwargs["api"], model=kwargs["model"], vocab_size=kwargs["vocab_size"],
+            send_ignore_eos=kwargs["send_ignore_eos"], prompt_format=kwargs["prompt_format"],
+            request_timeout_s=kwargs["request_timeout_s"], seed=kwargs["seed"])
+        log.info("trial %d: kernel warm-up: %d prompts (%d tokens) in %.1f s, slowest %.2f s, %d failed",
+                 self.request.trial_number, result.requests, result.prompt_tokens, result.seconds,
+                 result.slowest_request_s, result.failed)
+        self.stack.check_alive("kernel warm-up")
+        if result.failed == result.requests:
+            raise TrialError(FailureClass.HANG if self._answers_health() else FailureClass.CRASH,
+                             f"every kernel warm-up prompt failed ({result.first_error})", log_path=self.log_path)
+        return result
 
     def _scrape_metrics(self) -> list[dict] | None:
 

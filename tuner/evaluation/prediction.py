@@ -72,7 +72,7 @@ def predicted_capacity(study, flags: dict, knobs: dict, *, seed: int) -> tuple[i
     while not search.done:
         users = search.next_users()
         p = predict(study, flags, knobs, users, warmup_s=m.warmup_for(index), duration_s=m.duration_s, seed=seed,
-                    fresh_server=index == 0)
+                    fresh_server=m.fresh_kernels(index))
         index += 1
         if p.get("error"):
             return None, f"the simulator cannot predict it ({p['error']})"

@@ -33,7 +33,7 @@ class SimDeployment(Deployment):
             study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
             warmup_s=warmup_s, duration_s=m.duration_s,
             seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=options.get("calibration"),
-            sglang_version=options.get("sglang_version"), fresh_server=index == 0,
+            sglang_version=options.get("sglang_version"), fresh_server=m.fresh_kernels(index),
         )
 
     def telemetry(self) -> dict:

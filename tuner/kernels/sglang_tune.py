@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from tuner.errors import ConfigError
 from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
@@ -78,6 +79,7 @@ class _State:
 
     def __init__(self, out_dir: Path, tag: str, identity: dict):
         self.path = out_dir / "state" / f"{tag}.jsonl"
+        identity = json.loads(json.dumps(_clean(identity)))  # compared with what JSON gives back
         self.identity = identity
         self.rows: dict[int, dict] = {}
         if self.path.exists():
@@ -85,8 +87,13 @@ class _State:
                 if not line.strip():
                     continue
                 r = json.loads(line)
-                if r.get("identity") == identity:
-                    self.rows[int(r["batch_size"])] = r
+                if r.get("identity") != identity:
+                    # this shape's file in OUT was tuned with other settings: rewriting it from this
+                    # call's rows would throw those away (one OUT per GPU and SGLang version)
+                    raise ConfigError(f"{self.path} holds {tag} tuned with other settings "
+                                      f"({_identity_diff(r.get('identity') or {}, identity)}); rerun with "
+                                      "those, or tune into another -o directory", file=str(self.path))
+                self.rows[int(r["batch_size"])] = r
 
     def add(self, row: dict) -> None:
         row = {**_clean(row), "identity": self.identity}
@@ -94,6 +101,11 @@ class _State:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _identity_diff(old: dict, new: dict) -> str:
+    keys = sorted(set(old) | set(new), key=str)
+    return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k))
 
 
 def _remeasure(timer, M: int, cands: dict, rounds: int = 3) -> dict[str, float]:

@@ -154,10 +154,46 @@ def sglang_importable() -> bool:
     return installed_sglang() is not None
 
 
+SUMMARY_FILE = "summary.json"
+
+
+def shape_reports(out_dir: Path) -> list[dict]:
+    """The per-shape tune reports of a directory (``DIR/reports/*.json``; a summary there gives all
+    of its shapes); unreadable files are skipped."""
+    out = []
+    for path in sorted((Path(out_dir) / "reports").glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            out.extend(r for r in doc.get("reports", [doc]) if isinstance(r, dict) and "rows" in r)
+    return out
+
+
+def write_summary(out_dir: Path, *, last_call_wall_s: float | None = None) -> Path:
+    """Rewrite ``DIR/summary.json`` from every shape's report in ``DIR/reports/`` (one entry per shape).
+
+    The per-shape reports are the record (each call rewrites only its own shapes'), so the tune
+    calls of several shapes, and a call cut short before it wrote the summary, share one directory
+    and one summary without clobbering each other.
+    """
+    reports = [rep for rep in shape_reports(out_dir) if "kind" in rep and "tag" in rep]
+    reports.sort(key=lambda r: (r["kind"] != "moe", r["tag"]))
+    doc = {"impl": "sglang", "complete": bool(reports) and all(r.get("complete") for r in reports),
+           "shapes": [r["tag"] for r in reports], "last_call_wall_s": last_call_wall_s, "reports": reports}
+    path = out_dir / SUMMARY_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_finite(doc), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
                     down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
                     deadline_s: float | None = None, seed: int = 0) -> dict:
-    """Tune every target with SGLang's own kernels; write the files, the reports and OUT/summary.json."""
+    """Tune every target with SGLang's own kernels; write the files and reports, and merge this
+    call's shapes into OUT/summary.json. Returns this call's reports."""
     import time as _time
 
     _check_gpu()
@@ -172,17 +208,52 @@ def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: i
     def left():
         return None if deadline_s is None else max(1.0, deadline_s - (_time.monotonic() - t0))
 
+    def expired() -> bool:
+        # a shape started after the deadline only pays its start-up (~50 s of compile workers
+        # importing SGLang on the H200) before stopping at its first batch size
+        return deadline_s is not None and _time.monotonic() - t0 >= deadline_s
+
+    not_started: list[str] = []
     if targets.moe is not None:
         reports.append(tune_moe(targets.moe, batch_sizes, out_dir, budget=budget, down_budget=down_budget,
                                 routing=routing, grid=grid, deadline_s=left(), seed=seed))
     for g in targets.gemms:
+        if reports and expired():
+            not_started.append(g.tag)
+            continue
         reports.append(tune_gemm(g, batch_sizes, out_dir, budget=budget, grid=grid, deadline_s=left(), seed=seed))
-    doc = {"impl": "sglang", "wall_s": round(_time.monotonic() - t0, 1),
-           "complete": all(r["complete"] for r in reports), "reports": reports}
-    path = out_dir / "summary.json"
-    path.write_text(json.dumps(_finite(doc), indent=2) + "\n")
-    doc["summary_file"] = str(path)
-    return doc
+    wall = round(_time.monotonic() - t0, 1)
+    doc = {"impl": "sglang", "wall_s": wall, "complete": all(r["complete"] for r in reports) and not not_started,
+           "reports": reports, "not_started": not_started}
+    doc["summary_file"] = str(write_summary(out_dir, last_call_wall_s=wall))
+    return _finite(doc)
+
+
+def reports_in(path: Path) -> list[dict]:
+    """The tune reports of a file (a shape's report or a summary) or of a tune directory."""
+    from tuner.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        files = sorted((path / "reports").glob("*.json"))
+        if not files and (path / SUMMARY_FILE).is_file():
+            files = [path / SUMMARY_FILE]
+        if not files:
+            raise ConfigError(f"a tune directory holds reports/<shape>.json or {SUMMARY_FILE}; found neither",
+                              file=str(path))
+    else:
+        files = [path]
+    out = []
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"not JSON ({exc})", file=str(f)) from None
+        for rep in doc.get("reports", [doc]) if isinstance(doc, dict) else [None]:
+            if not isinstance(rep, dict) or "rows" not in rep or "kind" not in rep:
+                raise ConfigError("not a tune report (no kind/rows)", file=str(f))
+            out.append(rep)
+    return out
 
 
 def summary_table(report: dict) -> list[str]:
@@ -192,7 +263,7 @@ def summary_table(report: dict) -> list[str]:
 
     moe = report["kind"] == "moe"
     head = (f"{'M':>6} {'default':>9} {'shipped':>9} {'grid':>9} {'search':>9} {'tuned':>9} {'chosen':>9} "
-            f"{'vs base':>8} {'frac':>6} {'evals':>7}")
+            f"{'vs base':>8} {'frac':>6} {'evals':>7} {'wall_s':>7}")
     lines = [f"{report['kind']} {report['tag']} ({report.get('device_name', '?')}, SGLang "
              f"{report.get('sglang_version', '?')}): {'complete' if report.get('complete') else 'INCOMPLETE'}", head]
     for r in report["rows"]:
@@ -203,7 +274,7 @@ def summary_table(report: dict) -> list[str]:
         lines.append(f"{r['batch_size']:>6} {f(r.get('default_us')):>9} {f(r.get('shipped_us')):>9} "
                      f"{f(r.get('grid_best_us')):>9} {f(search):>9} {f(r.get('tuned_us') if moe else None):>9} "
                      f"{r.get('chosen', '-'):>9} {('-' if sp is None else f'{sp:.2f}x'):>8} "
-                     f"{('-' if frac is None else f'{frac:.3f}'):>6} {evals:>7}")
+                     f"{('-' if frac is None else f'{frac:.3f}'):>6} {evals:>7} {f(r.get('wall_s')):>7}")
     lines.append(f"files: {', '.join(report.get('files') or []) or 'none'}; this call {report.get('this_call_wall_s')} s "
                  f"(compile {report.get('this_call_compile_wall_s')} s)")
     return lines

@@ -1,20 +1,33 @@
 """Is the ``moe-tile-configs: tuned`` choice worth a trial for a configuration? (pure CPU)
 
-Only where the measurements say it can matter: a tuned file exists for the shape the trial's
-SGLang will look up, and its tune report measured a gain over what SGLang would use anyway (its
-shipped file, else its default) of at least ``min_gain`` at some batch size of the range the trial
-serves. A serving refit in the simulator calibration that found no gain anywhere overrides that.
+Only where the measurements say it can matter:
+
+* a tuned file exists for the shape the trial's SGLang will look up;
+* that file covers the batch sizes the trial runs. SGLang serves a batch of M tokens with the
+  file's entry at the nearest key (``min(keys, key=lambda k: abs(k - M))``), so a file tuned only at
+  M = 1..16 serves 64..8192-token prefill chunks with its M = 16 tiles, which may well be slower than
+  SGLang's shipped file. Every M of the trial's range must be within ``MAX_KEY_RATIO`` of the key
+  that serves it;
+* its tune report measured a gain over what SGLang would use anyway (its shipped file, else its
+  default) of at least ``min_gain`` at some batch size of that range.
+
+A serving refit in the simulator calibration that found no gain anywhere overrides that.
 """
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.kernels.tune import shape_reports
 
 DEFAULT_MIN_GAIN = 1.03
+#: a batch size M is covered when the file key serving it is within this factor of M (either way);
+#: the tune steps' batch sizes 1,4,16,32,64,128,512,2048,4096 are at most 2.5x apart at a midpoint
+MAX_KEY_RATIO = 4.0
+_VERSION_DIR = re.compile(r"^triton_(\d+(?:_\d+)*)$")
 
 
 @dataclass
@@ -25,27 +38,73 @@ class Verdict:
     shape_tag: str | None = None
 
 
-def _reports(tuned_dir: Path) -> list[dict]:
-    out = []
-    for path in sorted((tuned_dir / "reports").glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+def trial_batch_range(chunked_prefill_size: int, max_running_requests: int | None = None,
+                      cuda_graph_max_bs: int | None = None) -> tuple[int, int]:
+    """The token counts M a trial's MoE layers run: decode batches of 1 up to its running-request
+    limit (or, when that is unset, its decode CUDA-graph size), prefill chunks up to its
+    chunked-prefill size."""
+    decode = max_running_requests or cuda_graph_max_bs or 1
+    for key, v in (("chunked_prefill_size", chunked_prefill_size), ("max_running_requests", decode)):
+        if int(v) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {v}", key=key)
+    return 1, max(int(chunked_prefill_size), int(decode))
+
+
+def find_tuned_file(configs_dir: Path, name: str) -> Path | None:
+    """``configs_dir/triton_X_Y_Z/name`` for the newest Triton directory holding it, else None.
+
+    An explicit listing, not a glob: SGLang's names hold ``[128, 128]``, which glob patterns read as
+    a character class.
+    """
+    if not configs_dir.is_dir():
+        return None
+    dirs = [(tuple(int(x) for x in m.group(1).split("_")), d) for d in configs_dir.iterdir()
+            if d.is_dir() and (m := _VERSION_DIR.match(d.name))]
+    for _, d in sorted(dirs, reverse=True):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
+                          max_ratio: float = MAX_KEY_RATIO) -> tuple[int, int] | None:
+    """The worst-served M of ``batch_range`` as (M, key serving it) when it is more than
+    ``max_ratio`` away from that key; None when the keys cover the whole range."""
+    lo, hi = batch_range
+    ks = sorted(set(int(k) for k in keys if int(k) > 0))
+    if not ks:
+        return lo, 0
+    worst: tuple[float, int, int] | None = None
+    for i, k in enumerate(ks):
+        # key k serves the M nearer to it than to its neighbours (ties go to the smaller key)
+        first = lo if i == 0 else max(lo, (ks[i - 1] + k) // 2 + 1)
+        last = hi if i == len(ks) - 1 else min(hi, (k + ks[i + 1]) // 2)
+        if first > last:
             continue
-        out.extend(r for r in doc.get("reports", [doc]) if isinstance(r, dict) and "rows" in r)
-    return out
+        for M in (first, last):
+            ratio = max(M / k, k / M)
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, M, k)
+    if worst is None or worst[0] <= max_ratio:
+        return None
+    return worst[1], worst[2]
 
 
 def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: str, *, tp_size: int,
                              ep_size: int = 1, tuned_dir: str | Path, shared_experts_fusion: bool = True,
                              min_gain: float = DEFAULT_MIN_GAIN, batch_range: tuple[int, int] | None = None,
-                             serving_speedups: dict[int, float] | None = None) -> Verdict:
-    from tuner.kernels.configfile import moe_config_filename
+                             serving_speedups: dict[int, float] | None = None,
+                             max_key_ratio: float = MAX_KEY_RATIO) -> Verdict:
+    """``batch_range`` is the trial's (1, max M) from ``trial_batch_range``; without it the file's
+    coverage is not checked and every measured batch size counts."""
+    from tuner.kernels.configfile import moe_config_filename, read_configs
     from tuner.kernels.sglang_layout import device_file_name
     from tuner.kernels.shapes import moe_shape
 
     if min_gain <= 0:
         raise ConfigError(f"min_gain must be positive, got {min_gain}", key="min_gain")
+    if batch_range is not None and not 1 <= batch_range[0] <= batch_range[1]:
+        raise ConfigError(f"batch range {batch_range} must be 1 <= low <= high", key="batch_range")
     formats = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
     if weight_format not in formats:
         return Verdict(False, f"{weight_format} weights do not run SGLang's Triton fused-MoE kernel")
@@ -54,14 +113,27 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     tuned_dir = Path(tuned_dir)
     name = moe_config_filename(shape.num_experts, shape.intermediate, gpu_device_name, shape.config_dtype,
                                shape.block_shape)
-    if not any((tuned_dir / "configs").glob(f"triton_*/{name}")):
+    path = find_tuned_file(tuned_dir / "configs", name)
+    if path is None:
         return Verdict(False, f"no tuned file {name} under {tuned_dir}/configs", shape_tag=shape.tag)
     if serving_speedups and max(serving_speedups.values()) < min_gain:
         return Verdict(False, f"serving with tuned tiles measured at most {max(serving_speedups.values()):.3f}x",
                        shape_tag=shape.tag)
-    rows = [row for rep in _reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
-            and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)
-            for row in rep["rows"]]
+    reports = [rep for rep in shape_reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
+               and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)]
+    if batch_range is not None:
+        keys = sorted(read_configs(path))
+        gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)
+        if gap is not None:
+            M, key = gap
+            incomplete = [rep for rep in reports if rep.get("complete") is False]
+            todo = sorted({int(b) for rep in incomplete for b in rep.get("batch_sizes_requested") or []} - set(keys))
+            more = (f"; its tune report is incomplete (batch sizes {todo} not yet tuned: rerun `tuner kernels "
+                    f"tune` with the same -o to continue)" if todo else "")
+            return Verdict(False, f"{path.name} is tuned at M={keys} only: the trial runs M={batch_range[0]}.."
+                           f"{batch_range[1]}, and M={M} would use the M={key} tiles (more than {max_key_ratio:g}x "
+                           f"away), possibly slower than SGLang's own{more}", shape_tag=shape.tag)
+    rows = [row for rep in reports for row in rep["rows"]]
     if batch_range:
         lo, hi = batch_range
         rows = [r for r in rows if lo <= int(r["batch_size"]) <= hi]

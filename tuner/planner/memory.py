@@ -118,6 +118,11 @@ def _gpu_bucket(gpu_mem_mib: int, tp: int, version: tuple[int, int, int] = (0, 5
     return 16384, 512
 
 
+def default_batch_limits(gpu_mem_mib: int, tp: int, sglang_version: str | None = None) -> tuple[int, int]:
+    """SGLang's default (chunked_prefill_size, decode CUDA-graph max_bs) for this GPU and TP size."""
+    return _gpu_bucket(gpu_mem_mib, tp, rules_version(sglang_version))
+
+
 def prefill_capture_sizes(max_bs: int) -> list[int]:
     """Breakable prefill CUDA-graph token counts (``generate_prefill_cuda_graph_batch_sizes``)."""
     sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))

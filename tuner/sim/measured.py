@@ -227,7 +227,8 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 p90_ttft_slo_s=spec.slo.p90_ttft_s, p90_tpot_slo_s=spec.slo.p90_tpot_s,
                 sglang_version=_version_from_trial(trial, spec.backend_options or {}),
                 measured=measured, study=study_row.name, trial=m.trial_number, step=m.step,
-                fresh_server=m.step == first_step[m.trial_number],
+                # the server's first traffic, unless the kernel warm-up ran before it
+                fresh_server=m.step == first_step[m.trial_number] and not (m.extra or {}).get("kernel_warmup"),
                 server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
     return out
 

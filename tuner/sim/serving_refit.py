@@ -85,9 +85,14 @@ def default_moe_us_from_report(report: dict | str | Path) -> dict[int, float]:
     if not isinstance(report, dict):
         report = json.loads(Path(report).read_text())
     reps = report.get("reports", [report])
-    moe = next((r for r in reps if r.get("kind") == "moe"), None)
-    if moe is None:
+    moes = [r for r in reps if r.get("kind") == "moe"]
+    if not moes:
         raise ConfigError("the tune report has no fused-MoE shape", key="kernel_report")
+    if len(moes) > 1:
+        raise ConfigError(f"the tune summary holds {len(moes)} fused-MoE shapes "
+                          f"({', '.join(str(r.get('tag')) for r in moes)}); pass that shape's reports/<shape>.json",
+                          key="kernel_report")
+    moe = moes[0]
     out = {}
     for row in moe["rows"]:
         us = row.get("shipped_us") or row.get("default_us")

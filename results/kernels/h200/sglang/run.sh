@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
 # One device call on the H200 machine: tune SGLang 0.5.17's own kernels for the studies' models with
-# `tuner kernels tune`, writing straight into this folder (committed; a later call with the same
-# command continues from each run's state/), and pack the results into $OUT/kernels.tgz.
+# `tuner kernels tune`, every shape into this one folder (committed; trials with moe-tile-configs:
+# tuned read it through backend_options.moe_config_dir), and pack the results into $OUT/kernels.tgz.
+# A later call with the same steps continues each shape from state/ (finished batch sizes are kept).
 # Run from the repository root with carry [".sglkit", ".whl"] (optuna drives the search):
 #
 #   OUT=$OUT LIMIT=540 STEPS="qwen3-bf16 qwen3-fp8-moe qwen3-fp8-gemm" bash results/kernels/h200/sglang/run.sh
+#
+# Layout of this folder (README.md): configs/triton_3_6_0/ (MoE files, SGLANG_MOE_CONFIG_DIR),
+# gemm_configs/ (block-fp8 GEMM files), reports/<shape>.json, state/<shape>.jsonl, summary.json
+# (every shape's report, merged), logs/call-N/ (this call's logs, N counted on).
 #
 # STEPS, in order (each gets at most its DEADLINE_<step> seconds of new batch sizes and the call's
 # time that is left, stopping between batch sizes):
 #   qwen3-bf16      fused MoE of Qwen3-30B-A3B bf16 at TP1 (E=128, N=768; bar: SGLang's shipped file)
 #   qwen3-fp8-moe   the same fp8 block-quantized (SGLang ships only a triton_3_2_0 fallback)
-#   qwen3-fp8-gemm  its block-fp8 linear layers (w8a8_block_fp8_matmul)
+#   qwen3-fp8-gemm  its block-fp8 linear layers (w8a8_block_fp8_matmul: qkv N=5120,K=2048, then o_proj
+#                   N=2048,K=4096)
+#   qwen3-fp8-oproj the o_proj GEMM alone (when qwen3-fp8-gemm keeps spending its time on qkv)
 #   dsv3-fp8-moe    DeepSeek-V3 fp8 at TP1 (E=257 with the fused shared expert, N=2048; no shipped file)
-#   grid-qwen3-bf16 search against SGLang's exhaustive grid (GRID_BS batch sizes, default 1,64)
+#   grid-qwen3-bf16 search against SGLang's exhaustive grid (GRID_BS batch sizes, default 1,64), into
+#                   grid/ (a benchmark, not trial files: its file covers only GRID_BS, and the tuned
+#                   folder refuses a shape tuned with other settings)
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
 # BATCH_SIZES overrides the batch sizes of the tuning steps (default below: the decode batches and
 # prefill chunks the studies run, 9 of SGLang's 18).
@@ -25,43 +34,47 @@ HERE=results/kernels/h200/sglang
 t0=$(date +%s)
 LOGS=/tmp/call-logs
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
+mkdir -p "$HERE/logs"
+CALL=$(( $(find "$HERE/logs" -maxdepth 1 -name 'call-*' -type d | wc -l) + 1 ))
 pack() {
-  cp "$LOGS"/*.log "$HERE/logs/" 2>/dev/null
+  mkdir -p "$HERE/logs/call-$CALL"
+  cp "$LOGS"/*.log "$LOGS"/*.csv "$HERE/logs/call-$CALL/" 2>/dev/null
   tar -czf "$OUT/kernels.tgz" --exclude='*.pyc' "$HERE" 2>/dev/null
   tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null
 }
-mkdir -p "$HERE/logs"
 trap pack EXIT
 source results/h200-sglang/kit-setup.sh
 kit_setup || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
 
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
-# tune STEP DEADLINE ARGS...: new batch sizes start until DEADLINE (or the call's time left, less
+# tune STEP DIR DEADLINE ARGS...: new batch sizes start until DEADLINE (or the call's time left, less
 # the time a batch size may take), and SIGINT is the backstop at the call's end
 tune() {
-  local step=$1 deadline=$2; shift 2
+  local step=$1 dir=$2 deadline=$3; shift 3
   local l; l=$(left)
   [ "$l" -gt 90 ] || { echo "$step: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return; }
   [ "$deadline" -lt $(( l - 75 )) ] || deadline=$(( l - 75 ))
   echo "$step: deadline $deadline s, $l s left in the call" | tee -a "$LOGS/steps.log"
   local ts; ts=$(date +%s)
   timeout -s INT $(( l - 10 )) python3 -m tuner kernels tune --impl sglang --deadline-s "$deadline" "$@" \
-    -o "$HERE/$step" > "$LOGS/$step.log" 2>&1
+    -o "$dir" > "$LOGS/$step.log" 2>&1
   echo "$step: rc $? in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
   tail -30 "$LOGS/$step.log"
 }
 for step in $STEPS; do
   case $step in
-    qwen3-bf16) tune "$step" "${DEADLINE_qwen3_bf16:-200}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
+    qwen3-bf16) tune "$step" "$HERE" "${DEADLINE_qwen3_bf16:-200}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
                   --kernel moe --batch-sizes "$BATCH_SIZES" ;;
-    qwen3-fp8-moe) tune "$step" "${DEADLINE_qwen3_fp8_moe:-150}" --model qwen3-30b-a3b --tp-size 1 \
+    qwen3-fp8-moe) tune "$step" "$HERE" "${DEADLINE_qwen3_fp8_moe:-150}" --model qwen3-30b-a3b --tp-size 1 \
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --batch-sizes "$BATCH_SIZES" ;;
-    qwen3-fp8-gemm) tune "$step" "${DEADLINE_qwen3_fp8_gemm:-60}" --model qwen3-30b-a3b --tp-size 1 \
+    qwen3-fp8-gemm) tune "$step" "$HERE" "${DEADLINE_qwen3_fp8_gemm:-60}" --model qwen3-30b-a3b --tp-size 1 \
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel gemm --batch-sizes "$BATCH_SIZES" ;;
-    dsv3-fp8-moe) tune "$step" "${DEADLINE_dsv3_fp8_moe:-300}" --model deepseek-v3 --tp-size 1 \
+    qwen3-fp8-oproj) tune "$step" "$HERE" "${DEADLINE_qwen3_fp8_oproj:-60}" --model qwen3-30b-a3b --tp-size 1 \
+                  --dtype fp8_w8a8 --block-shape 128,128 --kernel gemm --gemm-shape 2048,4096 --batch-sizes "$BATCH_SIZES" ;;
+    dsv3-fp8-moe) tune "$step" "$HERE" "${DEADLINE_dsv3_fp8_moe:-300}" --model deepseek-v3 --tp-size 1 \
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --batch-sizes "$BATCH_SIZES" ;;
-    grid-qwen3-bf16) tune "$step" "${DEADLINE_grid:-400}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
+    grid-qwen3-bf16) tune "$step" "$HERE/grid" "${DEADLINE_grid:-400}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
                   --kernel moe --batch-sizes "${GRID_BS:-1,64}" --grid --down-budget 0 ;;
     gpu-tests) l=$(left); [ "$l" -gt 120 ] || { echo "gpu-tests: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                timeout -s INT $(( l - 10 )) env TUNER_GPU_SERVER_TEST=1 python3 -m pytest -q -m gpu \
