@@ -239,7 +239,8 @@ def fake_replay(monkeypatch, request):
 def _request(tmp_path, duration_s=1.5):
     study = SimpleNamespace(
         measurement=SimpleNamespace(warmup_s=0, duration_s=duration_s, max_error_rate=0.05,
-                                    request_timeout_s=1.0, time_scale=1.0, warmup_for=lambda load_point: 0.0),
+                                    request_timeout_s=1.0, time_scale=1.0, warmup_for=lambda load_point: 0.0,
+                                    kernel_warmup=False, fresh_kernels=lambda load_point: load_point == 0),
         workload_profile=lambda: None, backend_options={})
     return TrialRequest(study=study, trial_number=3, flags={}, workdir=str(tmp_path))
 
