@@ -213,14 +213,6 @@ def test_tuned_moe_needs_a_valid_source(tmp_path, monkeypatch):
                                            moe_config_dir=str(tmp_path / "absent")), tmp_path)
     # without the option: the default results/kernels/<gpu>, as `tuner study export` uses it
     monkeypatch.chdir(REPO)
-    if moe_configs.tuned_gemm_files(REPO / "results/kernels/h200") and moe_configs.installed_sglang() is None:
-        # its tuned fp8 GEMM files overlay an sglang package: the 0.5.17 source stands in for one
-        from tuner.kernels.sglang_env import sglang_at
-
-        ref = Path(os.environ.get("TUNER_SGLANG_REF", "/work/ref")) / "sglang-0.5.17" / "sglang"
-        if not ref.is_dir():
-            pytest.skip("results/kernels/h200 holds GEMM configs and no sglang package or source is here")
-        monkeypatch.setattr(moe_configs, "installed_sglang", lambda: sglang_at(ref))
     plan = SGLangBackend().build_plan(request(tmp_path, {"quantization": "fp8"}, {"moe-tile-configs": "tuned"}),
                                       tmp_path / "t")
     assert plan.servers[0].env["SGLANG_MOE_CONFIG_DIR"] == plan.files["moe_config_dir"]
