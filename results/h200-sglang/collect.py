@@ -24,12 +24,17 @@ def main(out_dir: str, call: str) -> None:
             shutil.copyfile(f, HERE / f.name)
         elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
             shutil.copyfile(f, calls / f.name)
-    logs = src / "call-logs.tgz"  # the call's small files, packed (a call returns at most 8 files)
-    if logs.exists():
+    # the call's small files, packed (a call returns at most 8 files): call-logs-<study>.tgz, one per
+    # study the call ran (each into its own folder when there are several), or call-logs.tgz
+    packs = sorted(src.glob("call-logs*.tgz"))
+    for logs in packs:
+        study = logs.name[len("call-logs-"):-len(".tgz")] if logs.name.startswith("call-logs-") else ""
+        dest = calls / study if study and len(packs) > 1 else calls
+        dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(logs) as tar:
             for m in tar.getmembers():
                 if m.isfile():
-                    (calls / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+                    (dest / Path(m.name).name).write_bytes(tar.extractfile(m).read())
     for tgz in [*src.glob("runs-*.tgz"), *src.glob("runs.tgz")]:
         with tarfile.open(tgz) as tar:
             for m in tar.getmembers():

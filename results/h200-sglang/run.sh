@@ -26,10 +26,11 @@ OUT=${OUT:-/tmp/out}
 DB="results/h200-sglang/$STUDY.db"
 t0=$(date +%s)
 # at most 8 files come back from a call: the small ones are written under $LOGS and packed into
-# $OUT/call-logs.tgz on the way out (also when the call fails early)
-LOGS=/tmp/call-logs
+# $OUT/call-logs-$STUDY.tgz on the way out (also when the call fails early), so that one call may
+# run this script for two studies one after the other
+LOGS=/tmp/call-logs-$STUDY
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
-trap 'tar -czf "$OUT/call-logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
+trap 'tar -czf "$OUT/call-logs-$STUDY.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 # the kit, Ray and the study's libraries (skipped on a warm machine that has them already)
 source results/h200-sglang/kit-setup.sh
 KIT_RAY=1 kit_setup || exit 1
