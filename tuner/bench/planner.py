@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 
 from tuner.backends.sglang_log import StartupReport, startup_report
 from tuner.catalog import get_gpu, get_model
-from tuner.config.schema import StudySpec
+from tuner.config.load import results_study
 from tuner.errors import ConfigError, UserError
 from tuner.planner import plan_memory
 from tuner.planner import resolve_checkpoint
@@ -127,10 +126,7 @@ def cases_from_database(path: Path) -> list[PlannerCase]:
         if engine is None:
             return out
         for study_row in repo.list_studies(engine):
-            try:
-                spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
-            except Exception as exc:
-                raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
+            spec = results_study(study_row.spec_yaml, study_row.name, str(path))
             options = spec.backend_options or {}
             for t in repo.trials(engine, study_row.name):
                 if t.backend_kind != "sglang" or not t.launched:

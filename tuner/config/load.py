@@ -411,6 +411,18 @@ def _default_at(model: type[BaseModel], loc: tuple) -> tuple[bool, Any]:
 MAX_STORED_REPAIRS = 32
 
 
+def results_study(spec_yaml: str, name: str, where: str) -> StudySpec:
+    """A study of a results database, for the readers of committed measurements (fidelity,
+    calibration, the planner bench): its workload resolved; one this tuner cannot read is a
+    ConfigError naming the database."""
+    try:
+        spec = StudySpec.model_validate(yaml.safe_load(spec_yaml))
+        spec.workload_profile()
+    except Exception as exc:  # any reason: the reader reports it, naming the file
+        raise ConfigError(f"study {name!r}: cannot read its spec: {exc}", file=where) from None
+    return spec
+
+
 def load_stored_study(data: Any, where: str, *, repair: bool) -> tuple[StudySpec, list[str]]:
     """A study as a database stored it, validated by this tuner's (possibly stricter) schema.
 

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 
-from tuner.config.schema import StudySpec
+from tuner.config.load import results_study
 from tuner.errors import ConfigError
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
@@ -198,11 +197,8 @@ def points_from_database(path: Path, backends: tuple[str, ...] = REAL_BACKENDS) 
 def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
     out: list[LoadPoint] = []
     for study_row in repo.list_studies(engine):
-        try:
-            spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
-            profile = spec.workload_profile()
-        except Exception as exc:  # a study this tuner cannot read: report, do not stop
-            raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
+        spec = results_study(study_row.spec_yaml, study_row.name, str(path))
+        profile = spec.workload_profile()
         trials = {t.trial_number: t for t in repo.trials(engine, study_row.name)}
         extra_flags = extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or [])
         rows = repo.measurements(engine, study_row.name)

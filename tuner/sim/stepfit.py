@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-import yaml
 
 from tuner.catalog import get_gpu, get_model
-from tuner.config.schema import StudySpec
+from tuner.config.load import results_study
 from tuner.errors import ConfigError
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import prefill_graph_enabled
@@ -184,11 +183,8 @@ def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sgla
         if engine is None:
             return out
         for study_row in repo.list_studies(engine):
-            try:
-                spec = StudySpec.model_validate(yaml.safe_load(study_row.spec_yaml))
-                profile = spec.workload_profile()
-            except Exception as exc:
-                raise ConfigError(f"study {study_row.name!r}: cannot read its spec: {exc}", file=str(path)) from None
+            spec = results_study(study_row.spec_yaml, study_row.name, str(path))
+            profile = spec.workload_profile()
             options = spec.backend_options or {}
             version = check_version(options.get("sglang_version"))
             model = get_model(spec.model)
