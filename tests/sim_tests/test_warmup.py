@@ -65,7 +65,8 @@ def test_the_decay_constant_comes_back_from_event_times():
     assert fit_decay_s([], horizon) == horizon
 
 
-def _engine(stalls):
+def _engine(stalls=None, kernels=None):
+    """One Qwen3 bf16 rank on an H200 under SGLang 0.5.17's rules, with the given stall model."""
     m, g = get_model(QWEN), get_gpu("h200")
     flags = {**TRITON_EAGER, "max-total-tokens": 100_000}
     plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
@@ -73,7 +74,8 @@ def _engine(stalls):
     rules = scheduler_rules(plan, layout, flags, "0.5.17")
     sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
     rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
-    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1, stalls=stalls)
+    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1, stalls=stalls,
+                        kernels=kernels)
     return eng, rank
 
 
@@ -219,17 +221,8 @@ def test_only_the_first_step_of_each_variant_pays_the_compile():
 
 
 def test_the_engine_stalls_a_prefill_step_that_runs_a_new_variant():
-    m, g = get_model(QWEN), get_gpu("h200")
-    flags = {**TRITON_EAGER, "max-total-tokens": 100_000}
-    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
-    layout = parse_layout(m, flags, 1)
-    rules = scheduler_rules(plan, layout, flags, "0.5.17")
-    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
-
     def first_tokens(kernels, prompts):
-        rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
-        eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1,
-                            kernels=kernels)
+        eng, rank = _engine(kernels=kernels)
         out = []
         for i, n in enumerate(prompts):  # one after the other, each on an idle server
             q = Req(i, i, 0, eng.clock, n, 5)
