@@ -95,3 +95,46 @@ def test_newer_schema_refused(engine):
         s.commit()
     with pytest.raises(StorageError, match="newer tuner"):
         db.ensure_schema(engine)
+
+
+class _RefusingCursor:
+    """A cursor whose first ``refusals`` journal-mode switches fail as SQLite fails them when another
+    process is switching the same new file: at once, "database is locked"."""
+
+    def __init__(self, refusals: int, error: str = "database is locked"):
+        self.refusals, self.error, self.mode, self.calls = refusals, error, "delete", []
+
+    def execute(self, sql):
+        self.calls.append(sql)
+        if sql == "PRAGMA journal_mode=WAL":
+            if self.refusals:
+                self.refusals -= 1
+                raise sqlite3.OperationalError(self.error)
+            self.mode = "wal"
+        self.row = (self.mode,)
+        return self
+
+    def fetchone(self):
+        return self.row
+
+
+def test_wal_mode_is_retried_while_another_process_switches_the_new_file():
+    from tuner.storage.db import _use_wal
+
+    cur, naps = _RefusingCursor(3), []
+    _use_wal(cur, sleep=naps.append)
+    assert cur.mode == "wal" and len(naps) == 3 and naps == sorted(naps)  # backing off
+    again = _RefusingCursor(0)
+    again.mode = "wal"
+    _use_wal(again, sleep=naps.append)
+    assert again.calls == ["PRAGMA journal_mode"]  # already WAL: no switch, no lock taken
+
+
+def test_wal_mode_gives_up_after_the_busy_timeout_and_other_errors_at_once():
+    from tuner.storage.db import _use_wal
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _use_wal(_RefusingCursor(10 ** 6), timeout_s=0.05, sleep=lambda s: None)
+    cur = _RefusingCursor(1, error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _use_wal(cur, sleep=lambda s: pytest.fail("not retried"))

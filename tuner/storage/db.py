@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -32,10 +33,29 @@ SCHEMA_CREATE_ATTEMPTS = 8  # concurrent first starts: each retry finds more of 
 
 def _sqlite_pragmas(dbapi_conn, _record):
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
     cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    _use_wal(cur)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _use_wal(cur, *, timeout_s: float = SQLITE_BUSY_TIMEOUT_MS / 1000, sleep=time.sleep) -> None:
+    """Put the database in WAL mode (it stays so in the file). Switching takes a lock that SQLite
+    may refuse at once, without its busy handler, while another process switches or creates the
+    same new database (two first starts on one fresh file), so a refusal is retried until the
+    busy timeout."""
+    deadline = time.monotonic() + timeout_s
+    delay_s = 0.005
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        sleep(delay_s + random.uniform(0, delay_s))
+        delay_s = min(2 * delay_s, 0.2)
 
 
 def _readonly_pragmas(dbapi_conn, _record):
