@@ -13,6 +13,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+# a device call carries the whole tracked tree (64 MiB with the kit): the study's status dump, a
+# copy of what the database holds, is kept gzipped
+GZIPPED = {"status.json"}
+
+
+def _keep(data: bytes, dest: Path) -> None:
+    if dest.name in GZIPPED:
+        with gzip.open(str(dest) + ".gz", "wb", compresslevel=9) as g:
+            g.write(data)
+    else:
+        dest.write_bytes(data)
+
+
 def main(out_dir: str, call: str) -> None:
     src = Path(out_dir)
     calls = HERE / "calls" / call
@@ -23,7 +36,7 @@ def main(out_dir: str, call: str) -> None:
                 (HERE / (f.name + side)).unlink(missing_ok=True)
             shutil.copyfile(f, HERE / f.name)
         elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
-            shutil.copyfile(f, calls / f.name)
+            _keep(f.read_bytes(), calls / f.name)
     # the call's small files, packed (a call returns at most 8 files): call-logs-<study>.tgz, one per
     # study the call ran (each into its own folder when there are several), or call-logs.tgz
     packs = sorted(src.glob("call-logs*.tgz"))
@@ -34,7 +47,7 @@ def main(out_dir: str, call: str) -> None:
         with tarfile.open(logs) as tar:
             for m in tar.getmembers():
                 if m.isfile():
-                    (dest / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+                    _keep(tar.extractfile(m).read(), dest / Path(m.name).name)
     for tgz in [*src.glob("runs-*.tgz"), *src.glob("runs.tgz")]:
         with tarfile.open(tgz) as tar:
             for m in tar.getmembers():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import sqlite3
@@ -18,21 +19,26 @@ from tuner.storage import db, repo
 from tuner.storage.models import SCHEMA_VERSION
 from tuner.study.summary import study_summary
 
-V1 = Path(__file__).parent / "data" / "schema-v1.db"
-V2 = Path(__file__).parent / "data" / "schema-v2.db"
+V1 = Path(__file__).parent / "data" / "schema-v1.db.gz"
+V2 = Path(__file__).parent / "data" / "schema-v2.db.gz"
+
+
+def _unpack(src: Path, path: Path) -> None:
+    with gzip.open(src) as f, open(path, "wb") as out:
+        shutil.copyfileobj(f, out)
 
 
 @pytest.fixture
 def v1(tmp_path):
     path = tmp_path / "tuner.db"
-    shutil.copy(V1, path)
+    _unpack(V1, path)
     return path, f"sqlite:///{path}"
 
 
 @pytest.fixture
 def v2(tmp_path):
     path = tmp_path / "tuner.db"
-    shutil.copy(V2, path)
+    _unpack(V2, path)
     return path, f"sqlite:///{path}"
 
 
