@@ -269,6 +269,10 @@ def test_verify_export_starts_the_exported_yaml_and_compares_with_the_trial(fini
     assert data["users"] == outcome["best_capacity_users"] and data["requests"] > 0
     assert data["export_p90_ttft_s"] > 0 and data["export_p90_tpot_s"] > 0
     assert data["ok"] == (r.returncode == 0) == (data["within_agreement"] and data["export_meets_slo"])
+    from tuner.study.summary import study_summary
+    best = next(t for t in study_summary(storage, "fake-sglang")["trials"] if t["number"] == data["trial_number"])
+    point = next(m for m in best["measurements"] if m["users"] == data["users"])
+    assert point["warmup_s"] is not None and data["replay_warmup_s"] == point["warmup_s"]
     log = next((tmp / "results" / "runs" / "fake-sglang-export-check").glob("trial-*/sglang0.log")).read_text()
     assert f"--config {out.resolve()}" in log.splitlines()[0]  # the exported file, not a re-rendered one
 

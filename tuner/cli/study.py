@@ -476,7 +476,9 @@ def export(name, output, trial_number, sglang_version, storage):
 def verify_export(name, config, users, trial_number, output, storage, as_json):
     """Start SGLang from an exported CONFIG (as its header's launch line says) on this machine's GPUs,
     replay NAME's workload at the trial's capacity and compare P90 TTFT and TPOT with what the trial
-    measured there. Exit 0 when both are within 10% and within the SLO, 1 otherwise."""
+    measured there. The window is reached as the trial's load point reached it (its own warm-up,
+    and the kernel warm-up if it had one). Exit 0 when both are within 10% and within the SLO, 1
+    otherwise."""
     import json
 
     from tuner import safewrite
@@ -494,7 +496,8 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
         def ms(x):
             return "-" if x is None else f"{x * 1000:.1f} ms"
 
-        click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config}:")
+        click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config} "
+                   f"(warm-up {result.replay_warmup_s:.0f} s, as the trial's load point had):")
         click.echo(f"  P90 TTFT  trial {ms(result.trial_p90_ttft_s)}  export {ms(result.export_p90_ttft_s)}  "
                    f"({(result.ttft_rel_diff or 0) * 100:.1f}% apart)")
         click.echo(f"  P90 TPOT  trial {ms(result.trial_p90_tpot_s)}  export {ms(result.export_p90_tpot_s)}  "

@@ -32,6 +32,10 @@ def _reading(storage: str) -> Iterator[Engine]:
 def measurement_dict(m) -> dict:
     d = {f: getattr(m, f) for f in MEASUREMENT_FIELDS}
     d[trust.PREDICTION_KEY] = trust.prediction_of(m.extra)
+    extra = m.extra or {}
+    # how the window was reached (None: recorded before tuner kept it; the study's warmup_s then)
+    d["warmup_s"] = extra.get("warmup_s")
+    d["kernel_warmup"] = bool(extra.get("kernel_warmup"))
     return d
 
 

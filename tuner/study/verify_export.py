@@ -43,6 +43,7 @@ class ExportCheck:
     requests: int
     server_ready_s: float | None
     kv_capacity_tokens: int | None
+    replay_warmup_s: float | None = None  # the trial's point's own warm-up, replayed
     note: str = ""
 
     @property
@@ -76,6 +77,20 @@ def _reference(trial: dict, users: int) -> dict:
     return points[-1]
 
 
+def replay_conditions(measurement, ref: dict):
+    """The study's measurement spec set to reach the window the way the trial's point did: its
+    warm-up (recorded with the point; a point from before tuner recorded it used the study's plain
+    ``warmup_s``, ``first_warmup_s`` did not exist yet) and whether the kernel warm-up ran. A study
+    resumed with a longer first warm-up would otherwise replay a later, quieter window than the
+    trial measured."""
+    warmup_s = ref.get("warmup_s")
+    return measurement.model_copy(update={
+        "warmup_s": float(warmup_s if warmup_s is not None else measurement.warmup_s),
+        "first_warmup_s": None,
+        "kernel_warmup": bool(ref.get("kernel_warmup")),
+    })
+
+
 def verify_export(storage: str, name: str, config_path: str, *, users: int | None = None,
                   trial_number: int | None = None, workdir: str = "results/runs") -> ExportCheck:
     from tuner.study.export import _pick
@@ -96,6 +111,7 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
     if not users:
         raise StudyNotFoundError(f"trial {trial['number']} has no capacity to replay at; give --users")
     ref = _reference(trial, users)
+    spec = spec.model_copy(update={"measurement": replay_conditions(spec.measurement, ref)})
 
     class ExportedConfig(SGLangBackend):
         """The trial's launch plan with the exported file (and its launch line) in place of the trial's."""
@@ -144,4 +160,5 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
         within_agreement=d_ttft is not None and d_tpot is not None and d_ttft <= AGREEMENT and d_tpot <= AGREEMENT,
         requests=metrics.requests, server_ready_s=next(iter(ready.values()), None),
         kv_capacity_tokens=deployment.measured_kv_capacity_tokens_total,
+        replay_warmup_s=spec.measurement.warmup_s,
         note="" if metrics.valid else f"invalid load point: {metrics.invalid_reason}")

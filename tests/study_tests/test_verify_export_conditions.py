@@ -1,0 +1,27 @@
+"""The export check reaches its window the way the trial's load point did."""
+
+from __future__ import annotations
+
+from tuner.config.schema import MeasurementSpec
+from tuner.study.verify_export import replay_conditions
+
+
+def test_a_point_recorded_with_its_warmup_is_replayed_with_it_not_with_the_studys_later_first_warmup():
+    study = MeasurementSpec(warmup_s=20, first_warmup_s=45, duration_s=40)
+    replay = replay_conditions(study, {"warmup_s": 20.0, "kernel_warmup": False})
+    # the check's single load point is its server's first: without the override it would warm up 45 s
+    assert study.warmup_for(0) == 45
+    assert replay.warmup_for(0) == 20 and replay.warmup_for(3) == 20
+    assert not replay.kernel_warmup and replay.duration_s == 40
+
+
+def test_a_point_from_before_warmups_were_recorded_used_the_plain_warmup():
+    study = MeasurementSpec(warmup_s=20, first_warmup_s=45, duration_s=40)
+    assert replay_conditions(study, {"warmup_s": None}).warmup_for(0) == 20
+
+
+def test_a_point_after_the_kernel_warmup_is_replayed_after_one():
+    study = MeasurementSpec(warmup_s=20, duration_s=40)
+    replay = replay_conditions(study, {"warmup_s": 45.0, "kernel_warmup": True})
+    assert replay.kernel_warmup and replay.warmup_for(0) == 45
+    assert not replay.fresh_kernels(0)
