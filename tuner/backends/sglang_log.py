@@ -30,6 +30,7 @@ _CAPTURE_END = re.compile(r"Capture (?:(target|draft) )?(\w+ )?(?:\w+ )?(?:cuda|
                           rf"(?:Time elapsed: |elapsed=){_FLOAT} ?s\.?,? ?mem usage={_FLOAT} GB")
 _SCHED = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
                     r"max_running_requests=(\d+), context_len=(\d+)")
+_AVAILABLE = re.compile(rf"context_len=\d+, available_gpu_mem={_FLOAT} GB")
 _READY = re.compile(r"The server is fired up and ready to roll")
 _HOST_POOL = re.compile(rf"Allocating (?:\w+ )?hierarchical KV host pool: (\d+) tokens, {_FLOAT} GB host memory")
 _TREE_READY = re.compile(r"Tree cache initialized")
@@ -49,6 +50,8 @@ class StartupReport:
     max_prefill_tokens: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
+    # what start-up left for activations (SGLang's "GB" are GiB): a forward needing more dies serving
+    available_after_startup_gb: float | None = None
     hicache_host_tokens: int | None = None
     hicache_host_gb: float | None = None
     # seconds from the first time-stamped line to each milestone (the log stamps whole seconds)
@@ -116,6 +119,8 @@ def startup_report(text: str, *, exited: bool = False) -> StartupReport:
         elif (m := _SCHED.search(line)):
             (r.max_total_num_tokens, r.chunked_prefill_size, r.max_prefill_tokens, r.max_running_requests,
              r.context_len) = (int(g) for g in m.groups())
+            if (a := _AVAILABLE.search(line)):
+                r.available_after_startup_gb = float(a.group(1))
         elif _READY.search(line):
             r.ready = True
             mark("ready")

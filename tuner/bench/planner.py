@@ -69,6 +69,9 @@ class PlannerCase:
     flags: dict
     sglang_version: str | None
     started: bool | None  # None: unknown (no log, no snapshot)
+    # started and then served without running out of memory (None: not replayed, as a probe):
+    # "fits" promises that, so the verdict is checked against it where it is known
+    served: bool | None = None
     failure: str | None = None  # SGLang's own words when it did not start
     max_total_num_tokens: int | None = None  # /server_info, else the scheduler's log line
     kv_tokens_allocated: int | None = None  # "KV Cache is allocated. #tokens" (also before a start-up OOM)
@@ -142,12 +145,14 @@ def cases_from_database(path: Path) -> list[PlannerCase]:
                     tele = (t.telemetry or {}).get("server_info")
                     info = tele[0] if isinstance(tele, list) and tele else tele if isinstance(tele, dict) else None
                 started = True if info else (False if failed_at_start else None)
+                died_serving = bool(info) and t.failure_class == "oom"
+                served = False if (died_serving or started is False) else (True if t.status == "complete" else None)
                 case = PlannerCase(
                     label=f"{study_row.name}#{t.trial_number}", source=str(path), model=spec.model,
                     gpu=spec.hardware.gpu, gpus=spec.hardware.gpus_per_node, nodes=spec.hardware.nodes,
                     host_memory_gb=spec.hardware.host_memory_gb, flags=dict(t.flags or {}),
                     sglang_version=str(options.get("sglang_version") or "") or None, started=started,
-                    failure=(t.failure_reason or None) if failed_at_start else None)
+                    served=served, failure=(t.failure_reason or None) if (failed_at_start or died_serving) else None)
                 if not logs:
                     case.notes.append("no server log")
                 out.append(_fill(case, info, report))
@@ -238,11 +243,12 @@ def evaluate(case: PlannerCase) -> dict:
                       "reason": plan.reason if not plan.fits else ""},
         "measured": {"kv_tokens": measured_kv, "kv_tokens_is": "max_total_num_tokens" if case.started else
                      "allocated before start-up failed", "weight_gib": case.weight_gib, "kv_gib": case.kv_gib,
-                     "started": case.started, "failure": case.failure},
+                     "started": case.started, "served": case.served, "failure": case.failure},
     })
     row["kv_error"] = _err(plan.kv_capacity_tokens_per_gpu, measured_kv)
     row["weight_error"] = _err(row["predicted"]["weight_gib"], case.weight_gib)
-    row["fits_agrees"] = None if case.started is None else plan.fits == case.started
+    outcome = case.served if case.served is not None else case.started
+    row["fits_agrees"] = None if outcome is None else plan.fits == outcome
     row["within_target"] = (row["fits_agrees"] is not False
                             and (row["kv_error"] is None or abs(row["kv_error"]) <= TOLERANCE)
                             and (row["weight_error"] is None or abs(row["weight_error"]) <= TOLERANCE))
@@ -294,7 +300,7 @@ def format_planner_report(doc: dict) -> str:
     pct = lambda v: "-" if v is None else f"{v:+.2%}"
     head = (f"{'configuration':<26}{'attn':>5}{'W':>5}{'KV':>5}{'mfs':>9}{'max-tot':>8}{'hicache':>8}"
             f"{'KV tokens pred / SGLang':>28}{'err':>8}{'weights GiB pred / SGLang':>28}{'err':>8}"
-            f"{'fits pred / started':>21}")
+            f"{'fits pred / real':>21}")
     lines = [head]
     for r in doc["rows"]:
         if r.get("error"):
@@ -304,11 +310,14 @@ def format_planner_report(doc: dict) -> str:
         kv_meas = "-" if m["kv_tokens"] is None else f"{m['kv_tokens']:,}" + ("" if m["started"] else "*")
         w_meas = "-" if m["weight_gib"] is None else f"{m['weight_gib']:.2f}"
         yn = lambda v: "-" if v is None else ("yes" if v else "no")
+        # "served": started and served its load points; "started": a probe, which only starts
+        real = lambda m: ("died serving" if m["started"] and m.get("served") is False
+                          else yn(m["started"]))
         lines.append(f"{r['label'][:25]:<26}{d['attention']:>5}{d['weights']:>5}{d['kv_cache']:>5}"
                      f"{d['mem_fraction_static']:>9}{d['max_total_tokens']:>8}{d['hicache']:>8}"
                      f"{p['kv_tokens']:>14,} / {kv_meas:>11}{pct(r['kv_error']):>8}"
                      f"{p['weight_gib']:>14.2f} / {w_meas:>11}{pct(r['weight_error']):>8}"
-                     f"{yn(p['fits']) + ' / ' + yn(m['started']):>21}" + ("" if r["within_target"] else "  !"))
+                     f"{yn(p['fits']) + ' / ' + real(m):>21}" + ("" if r["within_target"] else "  !"))
         if not p["fits"]:
             lines.append(f"{'':<26}planner: {p['reason']}")
         if m["failure"]:

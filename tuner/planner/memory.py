@@ -15,6 +15,7 @@ from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError
 from tuner.lifecycle import FailureClass
 
+from .activations import prefill_activations
 from .parallel import ParallelLayout, flag_bool, flag_float, flag_int, parse_layout
 from .startup import default_attention_backend, startup_memory
 from .weights import weight_bytes_per_gpu
@@ -70,6 +71,7 @@ class MemoryPlan:
     sglang_version: str = DEFAULT_SGLANG_VERSION
     attention_backend: str = ""
     startup_gb_per_gpu: float = 0.0  # allocated at start-up after the KV pool (graph state, tables)
+    prefill_activation_gb_per_gpu: float = 0.0  # peak of one chunked-prefill forward, from the shapes
     startup_free_gb_per_gpu: float = 0.0  # what mem-fraction-static leaves for it
     failure_class: FailureClass | None = None  # why it does not fit (None when it fits)
 
@@ -378,6 +380,19 @@ def plan_memory(
             f"use mem-fraction-static <= {suggest:.2f} or a smaller cuda-graph-max-bs-decode"
         )
         failure = FailureClass.OOM
+    # what start-up leaves must hold the largest forward step: one chunked-prefill batch
+    prefill_tokens = chunked if chunked > 0 else flag_int(flags, "max-prefill-tokens", 16384) // layout.attn_dp
+    acts = prefill_activations(model, layout, prefill_tokens, ckpt.weight_format)
+    left = slack - start.total_bytes
+    if fits and acts.peak_bytes > left:
+        fits, reason = False, (
+            f"CUDA out of memory at the first long prefill: start-up leaves {max(left, 0) / GIB:.2f} GiB per GPU "
+            f"(after the KV pool, {start.total_bytes / GIB:.1f} GiB of request table, attention CUDA-graph state "
+            f"for max bs {start.graph_max_bs} and graphs) but a {prefill_tokens}-token prefill chunk needs "
+            f"{acts.peak_bytes / GIB:.2f} GiB of activations ({acts.largest}); use a smaller max-running-requests "
+            f"or cuda-graph-max-bs-decode, a smaller chunked-prefill-size, or a lower mem-fraction-static"
+        )
+        failure = FailureClass.OOM
 
     hicache = flag_bool(flags, "enable-hierarchical-cache") or flag_bool(flags, "enable-hicache")
     host_tokens, host_gb_total = 0, 0.0
@@ -444,6 +459,7 @@ def plan_memory(
         attention_backend=backend,
         startup_gb_per_gpu=round(start.total_bytes / 1e9, 3),
         startup_free_gb_per_gpu=round(slack / 1e9, 3),
+        prefill_activation_gb_per_gpu=round(acts.peak_bytes / 1e9, 3),
     )
 
 
