@@ -111,6 +111,28 @@ def test_trials_ran_through_the_sglang_path(finished):
         assert (trial_dir / "sglang0.server_info.json").is_file()
 
 
+def test_every_load_point_keeps_its_requests_and_its_p90s_spread(finished):
+    import gzip
+
+    tmp, _, _ = finished
+    con = sqlite3.connect(tmp / "t.db")
+    rows = con.execute("SELECT trial_number, step, users, requests, p90_ttft_s, extra FROM tuner_measurements").fetchall()
+    assert rows
+    for n, step, users, requests, p90_ttft_s, extra in rows:
+        extra = json.loads(extra)
+        path = tmp / "results" / "runs" / "fake-sglang" / f"trial-{n:04d}" / extra["requests_file"]
+        assert path.name == f"loadpoint-{step:02d}-{users}u.requests.jsonl.gz"
+        with gzip.open(path, "rt") as f:
+            recs = [json.loads(line) for line in f]
+        assert len(recs) == requests and "itl_s" not in recs[0]
+        ttfts = sorted(r["ttft_s"] for r in recs if r["error"] is None)
+        import numpy as np
+        assert abs(float(np.percentile(ttfts, 90)) - p90_ttft_s) < 1e-9  # the stored P90, re-derived
+        if len(ttfts) >= 10:
+            lo, hi = extra["p90_spread"]["ttft_s"]
+            assert lo <= p90_ttft_s <= hi and lo < hi
+
+
 def test_a_fresh_servers_first_load_point_warms_up_longer(finished):
     tmp, _, _ = finished
     con = sqlite3.connect(tmp / "t.db")
@@ -273,6 +295,10 @@ def test_verify_export_starts_the_exported_yaml_and_compares_with_the_trial(fini
     best = next(t for t in study_summary(storage, "fake-sglang")["trials"] if t["number"] == data["trial_number"])
     point = next(m for m in best["measurements"] if m["users"] == data["users"])
     assert point["warmup_s"] is not None and data["replay_warmup_s"] == point["warmup_s"]
+    if data["requests"] >= 10:  # the check's own window's spread, beside the trial's
+        lo, hi = data["export_p90_spread"]["tpot_s"]
+        assert lo <= data["export_p90_tpot_s"] <= hi
+    assert data["trial_p90_spread"] == point["p90_spread"]
     log = next((tmp / "results" / "runs" / "fake-sglang-export-check").glob("trial-*/sglang0.log")).read_text()
     assert f"--config {out.resolve()}" in log.splitlines()[0]  # the exported file, not a re-rendered one
 

@@ -498,10 +498,17 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
 
         click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config} "
                    f"(warm-up {result.replay_warmup_s:.0f} s, as the trial's load point had):")
-        click.echo(f"  P90 TTFT  trial {ms(result.trial_p90_ttft_s)}  export {ms(result.export_p90_ttft_s)}  "
-                   f"({(result.ttft_rel_diff or 0) * 100:.1f}% apart)")
-        click.echo(f"  P90 TPOT  trial {ms(result.trial_p90_tpot_s)}  export {ms(result.export_p90_tpot_s)}  "
-                   f"({(result.tpot_rel_diff or 0) * 100:.1f}% apart)")
+        def spread(d, key):
+            lo_hi = (d or {}).get(key)
+            return f" [{lo_hi[0] * 1000:.1f}-{lo_hi[1] * 1000:.1f}]" if lo_hi else ""
+
+        for label, key, trial_v, export_v, diff in (
+                ("TTFT", "ttft_s", result.trial_p90_ttft_s, result.export_p90_ttft_s, result.ttft_rel_diff),
+                ("TPOT", "tpot_s", result.trial_p90_tpot_s, result.export_p90_tpot_s, result.tpot_rel_diff)):
+            click.echo(f"  P90 {label}  trial {ms(trial_v)}{spread(result.trial_p90_spread, key)}  "
+                       f"export {ms(export_v)}{spread(result.export_p90_spread, key)}  ({(diff or 0) * 100:.1f}% apart)")
+        if result.export_p90_spread:
+            click.echo("  [lo-hi]: the 5-95% spread of the P90 over resampled requests of the window (ms)")
         click.echo(f"  within 10%: {'yes' if result.within_agreement else 'NO'}; within the SLO: "
                    f"{'yes' if result.export_meets_slo else 'NO'}" + (f"; {result.note}" if result.note else ""))
     if not result.ok:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gzip
+import json
 import logging
 import threading
 import time
@@ -211,6 +213,9 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
+        saved = self._save_records(worker.result.get("records"), users)
+        if saved:
+            extra["requests_file"] = saved
         extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
         if warmed is not None:
             extra["kernel_warmup"] = warmed.to_dict()
@@ -239,6 +244,24 @@ class LiveDeployment(Deployment):
         else:
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
+
+    def _save_records(self, records, users: int) -> str | None:
+        """Each measured request of this load point, beside the trial's logs (one JSON line each,
+        gzipped; inter-token gaps left out): what a later reader needs to re-derive any percentile
+        or its spread. Returns the file's name, None when there was nothing to write or no room."""
+        if not records:
+            return None
+        path = trial_dir_for(self.request) / f"loadpoint-{self.measurements - 1:02d}-{users}u.requests.jsonl.gz"
+        try:
+            with gzip.open(path, "wt") as f:
+                for r in records:
+                    d = dataclasses.asdict(r)
+                    d.pop("itl_s", None)
+                    f.write(json.dumps(d) + "\n")
+        except OSError as exc:  # the measurement stands without its request file
+            log.warning("trial %d: could not write %s: %s", self.request.trial_number, path, exc)
+            return None
+        return path.name
 
     def _warm_kernels(self, kwargs: dict, profile):
         """The kernel warm-up before the server's first load point (``measurement.kernel_warmup``)."""
@@ -367,6 +390,7 @@ class _ReplayThread(threading.Thread):
                 try:
                     out = loop.run_until_complete(self._task)
                     self.result["metrics"] = getattr(out, "metrics", out)
+                    self.result["records"] = getattr(out, "records", None)
                 except asyncio.CancelledError:
                     self.result["error"] = RuntimeError("replay cancelled")
                 finally:

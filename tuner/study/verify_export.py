@@ -21,6 +21,7 @@ from tuner.backends.sglang import SGLangBackend
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.live import LiveEvaluator
 from tuner.study.executor import _local_gpu_ids
+from tuner.workload.metrics import SPREAD_KEY
 
 AGREEMENT = 0.10  # |exported - trial| / trial for P90 TTFT and P90 TPOT
 
@@ -44,6 +45,10 @@ class ExportCheck:
     server_ready_s: float | None
     kv_capacity_tokens: int | None
     replay_warmup_s: float | None = None  # the trial's point's own warm-up, replayed
+    # the sampling spread of each P90 (bootstrap 5-95%, {"ttft_s": [lo, hi], "tpot_s": [...]}):
+    # a difference inside both is one the windows' own noise can make
+    trial_p90_spread: dict | None = None
+    export_p90_spread: dict | None = None
     note: str = ""
 
     @property
@@ -161,4 +166,5 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
         requests=metrics.requests, server_ready_s=next(iter(ready.values()), None),
         kv_capacity_tokens=deployment.measured_kv_capacity_tokens_total,
         replay_warmup_s=spec.measurement.warmup_s,
+        trial_p90_spread=ref.get("p90_spread"), export_p90_spread=(metrics.extra or {}).get(SPREAD_KEY),
         note="" if metrics.valid else f"invalid load point: {metrics.invalid_reason}")

@@ -95,6 +95,23 @@ def _pct(values, q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
+SPREAD_RESAMPLES = 1000
+SPREAD_KEY = "p90_spread"  # extra: the 5th-95th percentile of the P90s of resampled windows
+
+
+def p90_spread(values, *, resamples: int = SPREAD_RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """Sampling spread of a window's P90: the 5th and 95th percentiles of the P90 over bootstrap
+    resamples of its requests. Requests of one session are correlated, so the real spread is at
+    least this wide; with ~100 requests a P90 rests on its ~10 slowest."""
+    if len(values) < 10:
+        return None
+    data = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    p90s = np.percentile(data[rng.integers(0, len(data), size=(resamples, len(data)))], 90, axis=1)
+    lo, hi = np.percentile(p90s, [5, 95])
+    return float(lo), float(hi)
+
+
 def aggregate(
     records: list[RequestRecord],
     *,
@@ -122,6 +139,9 @@ def aggregate(
     reuse = prefix_reuse(ok)
     if reuse is not None:
         extra.setdefault("prefix_reuse", reuse)
+    spread = {k: v for k, v in (("ttft_s", p90_spread(ttft)), ("tpot_s", p90_spread(tpot))) if v is not None}
+    if spread:
+        extra.setdefault(SPREAD_KEY, spread)
     valid, reason = True, None
     if not records:
         valid, reason = False, "no requests completed in the measurement window"

@@ -1,0 +1,46 @@
+"""The sampling spread of a window's P90 (bootstrap over its requests)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.workload.metrics import RequestRecord, aggregate, p90_spread
+
+
+def _records(ttfts):
+    return [RequestRecord(session_id=i, turn=0, start_s=0.0, input_tokens=10, output_tokens=11, ttft_s=t,
+                          end_s=t + 1.0) for i, t in enumerate(ttfts)]
+
+
+def test_the_spread_brackets_the_p90_and_narrows_with_more_requests():
+    rng = np.random.default_rng(3)
+    small = rng.lognormal(-1.5, 0.6, 100)
+    large = rng.lognormal(-1.5, 0.6, 10000)
+    lo_s, hi_s = p90_spread(small)
+    lo_l, hi_l = p90_spread(large)
+    assert lo_s <= np.percentile(small, 90) <= hi_s
+    assert lo_l <= np.percentile(large, 90) <= hi_l
+    # a hundred times the requests: about a tenth of the width
+    assert (hi_l - lo_l) < (hi_s - lo_s) / 5
+
+
+def test_a_p90_at_the_edge_of_a_few_stalled_requests_is_fragile():
+    # 9 of 100 requests caught in a stall: the P90 is still a fast one, by one request
+    stalled = [0.1] * 91 + [1.0] * 9
+    assert np.percentile(stalled, 90) < 0.2
+    lo, hi = p90_spread(stalled)
+    assert lo == 0.1 and hi > 0.5  # one more stalled request in the window and P90 is a slow one
+    assert p90_spread([0.1] * 97 + [1.0] * 3) == (0.1, 0.1)  # far from the edge: no spread
+
+
+def test_aggregate_records_the_spread_and_leaves_it_out_below_ten_requests():
+    m = aggregate(_records([0.1 + 0.01 * i for i in range(40)]), users=4, duration_s=10)
+    lo, hi = m.extra["p90_spread"]["ttft_s"]
+    assert lo <= m.p90_ttft_s <= hi
+    assert "tpot_s" in m.extra["p90_spread"]
+    assert "p90_spread" not in aggregate(_records([0.1] * 5), users=1, duration_s=10).extra
+
+
+def test_the_spread_is_reproducible():
+    v = list(np.random.default_rng(1).lognormal(0, 1, 200))
+    assert p90_spread(v) == p90_spread(v)
