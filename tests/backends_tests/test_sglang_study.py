@@ -299,8 +299,31 @@ def test_verify_export_starts_the_exported_yaml_and_compares_with_the_trial(fini
         lo, hi = data["export_p90_spread"]["tpot_s"]
         assert lo <= data["export_p90_tpot_s"] <= hi
     assert data["trial_p90_spread"] == point["p90_spread"]
+    # a point that was not its server's first is replayed on a server that ran the kernel warm-up
+    assert data["server_before_window"].startswith("kernel warm-up" if point["step"] > 0 else "fresh")
     log = next((tmp / "results" / "runs" / "fake-sglang-export-check").glob("trial-*/sglang0.log")).read_text()
     assert f"--config {out.resolve()}" in log.splitlines()[0]  # the exported file, not a re-rendered one
+
+
+def test_verify_export_warms_the_kernels_for_a_point_that_was_not_its_servers_first(finished):
+    from tuner.study.summary import study_summary
+
+    tmp, storage, _ = finished
+    summary = study_summary(storage, "fake-sglang")
+    trial = summary["best"]
+    later = [m for m in trial["measurements"] if m["step"] > 0]
+    assert later, trial["measurements"]  # the stand-in's capacity search measures several points
+    out = tmp / "best-later.yaml"
+    assert run_cli(["study", "export", "fake-sglang", "--storage", storage, "-o", str(out),
+                    "--sglang-version", "0.5.17"], cwd=tmp).returncode == 0
+    r = run_cli(["study", "verify-export", "fake-sglang", str(out), "--storage", storage, "--json",
+                 "--users", str(later[0]["users"])], cwd=tmp)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    data = json.loads(r.stdout)
+    assert data["users"] == later[0]["users"] and data["requests"] > 0
+    assert data["server_before_window"] == f"kernel warm-up, as the trial's server had served {later[0]['step']} load point(s) before"
+    warm = data["kernel_warmup"]  # its prompts were served before the window
+    assert warm["requests"] > 0 and warm["failed"] == 0
 
 
 def test_verify_export_refuses_a_file_that_is_not_an_export(finished, tmp_path):

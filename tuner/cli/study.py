@@ -497,7 +497,8 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
             return "-" if x is None else f"{x * 1000:.1f} ms"
 
         click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config} "
-                   f"(warm-up {result.replay_warmup_s:.0f} s, as the trial's load point had):")
+                   f"(warm-up {result.replay_warmup_s:.0f} s, as the trial's load point had; server "
+                   f"{result.server_before_window}):")
         def spread(d, key):
             lo_hi = (d or {}).get(key)
             return f" [{lo_hi[0] * 1000:.1f}-{lo_hi[1] * 1000:.1f}]" if lo_hi else ""

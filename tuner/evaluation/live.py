@@ -263,6 +263,10 @@ class LiveDeployment(Deployment):
             return None
         return path.name
 
+    def warm_kernels(self):
+        """Run the kernel warm-up now (what a server that has already served has behind it)."""
+        return self._warm_kernels(self._replay_kwargs(0), self.request.study.workload_profile())
+
     def _warm_kernels(self, kwargs: dict, profile):
         """The kernel warm-up before the server's first load point (``measurement.kernel_warmup``)."""
         lengths = prompt_lengths(SGLANG_BATCH_SIZES, min(SGLANG_BATCH_SIZES[-1] + 1, profile.max_context_tokens - 1))

@@ -5,8 +5,10 @@ The server is started the way the export's header says (``launch: sglang serve -
 [flags its --config parser refuses]``), on this machine's GPUs, with the launch-only arguments a
 study adds (host, port, and for dummy-weight studies ``--model-path <rendered config>
 --load-format dummy --skip-tokenizer-init``). One load point is replayed with the study's
-workload, window and seed rule; P90 TTFT and P90 TPOT are set against the trial's measurement at
-the same user count, and both against the study's SLO.
+workload, window and seed rule, reached as the trial's was: the point's own warm-up, and a server
+that has compiled its kernels (the kernel warm-up) where the trial's point was not its server's
+first. P90 TTFT and P90 TPOT are set against the trial's measurement at the same user count, and
+both against the study's SLO.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class ExportCheck:
     # a difference inside both is one the windows' own noise can make
     trial_p90_spread: dict | None = None
     export_p90_spread: dict | None = None
+    server_before_window: str = ""  # fresh, or warmed by the kernel warm-up (and why)
+    kernel_warmup: dict | None = None  # what that warm-up ran, when the check ran it itself
     note: str = ""
 
     @property
@@ -141,9 +145,15 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
     gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
     request = TrialRequest(**{**request.__dict__, "gpu_ids": gpu_ids})
     deployment = evaluator.deploy(request)
+    step = int(ref.get("step", 0))
+    warmed = None
     try:
+        if step > 0 and not spec.measurement.kernel_warmup:
+            # the trial's point was its server's load point step + 1: a server that had compiled the
+            # kernels its traffic needs. The check's server is fresh, so it runs them first
+            warmed = deployment.warm_kernels()
         # the trial's first load point used seed + 1009 * step: replay the step that measured `users`
-        deployment.measurements = int(ref.get("step", 0))
+        deployment.measurements = step
         metrics = deployment.measure(users)
         tel = deployment.telemetry()
     finally:
@@ -167,4 +177,9 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
         kv_capacity_tokens=deployment.measured_kv_capacity_tokens_total,
         replay_warmup_s=spec.measurement.warmup_s,
         trial_p90_spread=ref.get("p90_spread"), export_p90_spread=(metrics.extra or {}).get(SPREAD_KEY),
+        server_before_window=("kernel warm-up, as the trial's server had served "
+                              f"{step} load point(s) before" if warmed is not None else
+                              "kernel warm-up, as the trial's point had" if spec.measurement.kernel_warmup else
+                              "fresh, as the trial's server was"),
+        kernel_warmup=warmed.to_dict() if warmed is not None else None,
         note="" if metrics.valid else f"invalid load point: {metrics.invalid_reason}")
