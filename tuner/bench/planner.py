@@ -32,6 +32,7 @@ from tuner.backends.sglang_log import StartupReport, startup_report
 from tuner.catalog import get_gpu, get_model
 from tuner.config.load import results_study
 from tuner.errors import ConfigError, UserError
+from tuner.lifecycle import TrialStatus
 from tuner.planner import plan_memory
 from tuner.planner import resolve_checkpoint
 from tuner.planner.parallel import flag_float
@@ -146,7 +147,8 @@ def cases_from_database(path: Path) -> list[PlannerCase]:
                     info = tele[0] if isinstance(tele, list) and tele else tele if isinstance(tele, dict) else None
                 started = True if info else (False if failed_at_start else None)
                 died_serving = bool(info) and t.failure_class == "oom"
-                served = False if (died_serving or started is False) else (True if t.status == "complete" else None)
+                served = (False if (died_serving or started is False)
+                          else True if t.status == TrialStatus.COMPLETE else None)
                 case = PlannerCase(
                     label=f"{study_row.name}#{t.trial_number}", source=str(path), model=spec.model,
                     gpu=spec.hardware.gpu, gpus=spec.hardware.gpus_per_node, nodes=spec.hardware.nodes,
