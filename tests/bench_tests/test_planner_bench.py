@@ -29,6 +29,12 @@ def test_the_committed_h200_trials_are_within_one_percent_and_the_ooms_predicted
     assert oom["measured"]["started"] is False and oom["predicted"]["fits"] is False
     assert oom["measured"]["kv_tokens"] == 7_805_681  # what SGLang allocated before dying
     assert "CUDA out of memory at start-up" in oom["predicted"]["reason"]
+    # trial 4 started and died on its first long prefill: "fits" is checked against serving
+    died = rows["h200-sglang-dsv3#4"]
+    assert died["measured"]["started"] is True and died["measured"]["served"] is False
+    assert died["predicted"]["fits"] is False and "first long prefill" in died["predicted"]["reason"]
+    assert all(r["measured"]["served"] is not False for label, r in rows.items() if label != "h200-sglang-dsv3#4"
+               and r["measured"]["started"])
     # the configuration count is checked against the target, and a dimension not covered fails it
     assert doc["checks"]["configurations"] is (len(rows) >= 12)
     if not any(r["dimensions"]["max_total_tokens"] == "set" for r in rows.values()):
