@@ -98,3 +98,65 @@ def test_for_study_takes_a_prediction_as_a_guided_start(tmp_path):
     assert (plain.next_users(), plain.guided) == (4, False)
     s = CapacitySearch.for_study(study, predicted_users=500)  # clamped to the study's max_users
     assert (s.next_users(), s.guided) == (64, True)
+
+
+# ---- marginal passes are confirmed -------------------------------------------------------------
+
+def _point(users: int, p90_tpot_s: float, tpot_spread=None):
+    from tuner.workload.metrics import LoadPointMetrics
+
+    extra = {"p90_spread": {"tpot_s": list(tpot_spread)}} if tpot_spread else {}
+    return LoadPointMetrics(users=users, requests=100, errors=0, duration_s=40, p50_ttft_s=0.1, p90_ttft_s=0.2,
+                            p99_ttft_s=0.3, p50_tpot_s=0.02, p90_tpot_s=p90_tpot_s, p99_tpot_s=0.03, p50_itl_s=None,
+                            p90_itl_s=None, p99_itl_s=None, p90_e2e_s=None, throughput_tokens_per_s=1.0,
+                            input_throughput_tokens_per_s=1.0, prefix_cache_hit_rate=None, extra=extra)
+
+
+def _confirming(**kw):
+    return CapacitySearch(start_users=24, max_users=64, resolution_users=8, p90_ttft_s=1.5, p90_tpot_s=0.025,
+                          guided=True, confirm_marginal=True, **kw)
+
+
+def test_a_pass_whose_spread_reaches_past_the_limit_is_marginal_and_one_clear_of_it_is_not():
+    s = _confirming()
+    assert s.marginal(_point(24, 0.0249, (0.0236, 0.0262)))  # trial 7's 24.9 ms: the spread crosses 25
+    assert not s.marginal(_point(16, 0.0231, (0.0222, 0.0240)))
+    assert not s.marginal(_point(24, 0.0249))  # no spread recorded: nothing to judge it by
+
+
+def test_a_marginal_pass_is_measured_again_and_a_second_miss_takes_it_away():
+    s = _confirming()
+    assert s.next_users() == 24
+    s.record(24, True, marginal=True)
+    assert s.next_users() == 24 and s.capacity_users == 0  # not counted until confirmed
+    s.record(24, False)  # the second window missed
+    assert s.lowest_fail == 24 and s.next_users() == 16
+    s.record(16, True)
+    assert s.done and s.capacity_users == 16
+
+
+def test_a_confirmed_marginal_pass_counts_once_and_the_search_goes_on():
+    s = _confirming()
+    s.record(24, True, marginal=True)
+    s.record(24, True, marginal=True)  # a second marginal pass is a pass: one confirmation is enough
+    assert s.capacity_users == 24 and s.next_users() == 32  # stepped up by the resolution, not grown twice
+    s.record(32, False)
+    assert s.done and s.capacity_users == 24
+    assert s.steps == [(24, True), (24, True), (32, False)]
+
+
+def test_without_confirm_marginal_the_search_is_unchanged():
+    a = CapacitySearch(start_users=24, max_users=64, resolution_users=8, guided=True)
+    a.record(24, True, marginal=True)
+    assert a.capacity_users == 24 and a.next_users() == 32
+
+
+def test_for_study_reads_confirm_marginal(tmp_path):
+    from types import SimpleNamespace
+
+    from tuner.config.schema import CapacitySpec
+
+    study = SimpleNamespace(capacity=CapacitySpec(confirm_marginal=True),
+                            slo=SimpleNamespace(p90_ttft_s=1.5, p90_tpot_s=0.025))
+    assert CapacitySearch.for_study(study).confirm_marginal
+    assert not CapacitySpec().confirm_marginal

@@ -3,10 +3,12 @@ in-memory records: budget, parallel slots, pruning, failure limit, exhausted spa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.study_tests._tiny import TINY_SPACE
-from tests.study_tests.fakes import MemoryRecords, ScriptedExecutor, tiny_study
+from tests.study_tests.fakes import MemoryRecords, ScriptedExecutor, load_point, tiny_study
 from tuner.errors import TrialError
 from tuner.lifecycle import Operation, StopReason, TrialStatus
 from tuner.study.ledger import Ledger
@@ -140,3 +142,38 @@ def test_at_the_time_limit_a_finished_search_completes_and_an_unfinished_one_is_
         assert first.capacity_users == 28
     assert [op for key, op in ex.submitted if key == 0][-1] is Operation.CLOSE
     assert len([n for n, t in records.trials.items() if t["outcome"].launched]) == 1  # nothing new started
+
+
+class _NoisyAtTheEdge(ScriptedExecutor):
+    """Capacity 30, except that 28 users pass once with a P90 whose spread crosses the TTFT limit,
+    and miss when measured again: a pass a second window takes away."""
+
+    def __init__(self):
+        super().__init__(capacity=lambda n: 30)
+        self.seen_28: dict[int, int] = {}
+
+    def wait(self, timeout_s=0.5):
+        results = super().wait(timeout_s)
+        out = []
+        for r in results:
+            if r.op is Operation.MEASURE and r.ok and r.value[0].users == 28:
+                k = self.seen_28[r.key] = self.seen_28.get(r.key, 0) + 1
+                m, wall = r.value
+                ttft = 1.0 if k == 1 else 100.0
+                m = dataclasses.replace(load_point(28, ttft), extra={"p90_spread": {"ttft_s": [0.9, 40.0]}})
+                r = dataclasses.replace(r, value=(m, wall))
+            out.append(r)
+        return out
+
+
+@pytest.mark.parametrize("confirm, capacity, points_at_28", [(False, 28, 1), (True, 24, 2)])
+def test_a_marginal_pass_is_confirmed_before_it_counts(tmp_path, confirm, capacity, points_at_28):
+    ex = _NoisyAtTheEdge()
+    loop, records = _loop(tmp_path, ex, 1)
+    loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(
+        update={"confirm_marginal": confirm})})
+    loop.run()
+    (trial,) = records.trials.values()
+    assert trial["outcome"].capacity_users == capacity
+    measured = [args[0] for _, op, *args in ex.calls if op is Operation.MEASURE]
+    assert measured.count(28) == points_at_28

@@ -509,7 +509,7 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
             click.echo(f"  P90 {label}  trial {ms(trial_v)}{spread(result.trial_p90_spread, key)}  "
                        f"export {ms(export_v)}{spread(result.export_p90_spread, key)}  ({(diff or 0) * 100:.1f}% apart)")
         if result.export_p90_spread:
-            click.echo("  [lo-hi]: the 5-95% spread of the P90 over resampled requests of the window (ms)")
+            click.echo("  [lo-hi]: a 90% interval of each P90 from the order statistics of its window (ms)")
         click.echo(f"  within 10%: {'yes' if result.within_agreement else 'NO'}; within the SLO: "
                    f"{'yes' if result.export_meets_slo else 'NO'}" + (f"; {result.note}" if result.note else ""))
     if not result.ok:

@@ -6,13 +6,17 @@ the study's resolution. A search started from a prediction (``guided``) steps ou
 resolution instead, the step growing by the growth factor, so that a right guess is bracketed by
 two load points. The search is a small state machine so that the driver can run each step
 on a remote worker, record it, report it to Optuna and prune between steps.
+
+With ``confirm_marginal`` a pass whose P90 spread reaches past a limit (``marginal``) is
+measured again at the same user count, on a later window with other sessions, before it
+counts; a user count that passed and then missed counts as missed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tuner.workload.metrics import LoadPointMetrics
+from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics
 
 
 @dataclass
@@ -25,11 +29,13 @@ class CapacitySearch:
     p90_tpot_s: float = 0.05
     min_users: int = 1
     guided: bool = False  # start_users is a prediction: step out from it by resolution_users
+    confirm_marginal: bool = False  # measure a marginal pass once more before it counts
 
     best_pass: int = 0  # largest user count seen meeting the SLO
     lowest_fail: int | None = None  # smallest user count seen missing it
     steps: list[tuple[int, bool]] = field(default_factory=list)
     _next: int | None = None
+    _confirming: int | None = None  # a marginal pass waiting for its second window
 
     def __post_init__(self):
         self._next = max(self.min_users, min(self.start_users, self.max_users))
@@ -42,7 +48,7 @@ class CapacitySearch:
         start = max(1, min(int(predicted_users), c.max_users)) if guided else c.start_users
         return cls(start_users=start, max_users=c.max_users, resolution_users=c.resolution_users,
                    growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s,
-                   guided=guided)
+                   guided=guided, confirm_marginal=bool(getattr(c, "confirm_marginal", False)))
 
     @property
     def done(self) -> bool:
@@ -54,17 +60,31 @@ class CapacitySearch:
     def meets(self, m: LoadPointMetrics) -> bool:
         return m.meets(self.p90_ttft_s, self.p90_tpot_s)
 
-    def record(self, users: int, passed: bool) -> None:
+    def marginal(self, m: LoadPointMetrics) -> bool:
+        """A pass that its window's own noise could turn: the upper end of a P90's spread
+        (``extra["p90_spread"]``) is past its limit. False where no spread was recorded."""
+        spread = (m.extra or {}).get(SPREAD_KEY) or {}
+        ttft, tpot = spread.get("ttft_s"), spread.get("tpot_s")
+        return bool((ttft and ttft[1] > self.p90_ttft_s) or (tpot and tpot[1] > self.p90_tpot_s))
+
+    def record(self, users: int, passed: bool, *, marginal: bool = False) -> None:
         self.steps.append((users, passed))
+        confirming, self._confirming = self._confirming, None
+        if passed and self.confirm_marginal and marginal and confirming != users:
+            self._confirming = users  # counts once a second window passes too
+            self._next = users
+            return
         if passed:
             self.best_pass = max(self.best_pass, users)
         else:
             self.lowest_fail = users if self.lowest_fail is None else min(self.lowest_fail, users)
+            if self.best_pass >= users:  # passed once, missed now: the lower count is what holds
+                self.best_pass = max([u for u, p in self.steps if p and u < users], default=0)
         self._next = self._choose_next()
 
     def _stride(self, passed: bool) -> int:
         """A guided search's next step: the resolution, grown by the growth factor per step in the same direction."""
-        k = sum(1 for _, p in self.steps if p == passed)
+        k = len({u for u, p in self.steps if p == passed})  # a confirmed count is one step
         return max(1, int(round(self.resolution_users * self.growth_factor ** (k - 1))))
 
     def _choose_next(self) -> int | None:

@@ -36,7 +36,7 @@ def measurement_dict(m) -> dict:
     # how the window was reached (None: recorded before tuner kept it; the study's warmup_s then)
     d["warmup_s"] = extra.get("warmup_s")
     d["kernel_warmup"] = bool(extra.get("kernel_warmup"))
-    d["p90_spread"] = extra.get("p90_spread")  # bootstrap 5-95% of the P90s (None: not recorded)
+    d["p90_spread"] = extra.get("p90_spread")  # 90% interval of each P90 (None: not recorded)
     return d
 
 

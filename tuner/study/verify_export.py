@@ -47,7 +47,7 @@ class ExportCheck:
     server_ready_s: float | None
     kv_capacity_tokens: int | None
     replay_warmup_s: float | None = None  # the trial's point's own warm-up, replayed
-    # the sampling spread of each P90 (bootstrap 5-95%, {"ttft_s": [lo, hi], "tpot_s": [...]}):
+    # the sampling spread of each P90 (a 90% interval from order statistics, {"ttft_s": [lo, hi], "tpot_s": [...]}):
     # a difference inside both is one the windows' own noise can make
     trial_p90_spread: dict | None = None
     export_p90_spread: dict | None = None
