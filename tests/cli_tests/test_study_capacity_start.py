@@ -18,7 +18,8 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
     assert run_cli(["study", "start", str(study), "--storage", storage, "--no-ray", "--json"],
                    cwd=tmp_path).returncode == 0
     r = run_cli(["study", "resume", "guided", "--storage", storage, "--no-ray", "--trials", "5",
-                 "--capacity-start", "simulator", "--first-warmup-s", "15", "--kernel-warmup"], cwd=tmp_path)
+                 "--capacity-start", "simulator", "--first-warmup-s", "15", "--kernel-warmup",
+                 "--confirm-marginal"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "starts from simulator (was start_users)" in r.stderr
 
@@ -26,6 +27,8 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
 
     stored = yaml.safe_load(repo.get_study(db.get_engine(storage, create=False), "guided").spec_yaml)
     assert stored["capacity"]["start"] == "simulator"
+    assert stored["capacity"]["confirm_marginal"] is True  # both capacity changes kept together
+    assert "a marginal pass is measured again before it counts" in r.stderr
     assert stored["measurement"]["first_warmup_s"] == 15
     assert stored["measurement"]["kernel_warmup"] is True
     assert "kernels are warmed up before its first load point" in r.stderr

@@ -224,11 +224,15 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="From now on, before a fresh server's first load point, send one prompt per fused-MoE "
                    "tile-config variant so that the kernels SGLang compiles on first use are built before "
                    "anything is measured (stored with the study as measurement.kernel_warmup).")
+@click.option("--confirm-marginal/--no-confirm-marginal", "confirm_marginal", default=None,
+              help="From now on a pass whose P90 interval reaches past a limit is measured once more at the "
+                   "same user count and counts only if that passes too (stored with the study as "
+                   "capacity.confirm_marginal; costs one load point where it applies).")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
-           first_warmup_s, kernel_warmup, no_pruning, as_json):
+           first_warmup_s, kernel_warmup, confirm_marginal, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -257,7 +261,7 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                            f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
                            err=True)
             amended = _amend_measurement(storage, spec, capacity_start, first_warmup_s, kernel_warmup,
-                                         quiet=as_json)
+                                         confirm_marginal, quiet=as_json)
             if amended is not spec:  # written under the lease
                 spec = runner.study = amended
             recovered = runner.recover_interrupted()
@@ -272,15 +276,22 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
 
 
 def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,
-                       kernel_warmup: bool | None, *, quiet: bool):
+                       kernel_warmup: bool | None, confirm_marginal: bool | None = None, *, quiet: bool):
     """The stored study with how its new trials are measured changed (what a capacity means stays)."""
     from tuner.config.load import stored_spec_yaml
     from tuner.storage import db, repo
 
     changes, said = {}, []
+    capacity = {}
     if capacity_start is not None and capacity_start != spec.capacity.start:
-        changes["capacity"] = spec.capacity.model_copy(update={"start": capacity_start})
+        capacity["start"] = capacity_start
         said.append(f"capacity search of new trials starts from {capacity_start} (was {spec.capacity.start})")
+    if confirm_marginal is not None and confirm_marginal != spec.capacity.confirm_marginal:
+        capacity["confirm_marginal"] = confirm_marginal
+        said.append("a marginal pass is measured again before it counts" if confirm_marginal
+                    else "a marginal pass counts at once")
+    if capacity:
+        changes["capacity"] = spec.capacity.model_copy(update=capacity)
     measurement = {}
     if first_warmup_s is not None and first_warmup_s != spec.measurement.first_warmup_s:
         measurement["first_warmup_s"] = first_warmup_s
