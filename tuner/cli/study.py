@@ -487,9 +487,9 @@ def export(name, output, trial_number, sglang_version, storage):
 def verify_export(name, config, users, trial_number, output, storage, as_json):
     """Start SGLang from an exported CONFIG (as its header's launch line says) on this machine's GPUs,
     replay NAME's workload at the trial's capacity and compare P90 TTFT and TPOT with what the trial
-    measured there. The window is reached as the trial's load point reached it (its own warm-up,
-    and the kernel warm-up if it had one). Exit 0 when both are within 10% and within the SLO, 1
-    otherwise."""
+    measured there. The window is reached as the trial's load point reached it: its own warm-up,
+    and the kernel warm-up where the trial had one or where the point was not its server's first.
+    Exit 0 when both are within 10% and within the SLO, 1 otherwise."""
     import json
 
     from tuner import safewrite

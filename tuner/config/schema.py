@@ -207,7 +207,7 @@ class CapacitySpec(_Strict):
     resolution_users: ResolutionUsers = 2
     growth_factor: GrowthFactor = 2.0
     start: literal(CapacityStart) = CapacityStart.START_USERS.value
-    # a pass whose P90 spread (bootstrap over the window's requests) reaches past a limit is
+    # a pass whose P90 interval (order statistics of the window's requests) reaches past a limit is
     # measured once more at the same user count before it counts: a capacity a second window
     # could take away is not a capacity
     confirm_marginal: bool = False
