@@ -539,10 +539,10 @@ def test_a_start_whose_optuna_study_fails_takes_its_own_rows_back(tmp_path):
 
 
 def test_a_migration_that_fails_midway_leaves_the_old_schema(tmp_path):
-    from tests.storage_tests.test_migration import V1
+    from tests.storage_tests.test_migration import V1, unpack
 
     db = tmp_path / "tuner.db"
-    shutil.copy(V1, db)
+    unpack(V1, db)
     before = table_rows(db)
     # the 2 -> 3 step fails, after the 1 -> 2 step altered the trials table in the same transaction
     r = _injected("enospc", r"CREATE TABLE tuner_driver_leases", ["db", "upgrade", "--storage", f"sqlite:///{db}"],

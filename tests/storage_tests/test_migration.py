@@ -23,7 +23,8 @@ V1 = Path(__file__).parent / "data" / "schema-v1.db.gz"
 V2 = Path(__file__).parent / "data" / "schema-v2.db.gz"
 
 
-def _unpack(src: Path, path: Path) -> None:
+def unpack(src: Path, path: Path) -> None:
+    """Write the gzipped committed database ``src`` to ``path``."""
     with gzip.open(src) as f, open(path, "wb") as out:
         shutil.copyfileobj(f, out)
 
@@ -31,14 +32,14 @@ def _unpack(src: Path, path: Path) -> None:
 @pytest.fixture
 def v1(tmp_path):
     path = tmp_path / "tuner.db"
-    _unpack(V1, path)
+    unpack(V1, path)
     return path, f"sqlite:///{path}"
 
 
 @pytest.fixture
 def v2(tmp_path):
     path = tmp_path / "tuner.db"
-    _unpack(V2, path)
+    unpack(V2, path)
     return path, f"sqlite:///{path}"
 
 
