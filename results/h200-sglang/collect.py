@@ -64,6 +64,11 @@ def main(out_dir: str, call: str) -> None:
                         g.write(data)
                 else:
                     dest.write_bytes(data)
+    cache = src / "triton-cache.tar.xz"  # the next call restores it (carry .jitcache)
+    if cache.exists():
+        jit = HERE.parent.parent / ".jitcache"
+        jit.mkdir(exist_ok=True)
+        shutil.copyfile(cache, jit / cache.name)
     planner = src / "planner.tgz"  # planner probes: results/h200-planner/<name>.json, <name>.log.gz
     if planner.exists():
         with tarfile.open(planner) as tar:

@@ -31,7 +31,43 @@ kit_setup() {
     touch /tmp/site/.tuner-libs
     touch "$marker"
   fi
+  jit_cache_restore
   echo "installed in $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/install.log"
   export PYTHONPATH="/tmp/site:$PWD" PATH="/usr/local/cuda/bin:/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+}
+
+# Triton's on-disk kernel cache, carried between calls (.jitcache/triton-cache.tar.xz, ignored by git,
+# named in carry): a fresh machine otherwise compiles every kernel again (25 s more of decode-graph
+# capture for the first trial of a call, and compile stalls in its first traffic that later servers
+# of the same call do not have). Restored only onto an empty cache; a broken archive is skipped.
+JIT_CACHE_ARCHIVE=.jitcache/triton-cache.tar.xz
+JIT_CACHE_MAX_BYTES=${JIT_CACHE_MAX_BYTES:-4000000}  # what the 64 MiB a call carries leaves room for
+jit_cache_restore() {
+  local dir="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+  if [ -f "$JIT_CACHE_ARCHIVE" ] && [ -z "$(ls -A "$dir" 2>/dev/null)" ]; then
+    mkdir -p "$dir"
+    if tar -xJf "$JIT_CACHE_ARCHIVE" -C "$dir" 2>>"$LOGS/install.log"; then
+      echo "Triton cache restored: $(find "$dir" -type f | wc -l) files from $JIT_CACHE_ARCHIVE" | tee -a "$LOGS/install.log"
+    else
+      echo "Triton cache archive unreadable, starting cold" | tee -a "$LOGS/install.log"
+    fi
+  fi
+}
+# pack the cache into $OUT when it fits the carry budget (a kernel-tuning call's cache does not)
+jit_cache_save() {
+  local dir="${TRITON_CACHE_DIR:-$HOME/.triton/cache}" tmp="$OUT/.triton-cache.tar.xz"
+  [ -d "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] || return 0
+  if tar -cf - -C "$dir" . 2>/dev/null | xz -6 -T0 > "$tmp" 2>/dev/null; then
+    local size; size=$(stat -c %s "$tmp")
+    if [ "$size" -le "$JIT_CACHE_MAX_BYTES" ]; then
+      mv "$tmp" "$OUT/triton-cache.tar.xz"
+      echo "Triton cache packed: $size bytes" | tee -a "$LOGS/install.log"
+    else
+      rm -f "$tmp"
+      echo "Triton cache not packed: $size bytes is over $JIT_CACHE_MAX_BYTES" | tee -a "$LOGS/install.log"
+    fi
+  else
+    rm -f "$tmp"
+  fi
 }

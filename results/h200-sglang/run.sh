@@ -78,6 +78,7 @@ if [[ " $STEPS " == *" probe "* ]]; then
 fi
 python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$LOGS/status.json" 2>&1
 cp "$DB" "$OUT/"
+jit_cache_save
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$LOGS/gpu-after.csv"
 # logs, --config YAML, rendered config.json and /server_info of every trial (PID files left out)
 tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs $(cd results/runs && ls -d "$STUDY" "$STUDY"-export-check 2>/dev/null) 2>/dev/null
