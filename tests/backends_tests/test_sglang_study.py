@@ -114,6 +114,8 @@ def test_trials_ran_through_the_sglang_path(finished):
 def test_every_load_point_keeps_its_requests_and_its_p90s_spread(finished):
     import gzip
 
+    import numpy as np
+
     tmp, _, _ = finished
     con = sqlite3.connect(tmp / "t.db")
     rows = con.execute("SELECT trial_number, step, users, requests, p90_ttft_s, extra FROM tuner_measurements").fetchall()
@@ -126,7 +128,6 @@ def test_every_load_point_keeps_its_requests_and_its_p90s_spread(finished):
             recs = [json.loads(line) for line in f]
         assert len(recs) == requests and "itl_s" not in recs[0]
         ttfts = sorted(r["ttft_s"] for r in recs if r["error"] is None)
-        import numpy as np
         assert abs(float(np.percentile(ttfts, 90)) - p90_ttft_s) < 1e-9  # the stored P90, re-derived
         if len(ttfts) >= 10:
             lo, hi = extra["p90_spread"]["ttft_s"]
