@@ -281,26 +281,28 @@ def _amend_measurement(storage: str, spec, capacity_start: str | None, first_war
     from tuner.config.load import stored_spec_yaml
     from tuner.storage import db, repo
 
-    changes, said = {}, []
-    capacity = {}
-    if capacity_start is not None and capacity_start != spec.capacity.start:
-        capacity["start"] = capacity_start
-        said.append(f"capacity search of new trials starts from {capacity_start} (was {spec.capacity.start})")
-    if confirm_marginal is not None and confirm_marginal != spec.capacity.confirm_marginal:
-        capacity["confirm_marginal"] = confirm_marginal
-        said.append("a marginal pass is measured again before it counts" if confirm_marginal
-                    else "a marginal pass counts at once")
+    said: list[str] = []
+    capacity: dict = {}
+    measurement: dict = {}
+
+    def amend(section: dict, key: str, value, current, says) -> None:
+        if value is not None and value != current:
+            section[key] = value
+            said.append(says(value))
+
+    amend(capacity, "start", capacity_start, spec.capacity.start,
+          lambda v: f"capacity search of new trials starts from {v} (was {spec.capacity.start})")
+    amend(capacity, "confirm_marginal", confirm_marginal, spec.capacity.confirm_marginal,
+          lambda v: "a marginal pass is measured again before it counts" if v else "a marginal pass counts at once")
+    amend(measurement, "first_warmup_s", first_warmup_s, spec.measurement.first_warmup_s,
+          lambda v: f"a fresh server's first load point warms up {v:g} s "
+                    f"(was {spec.measurement.first_warmup_s or spec.measurement.warmup_s:g} s)")
+    amend(measurement, "kernel_warmup", kernel_warmup, spec.measurement.kernel_warmup,
+          lambda v: "a fresh server's kernels are warmed up before its first load point" if v
+          else "no kernel warm-up before a fresh server's first load point")
+    changes = {}
     if capacity:
         changes["capacity"] = spec.capacity.model_copy(update=capacity)
-    measurement = {}
-    if first_warmup_s is not None and first_warmup_s != spec.measurement.first_warmup_s:
-        measurement["first_warmup_s"] = first_warmup_s
-        said.append(f"a fresh server's first load point warms up {first_warmup_s:g} s "
-                    f"(was {spec.measurement.first_warmup_s or spec.measurement.warmup_s:g} s)")
-    if kernel_warmup is not None and kernel_warmup != spec.measurement.kernel_warmup:
-        measurement["kernel_warmup"] = kernel_warmup
-        said.append("a fresh server's kernels are warmed up before its first load point" if kernel_warmup
-                    else "no kernel warm-up before a fresh server's first load point")
     if measurement:
         changes["measurement"] = spec.measurement.model_copy(update=measurement)
     if not changes:
