@@ -260,8 +260,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                 click.echo(f"took over from the dead driver (PID {acquired.previous.pid} on "
                            f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
                            err=True)
-            amended = _amend_measurement(storage, spec, capacity_start, first_warmup_s, kernel_warmup,
-                                         confirm_marginal, quiet=as_json)
+            amended = _amend_stored_study(storage, spec, capacity_start, first_warmup_s, kernel_warmup,
+                                          confirm_marginal, quiet=as_json)
             if amended is not spec:  # written under the lease
                 spec = runner.study = amended
             recovered = runner.recover_interrupted()
@@ -275,9 +275,10 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
             runner.release()
 
 
-def _amend_measurement(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,
-                       kernel_warmup: bool | None, confirm_marginal: bool | None = None, *, quiet: bool):
-    """The stored study with how its new trials are measured changed (what a capacity means stays)."""
+def _amend_stored_study(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,
+                        kernel_warmup: bool | None, confirm_marginal: bool | None = None, *, quiet: bool):
+    """The stored study with how its new trials are searched and measured changed (what a capacity
+    means stays)."""
     from tuner.config.load import stored_spec_yaml
     from tuner.storage import db, repo
 

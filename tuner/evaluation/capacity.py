@@ -48,7 +48,7 @@ class CapacitySearch:
         start = max(1, min(int(predicted_users), c.max_users)) if guided else c.start_users
         return cls(start_users=start, max_users=c.max_users, resolution_users=c.resolution_users,
                    growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s,
-                   guided=guided, confirm_marginal=bool(getattr(c, "confirm_marginal", False)))
+                   guided=guided, confirm_marginal=c.confirm_marginal)
 
     @property
     def done(self) -> bool:

@@ -168,10 +168,11 @@ class LiveDeployment(Deployment):
             raise RuntimeError("measure() after close()")
         self.stack.check_alive("replay")
         kwargs = self._replay_kwargs(users)
+        index = self.measurements  # this load point's place on its server (the seed's step)
         m = self.request.study.measurement
         profile = self.request.study.workload_profile()
-        warmed = self._warm_kernels(kwargs, profile) if self.measurements == 0 and m.kernel_warmup else None
-        fresh = m.fresh_kernels(self.measurements)  # the server meets kernels it has not run yet
+        warmed = self._warm_kernels(kwargs, profile) if index == 0 and m.kernel_warmup else None
+        fresh = m.fresh_kernels(index)  # the server meets kernels it has not run yet
         metrics_before = self._scrape_metrics()
         gpu_mark = self.sampler.mark()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
@@ -213,7 +214,7 @@ class LiveDeployment(Deployment):
                 log_path=self.log_path)
         extra = dict(metrics.extra)
         extra.setdefault("backend", self.kind)
-        saved = self._save_records(worker.result.get("records"), users)
+        saved = self._save_records(worker.result.get("records"), index, users)
         if saved:
             extra["requests_file"] = saved
         extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
@@ -245,13 +246,13 @@ class LiveDeployment(Deployment):
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
 
-    def _save_records(self, records, users: int) -> str | None:
+    def _save_records(self, records, index: int, users: int) -> str | None:
         """Each measured request of this load point, beside the trial's logs (one JSON line each,
         gzipped; inter-token gaps left out): what a later reader needs to re-derive any percentile
         or its spread. Returns the file's name, None when there was nothing to write or no room."""
         if not records:
             return None
-        path = trial_dir_for(self.request) / f"loadpoint-{self.measurements - 1:02d}-{users}u.requests.jsonl.gz"
+        path = trial_dir_for(self.request) / f"loadpoint-{index:02d}-{users}u.requests.jsonl.gz"
         try:
             with gzip.open(path, "wt") as f:
                 for r in records:
