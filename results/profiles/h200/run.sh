@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# One device call on the H200 machine: time SGLang 0.5.17's own operators at the studies' shapes
+# (`tuner profile run`, the tables the simulator interpolates), time whole forward steps of the
+# same model with SGLang's one-batch benchmark, and compare the two (`tuner profile compose`).
+# Run from the repository root with carry [".sglkit/archives", ".sglkit/install.sh", ".whl"]
+# (no Ray needed):
+#
+#   OUT=$OUT LIMIT=540 STEPS="qwen3-bf16 qwen3-fp8" bash results/profiles/h200/run.sh
+#
+# Each step NAME writes tuner/sim/profiles/h200/<model>-tp1-<dtype>-triton-0.5.17.json (the
+# profile), results/profiles/h200/whole-steps-NAME.jsonl (bench_one_batch's rows) and
+# compose-NAME.json; everything comes back packed in $OUT/profiles.tgz (extract at the repository
+# root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights), dsv3-fp8
+# (DeepSeek-V3's operators, fp8 weights and fp8 KV; no whole steps: the 61-layer model does not fit
+# one GPU). QUICK=0 times the full grid instead of --quick's coarse one.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+LIMIT=${LIMIT:-540}
+STEPS=${STEPS:-qwen3-bf16 qwen3-fp8}
+QUICK=${QUICK:-1}
+HERE=results/profiles/h200
+PROFILES=tuner/sim/profiles/h200
+t0=$(date +%s)
+LOGS=/tmp/call-logs-profile
+rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS" "$HERE" "$PROFILES"
+pack() {
+  cp "$LOGS"/*.log "$LOGS"/*.csv "$HERE/" 2>/dev/null
+  tar -czf "$OUT/profiles.tgz" "$PROFILES" "$HERE" 2>/dev/null
+  jit_cache_save 2>/dev/null
+}
+trap pack EXIT
+source results/h200-sglang/kit-setup.sh
+kit_setup || exit 1
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
+left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
+quick=""; [ "$QUICK" = 1 ] && quick="--quick"
+
+# profile NAME MODEL ARGS...: the operator tables
+profile() {
+  local name=$1 model=$2; shift 2
+  local l; l=$(left)
+  [ "$l" -gt 60 ] || { echo "$name profile: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return 1; }
+  local ts; ts=$(date +%s)
+  timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" $quick "$@" \
+    -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-$name.log" 2>&1
+  local rc=$?
+  echo "$name profile: rc $rc in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
+  tail -5 "$LOGS/profile-$name.log"
+  return $rc
+}
+# whole NAME MODEL QUANT: SGLang's one-batch benchmark on the same shapes (random weights; its
+# tokenizer is not needed for synthetic inputs, so none is loaded), then the composition check
+whole() {
+  local name=$1 model=$2 quant=$3
+  local l; l=$(left)
+  [ "$l" -gt 120 ] || { echo "$name whole steps: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return; }
+  local dir=/tmp/model-$name rows="$HERE/whole-steps-$name.jsonl" ts; ts=$(date +%s)
+  python3 - "$model" "$quant" "$dir" <<'PY'
+import sys
+from tuner.profile import build_plan
+from tuner.profile.modelcfg import write_model_dir
+flags = {"tp-size": 1, "attention-backend": "triton"}
+if sys.argv[2] != "none":
+    flags["quantization"] = sys.argv[2]
+p = build_plan(sys.argv[1], "h200", flags)
+write_model_dir(p.model, p.ckpt, sys.argv[3])
+PY
+  rm -f "$rows"
+  # prefill of batch x input tokens in one forward, decode medians over 32 steps; at most 64 x 2048
+  # tokens of prefill, so the activations fit beside a 0.6 KV pool
+  timeout -s INT $(( l - 40 )) python3 - "$dir" "$rows" > "$LOGS/whole-$name.log" 2>&1 <<'PY'
+import sys
+import sglang.benchmark.one_batch as one_batch
+one_batch.get_tokenizer = lambda *a, **k: None
+model_dir, rows = sys.argv[1], sys.argv[2]
+sys.argv = ["one_batch", "--model-path", model_dir, "--load-format", "dummy", "--skip-tokenizer-init",
+            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.6",
+            "--cuda-graph-max-bs", "64", "--batch-size", "1", "4", "16", "64", "--input-len", "256", "2048",
+            "--output-len", "32", "--result-filename", rows]
+one_batch.cli_main()
+PY
+  echo "$name whole steps: rc $? in $(( $(date +%s) - ts )) s, $(wc -l < "$rows" 2>/dev/null || echo 0) rows" \
+    | tee -a "$LOGS/steps.log"
+  tail -5 "$LOGS/whole-$name.log"
+  if [ -s "$rows" ]; then
+    python3 -m tuner profile compose --profile "$PROFILES/$model-tp1-$name-triton-0.5.17.json" --whole-steps "$rows" \
+      > "$LOGS/compose-$name.log" 2>&1
+    python3 -m tuner profile compose --profile "$PROFILES/$model-tp1-$name-triton-0.5.17.json" --whole-steps "$rows" \
+      --json > "$HERE/compose-$name.json" 2>/dev/null
+    cat "$LOGS/compose-$name.log"
+  fi
+}
+for step in $STEPS; do
+  case $step in
+    qwen3-bf16) profile bf16 qwen3-30b-a3b && whole bf16 qwen3-30b-a3b none ;;
+    qwen3-fp8) profile fp8 qwen3-30b-a3b --quantization fp8 && whole fp8 qwen3-30b-a3b fp8 ;;
+    dsv3-fp8) profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
+    *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
+  esac
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$LOGS/gpu-after.csv"
+echo "call took $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/steps.log"
