@@ -9,7 +9,7 @@
 # 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
 # resumes the study with each new trial's capacity search starting at the simulator's prediction;
-# FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
+# VERIFY_TRIAL=N checks trial N instead of the best. FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
 # other `study resume` options (e.g. --no-pruning).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
@@ -47,10 +47,11 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
 free -g | head -2
 STORE="sqlite:///$DB"
 if [[ " $STEPS " == *" verify "* ]]; then
+  which=(); [ -n "${VERIFY_TRIAL:-}" ] && which=(--trial "$VERIFY_TRIAL")  # default: the best
   python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$LOGS/best-$STUDY.yaml" --sglang-version 0.5.17 \
-    2>&1 | tee "$LOGS/export.log"
+    "${which[@]}" 2>&1 | tee "$LOGS/export.log"
   timeout -s INT 330 python3 -m tuner study verify-export "$STUDY" "$LOGS/best-$STUDY.yaml" --storage "$STORE" \
-    -o "$LOGS/export-check.json" 2>&1 | tee "$LOGS/export-check.log"
+    "${which[@]}" -o "$LOGS/export-check.json" 2>&1 | tee "$LOGS/export-check.log"
   echo "verify took $(( $(date +%s) - t0 )) s since the call began"
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1

@@ -228,11 +228,15 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="From now on a pass whose P90 interval reaches past a limit is measured once more at the "
                    "same user count and counts only if that passes too (stored with the study as "
                    "capacity.confirm_marginal; costs one load point where it applies).")
+@click.option("--repeat-trial", "repeat_trials", type=int, multiple=True, metavar="N",
+              help="Measure trial N's configuration again, first, as a new trial (repeatable): one a time limit "
+                   "interrupted, or a best whose capacity sat at the edge of its SLO. The earlier record stays; "
+                   "the repeat counts against the budget (raise --trials).")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
-           first_warmup_s, kernel_warmup, confirm_marginal, no_pruning, as_json):
+           first_warmup_s, kernel_warmup, confirm_marginal, repeat_trials, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -248,11 +252,13 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     spec = load_existing(storage, name)
     row = repo.get_study(db.reader_engine(storage), name)
     limit_s = parse_duration(time_limit)
+    if repeat_trials:
+        _check_repeats(spec, storage, name, list(repeat_trials), trials or row.trials_budget)
     with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
         runner = StudyRunner(spec, storage_url=storage, backend_kind=row.backend_kind, backend_reason="as started",
                              parallel=parallel, ray_address=ray_address, use_ray=not no_ray,
                              max_failures=max_failures, time_limit_s=limit_s, command="resume",
-                             prune=not no_pruning)
+                             prune=not no_pruning, repeat_trials=list(repeat_trials))
         try:
             acquired = runner.take_over(on_wait=lambda text: click.echo(text, err=True))
             if acquired.previous is not None and not as_json:
@@ -273,6 +279,23 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
             _run(runner, spec, budget, as_json)
         finally:
             runner.release()
+
+
+def _check_repeats(spec, storage: str, name: str, numbers: list[int], budget: int) -> None:
+    """--repeat-trial refused before anything is written: an unknown, baseline or never-launched
+    trial, or a budget with no room left for the repeats."""
+    from tuner.errors import ConfigError
+    from tuner.storage import db, repo
+    from tuner.study.proposer import TriedTrial, repeat_configs
+
+    rows = repo.trials(db.reader_engine(storage), name)
+    repeat_configs(spec, {t.trial_number: TriedTrial(t.params, TrialStatus(t.status), t.capacity_users,
+                                                     t.is_baseline, t.launched) for t in rows}, numbers)
+    launched = sum(1 for t in rows if t.launched and t.status != TrialStatus.RUNNING)
+    if launched + len(numbers) > budget:
+        raise ConfigError(f"study {name!r} has launched {launched} of its {budget} trials: no room for "
+                          f"{len(numbers)} repeat(s); give --trials {launched + len(numbers)} or more",
+                          key="--repeat-trial")
 
 
 def _amend_stored_study(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,

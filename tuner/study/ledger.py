@@ -124,7 +124,7 @@ class Ledger:
         self.counters.launched += 1
         self._start_row(proposal)
         self.on_event("trial_start", {"number": proposal.number, "config": proposal.values,
-                                      "baseline": proposal.is_baseline})
+                                      "baseline": proposal.is_baseline, "repeat_of": proposal.repeat_of})
 
     def search_starts(self, proposal: Proposal, users: int, basis: str) -> None:
         """Where the trial's capacity search starts, and why (a guided start is a prediction)."""
@@ -206,6 +206,8 @@ class Ledger:
         if proposal.is_baseline:
             proposal.trial.set_user_attr("baseline", True)
         proposal.trial.set_user_attr("config", dict(proposal.values))
+        if proposal.repeat_of is not None:
+            proposal.trial.set_user_attr("repeat_of", proposal.repeat_of)
 
     def _start_row(self, proposal: Proposal) -> None:
         self.records.start_trial(

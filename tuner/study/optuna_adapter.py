@@ -121,8 +121,8 @@ class OptunaStudy:
             log.debug("first heartbeat failed", exc_info=True)
         return trial
 
-    def enqueue(self, params: dict) -> None:
-        self.study.enqueue_trial(params, skip_if_exists=True)
+    def enqueue(self, params: dict, *, skip_if_exists: bool = True) -> None:
+        self.study.enqueue_trial(params, skip_if_exists=skip_if_exists)
 
     def heartbeat(self, trial) -> None:
         record = getattr(self.study._storage, "record_heartbeat", None)  # RDB storage only

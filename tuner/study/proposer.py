@@ -9,7 +9,9 @@ Each ``propose()`` asks Optuna for one trial and returns a ``Proposal`` with a `
 * a configuration that breaks a **constraint**, or that the **planner** says cannot fit, is
   settled without launching (``Outcome.not_launched``);
 * a **duplicate** of a finished trial is told that trial's capacity; a duplicate of a running one
-  is asked again later.
+  is asked again later;
+* a **repeat** (``study resume --repeat-trial N``) is an earlier trial's configuration launched
+  again first, as a new trial: its capacity measured once more, whatever the first record says.
 
 The proposer only reads: the ledger records and tells what it decides, the loop launches it. It
 works on any Optuna study, so a dry run uses it alone on an in-memory one.
@@ -66,6 +68,7 @@ class Proposal:
     duplicate_capacity_users: int | None = None  # DUPLICATE: the capacity it is told
     predicted_kv_capacity_tokens: int | None = None  # the planner's, for the whole node/cluster
     from_queue: bool = False  # an enqueued configuration (warm start, seeds, grid)
+    repeat_of: int | None = None  # the earlier trial whose configuration this measures again
 
     @property
     def launch(self) -> bool:
@@ -76,6 +79,31 @@ class Proposal:
         if self.decision not in (Decision.CONSTRAINT, Decision.SCREENED):
             raise ValueError(f"a {self.decision} proposal is not settled as not launched")
         return Outcome.not_launched(self.reason or "", screened_by_planner=self.decision is Decision.SCREENED)
+
+
+def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial], numbers: Iterable[int]) -> list[tuple[int, dict]]:
+    """``study resume --repeat-trial N``: each trial's configuration as the parameters Optuna should
+    fix (only knobs whose condition holds). Refused (exit 2): a trial the study does not have, the
+    baseline (SGLang's defaults are not a point of the search space), and one that never launched
+    (the same checks would settle it again)."""
+    from tuner.errors import ConfigError
+
+    space, env = study.space(), space_mod.env_for(study)
+    out: list[tuple[int, dict]] = []
+    for n in numbers:
+        t = tried.get(n)
+        if t is None:
+            have = ", ".join(str(k) for k in sorted(tried)) or "none"
+            raise ConfigError(f"study {study.name!r} has no trial {n} (its trials: {have})", key="--repeat-trial")
+        if t.is_baseline:
+            raise ConfigError(f"trial {n} is the baseline, SGLang's defaults rather than a point of the search "
+                              "space; repeat a searched trial", key="--repeat-trial")
+        if not t.launched:
+            raise ConfigError(f"trial {n} never launched ({t.status}): there is no measurement to repeat",
+                              key="--repeat-trial")
+        out.append((n, {k: t.values.get(k) for k in space.params
+                        if space_mod.condition_holds(space, k, t.values, env)}))
+    return out
 
 
 def config_key(values: dict) -> str:
@@ -114,6 +142,8 @@ class TriedTrial:
     values: dict
     status: TrialStatus
     capacity_users: int | None
+    is_baseline: bool = False
+    launched: bool = True
 
 
 @dataclass
@@ -123,6 +153,8 @@ class Proposer:
     budget: int  # launched trials this run may reach (the grid must fit in it)
     tried: Iterable[TriedTrial] = ()
     initial_configs: list[dict] = field(default_factory=list)  # warm start, right after the baseline
+    # (trial number, configuration) of earlier trials to measure again, before anything else
+    repeats: list[tuple[int, dict]] = field(default_factory=list)
     prescreen: bool = True  # settle what the planner says cannot fit without launching
     verdict: Callable[[StudySpec, dict], tuple[bool, str, int | None]] = planner_verdict
     asks: int = 0
@@ -134,13 +166,18 @@ class Proposer:
         self._seen: dict[str, int | None] = {config_key(t.values): t.capacity_users for t in tried
                                              if t.status == TrialStatus.COMPLETE}
         self._queue = self._initial_queue({config_key(t.values) for t in tried})
+        self._repeats = list(self.repeats)
         self._space, self._env = self.study.space(), space_mod.env_for(self.study)
 
     # ---------------------------------------------------------------- one ask
     def propose(self) -> Proposal:
-        is_baseline, from_queue = self._first_is_baseline, False
+        is_baseline, from_queue, repeat_of = self._first_is_baseline, False, None
         self._first_is_baseline = False
-        if not is_baseline and self._queue:
+        if not is_baseline and self._repeats:
+            repeat_of, config = self._repeats.pop(0)
+            self.optuna.enqueue(config, skip_if_exists=False)  # Optuna would skip a configuration it has seen
+            from_queue = True
+        elif not is_baseline and self._queue:
             # one at a time, so Optuna holds no waiting trial the budget never reaches
             self.optuna.enqueue(self._queue.pop(0))
             from_queue = True
@@ -151,13 +188,13 @@ class Proposer:
 
         def proposal(decision: Decision, **kw) -> Proposal:
             return Proposal(trial, trial.number, values, flags, knobs, is_baseline, decision, from_queue=from_queue,
-                            **kw)
+                            repeat_of=repeat_of, **kw)
 
         violated = [] if is_baseline else space_mod.violated_constraints(self._space, values, self._env)
         if violated:
             return proposal(Decision.CONSTRAINT, reason="violates constraint(s): " + "; ".join(violated))
         key = config_key(values)
-        if key in self._seen and not is_baseline:
+        if key in self._seen and not is_baseline and repeat_of is None:
             capacity = self._seen[key]
             if capacity is None:
                 return proposal(Decision.DUPLICATE_RUNNING)

@@ -56,7 +56,7 @@ from tuner.study.lease import Acquired, DriverLease
 from tuner.study.ledger import Counters, Ledger
 from tuner.study.loop import TrialLoop
 from tuner.study.optuna_adapter import HEARTBEAT_GRACE_S, HEARTBEAT_INTERVAL_S, OptunaStudy
-from tuner.study.proposer import Proposer, TriedTrial
+from tuner.study.proposer import repeat_configs, Proposer, TriedTrial
 from tuner.study.samplers import grid_configs, make_sampler
 from tuner.study.signals import StopSignal, stop_signal
 from tuner.vocabulary import Sampler
@@ -102,11 +102,12 @@ class StudyRunner:
                  max_failures: int | None = None, on_event: Callable[[str, dict], None] | None = None,
                  workdir: str = "results/runs", prescreen: bool = True, prune: bool = True,
                  initial_configs: list[dict] | None = None, time_limit_s: float | None = None,
-                 command: str = "start"):
+                 command: str = "start", repeat_trials: list[int] | None = None):
         self.study = study
         self.time_limit_s = time_limit_s  # wall-clock budget of one run (tuner.study.loop)
         self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.pruning)
         self.initial_configs = list(initial_configs or [])  # launched right after the baseline
+        self.repeat_trials = list(repeat_trials or [])  # earlier trials measured again first (resume)
         self.storage_url = storage_url
         self.backend_kind = str(backend_kind)  # a tuner.vocabulary.BackendKind value
         self.backend_reason = backend_reason
@@ -258,9 +259,11 @@ class StudyRunner:
                         incumbent_users=max(completed) if completed else None)
         if row is not None and row.trials_budget != budget:
             ledger.set_budget(budget)  # resume --trials N: the study's budget from now on
-        proposer = Proposer(self.study, optuna, budget,
-                            tried=[TriedTrial(t.params, TrialStatus(t.status), t.capacity_users) for t in existing],
-                            initial_configs=self.initial_configs, prescreen=self.prescreen)
+        tried = {t.trial_number: TriedTrial(t.params, TrialStatus(t.status), t.capacity_users, t.is_baseline,
+                                            t.launched) for t in existing}
+        proposer = Proposer(self.study, optuna, budget, tried=list(tried.values()),
+                            initial_configs=self.initial_configs, prescreen=self.prescreen,
+                            repeats=repeat_configs(self.study, tried, self.repeat_trials))
         self.on_event("start", {"study": self.study.name, "backend": self.backend_kind, "reason": self.backend_reason,
                                 "budget": budget, "done": ledger.counters.launched})
         stop_heartbeat = threading.Event()
