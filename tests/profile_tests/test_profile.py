@@ -15,7 +15,7 @@ from tuner.profile import (FakeKernels, FakeTimer, build_plan, compose, fit_step
 from tuner.profile.modelcfg import hf_config
 from tuner.sim import optable
 from tuner.sim.calibrate import load_calibration
-from tuner.sim.optable import OpTables, load_profile, parse_profile
+from tuner.sim.optable import OpTables, active_experts, causal_work, load_profile, parse_profile
 from tuner.sim.steptime import RankWork, StepTimeModel
 
 QWEN = {"tp-size": 1, "attention-backend": "triton"}
@@ -55,7 +55,7 @@ def test_points_that_cannot_run_are_null_and_recorded(tmp_path):
     assert any("decode_attention" in s["point"] for s in doc["provenance"]["skipped_points"])
 
 
-def test_interpolation_is_piecewise_linear_and_none_outside_the_grid():
+def test_interpolation_is_piecewise_linear_and_none_below_the_grid():
     doc = {"format": "tuner-op-profile/1", "gpu": "h200", "sglang_version": "0.5.17", "attention_backend": "triton",
            "provenance": {"note": "hand-made"},
            "ops": [{"op": "gemm", "shape": {"n": 8, "k": 8, "dtype": "bf16"}, "axes": ["tokens"],
@@ -65,10 +65,53 @@ def test_interpolation_is_piecewise_linear_and_none_outside_the_grid():
     pf = parse_profile(doc, "hand.json")
     gemm, dec = pf.tables
     assert gemm.lookup_us(50.5) == pytest.approx(60.0) and gemm.lookup_us(150) == pytest.approx(120)
-    assert gemm.lookup_us(0.5) is None and gemm.lookup_us(201) is None
+    assert gemm.lookup_us(0.5) is None
+    # above the grid a GEMM is compute-bound: linear on from the two largest sizes (20 us per 100 tokens)
+    assert gemm.lookup_us(400) == pytest.approx(170.0)
     assert dec.lookup_us(2, 100) == pytest.approx(3)  # halfway between 1 and 5
     assert dec.lookup_us(1, 200) == pytest.approx(2)
     assert dec.lookup_us(2, 200) is None  # one corner was not measured
+    assert dec.lookup_us(4, 100) is None and dec.lookup_us(1, 400) is None  # attention is not extrapolated
+
+
+def _one_table(op, shape, axes, grid, us):
+    doc = {"format": "tuner-op-profile/1", "gpu": "h200", "sglang_version": "0.5.17", "attention_backend": "triton",
+           "provenance": {"note": "hand-made"},
+           "ops": [{"op": op, "shape": shape, "axes": list(axes), "grid": grid, "us": us,
+                    **({"variant": "default"} if op == "moe" else {}), **({"mode": "mha"} if op.startswith("ext") else {})}]}
+    return parse_profile(doc, "hand.json").tables[0]
+
+
+def test_active_experts_grow_from_topk_to_all():
+    assert active_experts(1, 128, 8) == pytest.approx(8)
+    assert active_experts(8, 128, 8) == pytest.approx(128 * (1 - (120 / 128) ** 8))
+    vals = [active_experts(t, 128, 8) for t in (1, 2, 8, 64, 512)]
+    assert vals == sorted(vals) and vals[-1] == pytest.approx(128, rel=1e-6)
+
+
+def test_fused_moe_is_interpolated_in_active_experts_until_they_saturate():
+    # a kernel whose time is a fixed cost plus one weight read per active expert, then compute per token
+    e, k = 128, 8
+    truth = lambda t: 20 + 2.0 * active_experts(t, e, k) + 0.1 * t
+    grid = [1, 8, 64, 512, 4096]
+    moe = _one_table("moe", {"experts": e, "n": 768, "k": 2048, "topk": k, "dtype": "bf16"}, ["tokens"],
+                     {"tokens": grid}, [truth(t) for t in grid])
+    for t in (3, 16, 24, 40):  # where the tokens leave experts idle: the mechanism, within 3%
+        assert moe.lookup_us(t) == pytest.approx(truth(t), rel=0.03)
+        linear = truth(8) + (truth(64) - truth(8)) * (t - 8) / 56 if t > 8 else truth(1) + (truth(8) - truth(1)) * (t - 1) / 7
+        assert moe.lookup_us(t) > linear  # concave: a chord in tokens lies below it
+    # every expert active: linear in tokens between the measured sizes
+    assert moe.lookup_us(1000) == pytest.approx(truth(512) + (truth(4096) - truth(512)) * 488 / 3584)
+
+
+def test_extend_attention_is_interpolated_in_query_key_pairs():
+    truth = lambda n, p: 5 + 0.001 * causal_work(n, p)
+    news, prefixes = [64, 1024, 8192], [0, 4096, 32768]
+    ext = _one_table("extend_attention", {"arch": "gqa"}, ["new_tokens", "prefix"],
+                     {"new_tokens": news, "prefix": prefixes}, [[truth(n, p) for p in prefixes] for n in news])
+    for n, p in ((2048, 0), (512, 0), (2048, 4096), (3000, 10000)):
+        assert ext.lookup_us(n, p) == pytest.approx(truth(n, p), rel=0.01)
+    assert ext.lookup_us(16000, 0) is None  # beyond the largest chunk measured
 
 
 @pytest.mark.parametrize("bad,key", [

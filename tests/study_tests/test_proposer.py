@@ -114,3 +114,22 @@ def test_the_grid_sampler_refuses_a_grid_larger_than_the_budget_or_a_continuous_
                                                                                         "step": 0.05}})
     study = tiny_study(tmp_path, name="stepped", space=space, sampler="grid", trials=50)
     assert len(_proposer(study, budget=50)._queue) == 18, "a range with a step is a list of values"
+
+
+def test_a_repeat_launches_a_finished_configuration_again_first(tmp_path):
+    from tuner.study.proposer import repeat_configs
+
+    study = tiny_study(tmp_path, sampler="tpe")
+    tried = {0: TriedTrial(baseline_values(study), TrialStatus.COMPLETE, 16, is_baseline=True),
+             1: TriedTrial(FP4_DP8, TrialStatus.COMPLETE, 40),
+             2: TriedTrial(FP4_DP8 | {"router-policy": None}, TrialStatus.INFEASIBLE, None, launched=False)}
+    p = _proposer(study, tried=list(tried.values()), initial_configs=[{"tp-size": 8, "attn-dp-size": 1}],
+                  repeats=repeat_configs(study, tried, [1]))
+    again = p.propose()
+    assert again.launch and again.repeat_of == 1 and again.from_queue
+    assert config_key(again.values) == config_key(FP4_DP8), "the same configuration, not a duplicate answer"
+    assert p.propose().repeat_of is None  # the queue goes on behind the repeats
+    for numbers, says in (([9], "has no trial 9"), ([0], "is the baseline"), ([2], "never launched")):
+        with pytest.raises(ConfigError, match=says) as err:
+            repeat_configs(study, tried, numbers)
+        assert err.value.key == "--repeat-trial"

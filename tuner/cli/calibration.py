@@ -195,7 +195,9 @@ def _format_fit(doc: dict) -> str:
                      f"of traffic, {ws['stall_s']} s each ({len(ws['stalls'])} over {ws['servers']} starts; "
                      f"{ws['later_per_min']:.2f} per minute later), at a rate decaying with a time constant of "
                      f"{ws['decay_s']} s; simulated in a deployment's first load point as fresh_server_stalls "
-                     f"{c['per_start']:g} per start x {c['stall_s']:g} s, decay {c['decay_s']:g} s")
+                     + (f"{c['per_new_kernel_s']:g} s per fused-MoE variant new to the server "
+                        f"({len(c['moe_config_groups'])} tile-config groups)" if "per_new_kernel_s" in c else
+                        f"{c['per_start']:g} per start x {c['stall_s']:g} s, decay {c['decay_s']:g} s"))
     lines.append("\nwindow-time error per trial (calibrated model against the log):")
     for label, r in doc["residuals"].items():
         lines.append(f"  {label:<32} {r['windows']:4d} windows, median |error| {r['median_abs_error']:.1%}, "

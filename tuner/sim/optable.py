@@ -15,11 +15,12 @@ piecewise-linearly on each axis between grid points; outside the measured grid t
 from __future__ import annotations
 
 import bisect
+import math
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuner.errors import ConfigError
 from .scheduler import version_tuple
@@ -38,8 +39,9 @@ AXES = {
 }
 
 
-def _interp(xs: list[float], ys: list, x: float) -> float | None:
-    """Piecewise-linear in x; None outside the grid or next to a point that was not measured."""
+def _interp(xs: list[float], ys: list, x: float, work: Callable[[float], float] | None = None) -> float | None:
+    """Piecewise-linear in ``work(x)`` (x itself by default) between the grid points around x; None
+    outside the grid or next to a point that was not measured."""
     if x < xs[0] or x > xs[-1]:
         return None
     i = bisect.bisect_left(xs, x)
@@ -49,7 +51,33 @@ def _interp(xs: list[float], ys: list, x: float) -> float | None:
     if y0 is None or y1 is None:
         return None
     x0, x1 = xs[i - 1], xs[i]
+    if work is not None:
+        w0, w1 = work(x0), work(x1)
+        if w1 - w0 > 1e-9 * max(abs(w1), 1.0):
+            return y0 + (y1 - y0) * (work(x) - w0) / (w1 - w0)
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+# Between grid points an operator's time follows the work it does, not its size: a coarse grid
+# interpolated linearly in tokens misses the shape of both curves below by 30-300% at mid-points.
+# token-axis operators whose time above the largest measured size is extrapolated linearly
+EXTRAPOLATED_UP = frozenset({"gemm", "moe", "layer_misc"})
+SATURATED = 0.99  # share of experts active above which fused-MoE time grows with tokens, not experts
+
+
+def active_experts(tokens: float, experts: int, topk: int) -> float:
+    """Expected distinct experts that ``tokens`` tokens route to (each picks ``topk`` of ``experts``
+    uniformly): fused MoE reads each active expert's weights once, so at small token counts its
+    time follows this, concave in tokens."""
+    if experts <= 0 or topk <= 0:
+        return float(tokens)
+    return experts * -math.expm1(tokens * math.log1p(-min(topk, experts - 1e-9) / experts))
+
+
+def causal_work(new_tokens: float, prefix: float) -> float:
+    """Query-key pairs of one extend: each new token attends the cached prefix and, causally, the
+    new tokens before it (quadratic in new tokens without a prefix, linear with a long one)."""
+    return new_tokens * (prefix + new_tokens / 2.0)
 
 
 @dataclass(frozen=True)
@@ -68,11 +96,30 @@ class OpTable:
 
     def lookup_us(self, *x: float) -> float | None:
         if len(self.axes) == 1:
-            return _interp(list(self.grid[0]), list(self.us), x[0])
+            xs, ys = self.grid[0], self.us
+            if x[0] > xs[-1] and self.op in EXTRAPOLATED_UP and len(xs) >= 2 and None not in ys[-2:] \
+                    and ys[-1] > ys[-2]:
+                # above the grid these operators are compute-bound: time grows linearly in tokens,
+                # as between the two largest measured sizes (closer than a roofline's peak x share)
+                slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+                return ys[-1] + slope * (x[0] - xs[-1])
+            return _interp(list(xs), list(ys), x[0], self._work_1d(x[0]))
         xs, ys = list(self.grid[0]), list(self.grid[1])
         a, b = x
         if a < xs[0] or a > xs[-1] or b < ys[0] or b > ys[-1]:
             return None
+        if self.op == "extend_attention":
+            # along new tokens at each measured prefix, in query-key pairs; then linear in the prefix
+            # (the work is linear in it)
+            j = bisect.bisect_left(ys, b)
+            cols = [j] if ys[j] == b else [j - 1, j]
+            vals = [_interp(xs, [row[c] for row in self.us], a, lambda n, p=ys[c]: causal_work(n, p)) for c in cols]
+            if any(v is None for v in vals):
+                return None
+            if len(vals) == 1:
+                return vals[0]
+            y0, y1 = ys[cols[0]], ys[cols[1]]
+            return vals[0] + (vals[1] - vals[0]) * (b - y0) / (y1 - y0)
         i = bisect.bisect_left(xs, a)
         if xs[i] == a:  # on a grid row: only that row
             return _interp(ys, list(self.us[i]), b)
@@ -82,6 +129,20 @@ class OpTable:
             return None
         x0, x1 = xs[rows[0]], xs[rows[1]]
         return vals[0] + (vals[1] - vals[0]) * (a - x0) / (x1 - x0)
+
+    def _work_1d(self, tokens: float) -> Callable[[float], float] | None:
+        """Fused MoE: interpolate in active experts while the tokens leave experts idle (its time
+        follows the expert weights read), in tokens once nearly every expert is active."""
+        if self.op != "moe":
+            return None
+        e, k = int(self.shape.get("experts") or 0), int(self.shape.get("topk") or 0)
+        if e <= 0 or k <= 0:
+            return None
+        xs = self.grid[0]
+        i = min(max(bisect.bisect_left(xs, tokens), 1), len(xs) - 1)
+        if active_experts(xs[i], e, k) >= SATURATED * e:
+            return None
+        return lambda t: active_experts(t, e, k)
 
     def lookup_s(self, *x: float) -> float | None:
         v = self.lookup_us(*x)

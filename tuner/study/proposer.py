@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from tuner.catalog import get_gpu, get_model
-from tuner.errors import TrialError, UserError
+from tuner.errors import ConfigError, TrialError, UserError
 from tuner.lifecycle import Outcome, TrialStatus
 from tuner.planner import plan_memory
 from tuner.config.schema import StudySpec
@@ -86,8 +86,6 @@ def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial], numbers: Iter
     fix (only knobs whose condition holds). Refused (exit 2): a trial the study does not have, the
     baseline (SGLang's defaults are not a point of the search space), and one that never launched
     (the same checks would settle it again)."""
-    from tuner.errors import ConfigError
-
     space, env = study.space(), space_mod.env_for(study)
     out: list[tuple[int, dict]] = []
     for n in numbers:
