@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tuner.cli._common import emit_json, json_option
+from tuner.cli._common import emit_json, json_option, profiles_option, use_profile_dirs
 
 
 @click.command(name="fidelity")
@@ -24,8 +24,10 @@ from tuner.cli._common import emit_json, json_option
                    "its trials), e.g. h200-sglang-qwen3#3,h200-sglang-qwen3#7. Repeatable.")
 @click.option("--exclude-trials", "exclude_trials", multiple=True, metavar="NAMES",
               help="Leave out the load points of these trials (same names as --only-trials).")
+@profiles_option
 @json_option
-def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, as_json):
+def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, profile_dirs,
+             as_json):
     """Predicted against measured P50/P90 TTFT, P90 TPOT, throughput and hit rate per load point,
     the MAPE of each, and whether the SLO verdicts agree.
 
@@ -33,6 +35,8 @@ def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_tria
     on >= 95% of points) or a point cannot be predicted; the points off target are marked with !.
     """
     from tuner.bench.fidelity import TrialSelection, format_report, run_fidelity
+
+    use_profile_dirs(profile_dirs)
 
     def progress(i, n, point):
         if not as_json:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tuner.cli._common import emit_json, json_option
+from tuner.cli._common import profiles_option, use_profile_dirs, emit_json, json_option
 
 
 @click.group()
@@ -50,8 +50,9 @@ def refit(summary, gpu):
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the fitted values as a calibration YAML of their own, to try with "
                    "`tuner bench fidelity --calibration FILE` before writing the entry.")
+@profiles_option
 @json_option
-def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, as_json):
+def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, profile_dirs, as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
     Stage 1 fits the decode and prefill mechanism (scheduler CPU per step and per request, fixed
@@ -62,6 +63,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, as
     servers (measured, not simulated). docs/calibration.md says what each value means and where
     it came from.
     """
+    use_profile_dirs(profile_dirs)
     from datetime import date
 
     from tuner.bench.fidelity import format_report, held_out, run_fidelity, summarize_points

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -313,21 +314,32 @@ def _load_dir(directory: str) -> tuple[ProfileFile, ...]:
     return tuple(load_profile(p) for p in sorted(d.glob("*.json")))
 
 
+PROFILE_DIRS_ENV = "TUNER_PROFILE_DIRS"  # more profile folders, ':'-separated (``bench fidelity --profiles``)
+
+
+def profile_dirs(gpu: str, extra_dirs: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Where a GPU's profiles are read from: the committed folder, the environment's, ``extra_dirs``."""
+    env = tuple(d for d in os.environ.get(PROFILE_DIRS_ENV, "").split(os.pathsep) if d)
+    return (str(PROFILE_DIR / gpu.lower()), *env, *extra_dirs)
+
+
 def tables_for_gpu(gpu: str, extra_dirs: tuple[str, ...] = ()) -> OpTables:
-    """Profiles committed under ``tuner/sim/profiles/<gpu>/`` plus any in ``extra_dirs``."""
+    """Profiles committed under ``tuner/sim/profiles/<gpu>/`` plus any in ``$TUNER_PROFILE_DIRS``
+    and ``extra_dirs``."""
     files: list[ProfileFile] = []
-    for d in (str(PROFILE_DIR / gpu.lower()), *extra_dirs):
+    for d in profile_dirs(gpu, extra_dirs):
         files.extend(f for f in _load_dir(str(d)) if f.gpu == gpu.lower())
     return OpTables(files)
 
 
 def profiles_fingerprint(gpu: str) -> tuple:
-    """What the committed profiles of a GPU are right now (paths and modification times): part of
-    the key under which step-time models are reused."""
-    d = PROFILE_DIR / gpu.lower()
-    if not d.is_dir():
-        return ()
-    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(d.glob("*.json")))
+    """What the profiles of a GPU are right now (paths and modification times): part of the key
+    under which step-time models are reused."""
+    out = []
+    for d in map(Path, profile_dirs(gpu)):
+        if d.is_dir():
+            out.extend((str(p), p.stat().st_mtime_ns) for p in sorted(d.glob("*.json")))
+    return tuple(out)
 
 
 def clear_cache() -> None:

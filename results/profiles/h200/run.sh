@@ -7,7 +7,7 @@
 #
 #   OUT=$OUT LIMIT=540 STEPS="qwen3-bf16 qwen3-fp8" bash results/profiles/h200/run.sh
 #
-# Each step NAME writes tuner/sim/profiles/h200/<model>-tp1-<dtype>-triton-0.5.17.json (the
+# Each step NAME writes results/profiles/h200/tables/<model>-tp1-<dtype>-triton-0.5.17.json (the
 # profile), results/profiles/h200/whole-steps-NAME.jsonl (bench_one_batch's rows) and
 # compose-NAME.json; everything comes back packed in $OUT/profiles.tgz (extract at the repository
 # root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights), dsv3-fp8
@@ -19,7 +19,7 @@ LIMIT=${LIMIT:-540}
 STEPS=${STEPS:-qwen3-bf16 qwen3-fp8}
 QUICK=${QUICK:-1}
 HERE=results/profiles/h200
-PROFILES=tuner/sim/profiles/h200
+PROFILES=results/profiles/h200/tables
 t0=$(date +%s)
 LOGS=/tmp/call-logs-profile
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS" "$HERE" "$PROFILES"
