@@ -254,3 +254,31 @@ def test_profile_cli_plan_and_show(tmp_path):
     path, _, _ = fake_profile(tmp_path)
     res = CliRunner().invoke(cli, ["profile", "show", str(path)])
     assert res.exit_code == 0 and "decode_attention" in res.output and "moe default" in res.output
+
+
+def test_profile_folders_from_the_environment_are_read_and_change_the_cache_key(tmp_path, monkeypatch):
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    monkeypatch.delenv(optable.PROFILE_DIRS_ENV, raising=False)
+    optable.clear_cache()
+    before = optable.profiles_fingerprint("h200")
+    def gpu_model():  # the step model as the simulator builds it: the GPU's tables, wherever they are
+        m, g = get_model("qwen3-30b-a3b"), get_gpu("h200")
+        plan = plan_memory(m, g, 1, QWEN, sglang_version="0.5.17")
+        model = StepTimeModel(m, g, resolve_checkpoint(m, None), parse_layout(m, QWEN, 1), plan.bytes_per_token,
+                              load_calibration("h200"), gpus_per_node=1, kv_cache_dtype=plan.kv_cache_dtype,
+                              sglang_version="0.5.17", flags=QWEN)
+        model.gpu_time([RankWork(decode_reqs=8, decode_ctx_tokens=8 * 4096)], overheads=False)
+        return model.source_summary()
+
+    assert gpu_model()["overall"] == "roofline"  # nothing committed for this shape
+    fake_profile(folder)
+    monkeypatch.setenv(optable.PROFILE_DIRS_ENV, str(folder))
+    optable.clear_cache()
+    assert str(folder) in optable.profile_dirs("h200")
+    assert optable.profiles_fingerprint("h200") != before  # cached step models are not reused across it
+    assert any(t.op == "moe" for t in optable.tables_for_gpu("h200").by_op.get("moe", ()))
+    summary = gpu_model()
+    assert summary["overall"] == "profile" and summary["ops"]["moe"] == "profile"
+    assert all(str(folder) in f for f in summary["profiles"])
+    optable.clear_cache()
