@@ -22,9 +22,9 @@ def _study(engine, name="s"):
                       trials_budget=3, tuner_version="0.1.0")
 
 
-def _metrics(users, ttft):
+def _metrics(users, ttft, decode_s=0.5):
     recs = [RequestRecord(session_id=i, turn=0, start_s=0.0, input_tokens=1000, output_tokens=11,
-                          ttft_s=ttft, end_s=ttft + 0.5, cached_tokens=600) for i in range(users)]
+                          ttft_s=ttft, end_s=ttft + decode_s, cached_tokens=600) for i in range(users)]
     return aggregate(recs, users=users, duration_s=10.0, kv_capacity_tokens_total=123456)
 
 
@@ -51,6 +51,31 @@ def test_trial_and_measurements_roundtrip(engine):
     assert ms[0].prefix_cache_hit_rate == pytest.approx(0.6)
     assert ms[1].p90_ttft_s == pytest.approx(50.0)
     assert repo.best_trial(engine, "s").trial_number == 0
+
+
+def test_among_equal_capacities_the_best_is_the_one_with_the_most_headroom(engine):
+    """At 16 users trial 0 has TTFT 29 s of 30 (3% headroom), trial 1 15 s (50%; TPOT 30 of 50 ms:
+    40%); trial 2 serves 16 with no load point recorded. 1 is the best; without measurements, the
+    earliest."""
+    from tuner.study.summary import list_summaries, study_summary
+
+    _study(engine)
+    for n, ttft in ((0, 29.0), (1, 15.0), (2, None)):
+        repo.start_trial(engine, study_name="s", trial_number=n, optuna_trial_id=n + 1, backend_kind="simulator",
+                         params={"x": n}, flags={}, knobs={}, is_baseline=n == 0)
+        if ttft is not None:
+            m = _metrics(16, ttft, decode_s=0.3)
+            repo.add_measurement(engine, study_name="s", trial_number=n, step=0, backend_kind="simulator", metrics=m,
+                                 meets_slo=m.meets(30, 0.05), wall_time_s=0.1)
+        repo.finish_trial(engine, "s", n, status="complete", capacity_users=16)
+    rows, ms = repo.trials(engine, "s"), repo.measurements(engine, "s")
+    room = repo.slo_headroom(rows, ms, 30, 0.05)
+    assert set(room) == {0, 1} and room[0] == pytest.approx(1 - 29 / 30) and room[1] == pytest.approx(0.4)
+    assert repo.best_trial(engine, "s").trial_number == 1
+    assert repo.best_of(rows).trial_number == 0  # no headroom known: the earliest
+    url = str(engine.url)
+    assert study_summary(url, "s")["best"]["number"] == 1
+    assert list_summaries(url)[0]["best_trial"] == 1
 
 
 def test_duplicate_study_name_rejected(engine):

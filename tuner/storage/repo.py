@@ -4,6 +4,8 @@ Each function is one transaction: a write that fails leaves the database as it w
 
 from __future__ import annotations
 
+import math
+
 import time
 from typing import Any
 
@@ -165,20 +167,45 @@ def running_trials(engine: Engine, study_name: str) -> list[TrialRow]:
 
 
 def best_trial(engine: Engine, study_name: str) -> TrialRow | None:
-    return best_of(trials(engine, study_name))
+    study = get_study(engine, study_name)
+    rows = trials(engine, study_name)
+    if study is None:
+        return best_of(rows)
+    return best_of(rows, slo_headroom(rows, measurements(engine, study_name), study.p90_ttft_slo_s,
+                                      study.p90_tpot_slo_s))
 
 
 def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
     return baseline_of(trials(engine, study_name))
 
 
-def best_of(rows: list[TrialRow]) -> TrialRow | None:
+def slo_headroom(rows: list[TrialRow], ms: list[MeasurementRow], p90_ttft_slo_s: float,
+                 p90_tpot_slo_s: float) -> dict[int, float]:
+    """Per trial with a capacity: the least headroom its passing load points at that capacity left
+    to the SLO, ``min(1 - P90 / limit)`` over TTFT and TPOT (and over the points, where a marginal
+    pass was measured again)."""
+    capacity = {t.trial_number: t.capacity_users for t in rows if t.capacity_users}
+    out: dict[int, float] = {}
+    for m in ms:
+        if capacity.get(m.trial_number) != m.users or not (m.meets_slo and m.valid):
+            continue
+        room = [1.0 - v / limit for v, limit in ((m.p90_ttft_s, p90_ttft_slo_s), (m.p90_tpot_s, p90_tpot_slo_s))
+                if v is not None and limit]
+        if room:
+            out[m.trial_number] = min(out.get(m.trial_number, math.inf), min(room))
+    return out
+
+
+def best_of(rows: list[TrialRow], headroom: dict[int, float] | None = None) -> TrialRow | None:
     """The best of already-read rows: readers that summarise one snapshot use this, not a second
-    query that may see trials finished in between."""
+    query that may see trials finished in between. Among trials serving the same users the one
+    with the most ``headroom`` to its SLO (``slo_headroom``) wins, then the earliest: a capacity met
+    by 0.1 ms is the weaker claim."""
     done = [t for t in rows if t.status == TrialStatus.COMPLETE and t.capacity_users is not None]
     if not done:
         return None
-    return max(done, key=lambda t: (t.capacity_users, -t.trial_number))
+    room = headroom or {}
+    return max(done, key=lambda t: (t.capacity_users, room.get(t.trial_number, -math.inf), -t.trial_number))
 
 
 def baseline_of(rows: list[TrialRow]) -> TrialRow | None:

@@ -82,7 +82,8 @@ def study_summary(storage: str, name: str) -> dict:
     ctx = explain.StudyContext.of_study_row(row)
     diagnoses = explain.diagnose_rows(row, ts, ms, ctx)
     trials = [trial_dict(t, by_trial.get(t.trial_number, []), diagnoses.get(t.trial_number)) for t in ts]
-    best = repo.best_of(ts)  # from the same snapshot as `trials` (a trial may finish meanwhile)
+    # from the same snapshot as `trials` (a trial may finish meanwhile)
+    best = repo.best_of(ts, repo.slo_headroom(ts, ms, row.p90_ttft_slo_s, row.p90_tpot_slo_s))
     base = repo.baseline_of(ts)
     best_d = next((t for t in trials if best and t["number"] == best.trial_number), None)
     base_d = next((t for t in trials if base and t["number"] == base.trial_number), None)
@@ -141,10 +142,11 @@ def _ledger(trials: list[dict]) -> dict:
 
 def list_summaries(storage: str) -> list[dict]:
     with _reading(storage) as engine:
-        studies = [(s, repo.trials(engine, s.name)) for s in repo.list_studies(engine)]
+        studies = [(s, repo.trials(engine, s.name), repo.measurements(engine, s.name))
+                   for s in repo.list_studies(engine)]
     out = []
-    for s, ts in studies:
-        best = repo.best_of(ts)
+    for s, ts, ms in studies:
+        best = repo.best_of(ts, repo.slo_headroom(ts, ms, s.p90_ttft_slo_s, s.p90_tpot_slo_s))
         base = repo.baseline_of(ts)
         out.append({
             "name": s.name, "backend_kind": s.backend_kind, "status": s.status,

@@ -10,7 +10,8 @@
 # Each step NAME writes results/profiles/h200/tables/<model>-tp1-<dtype>-triton-0.5.17.json (the
 # profile), results/profiles/h200/whole-steps-NAME.jsonl (bench_one_batch's rows) and
 # compose-NAME.json; everything comes back packed in $OUT/profiles.tgz (extract at the repository
-# root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights), dsv3-fp8
+# root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights, with whole
+# steps), qwen3-bf16-fp8kv, qwen3-fp8-fp8kv (the same with fp8 KV, operators only), dsv3-fp8
 # (DeepSeek-V3's operators, fp8 weights and fp8 KV; no whole steps: the 61-layer model does not fit
 # one GPU). QUICK=0 times the full grid instead of --quick's coarse one.
 set -uo pipefail
@@ -94,6 +95,8 @@ for step in $STEPS; do
   case $step in
     qwen3-bf16) profile bf16 qwen3-30b-a3b && whole bf16 qwen3-30b-a3b none ;;
     qwen3-fp8) profile fp8 qwen3-30b-a3b --quantization fp8 && whole fp8 qwen3-30b-a3b fp8 ;;
+    qwen3-bf16-fp8kv) profile bf16-fp8kv qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 ;;
+    qwen3-fp8-fp8kv) profile fp8-fp8kv qwen3-30b-a3b --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     dsv3-fp8) profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
   esac
