@@ -247,3 +247,27 @@ def test_a_fresh_load_point_under_the_kernel_model_is_slower_in_prefill_and_a_wa
     assert fresh.extra["fresh_server"]["stalls"] >= 5  # a handful of variants, most in the first seconds
     assert fresh.extra["server_stage_means"]["prefill_forward_s"] > warm.extra["server_stage_means"][
         "prefill_forward_s"] * 1.1
+
+
+def test_a_chunked_request_marks_where_its_chunks_before_the_last_ended():
+    """SGLang counts a chunked request's prefill twice in per_stage_req_latency: prefill_forward from
+    its first chunk's batch to the end, and the chunks before the last as chunked_prefill. The
+    engine keeps when the last of those ended, so the simulated stage can be summed the same way."""
+    m, g = get_model(QWEN), get_gpu("h200")
+    flags = {**TRITON_EAGER, "max-total-tokens": 100_000, "chunked-prefill-size": 2048}
+    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
+    layout = parse_layout(m, flags, 1)
+    rules = scheduler_rules(plan, layout, flags, "0.5.17")
+    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
+    rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
+    ends = []
+    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1)
+    long, short = Req(0, 0, 0, 0.0, 5000, 3), Req(1, 1, 0, 0.0, 1000, 3)
+    rank.waiting.extend([long, short])
+    while eng.has_work():
+        eng.step()
+        ends.append(eng.clock)
+    assert short.chunk_end_t is None  # one chunk: counted once
+    assert long.chunk_end_t is not None and long.sched_t < long.chunk_end_t < long.first_t
+    assert long.chunk_end_t in ends  # the end of a step: its second chunk (2048 + 2048 of 5000)
+    assert long.first_t == pytest.approx(ends[ends.index(long.chunk_end_t) + 1])

@@ -44,7 +44,7 @@ class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
                  "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
                  "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
-                 "lock_len", "handle", "error", "rid", "sched_t")
+                 "lock_len", "handle", "error", "rid", "sched_t", "chunk_end_t")
 
     def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
@@ -72,6 +72,7 @@ class Req:
         self.error = None
         self.rid = None
         self.sched_t = None  # when the scheduler first put it into a prefill batch
+        self.chunk_end_t = None  # when its last chunk before the final one finished (chunked prefill)
 
 
 class Rank:
@@ -634,6 +635,8 @@ class ReplicaEngine:
                 req.alloc = keep
                 if req.done >= req.prefill_len:
                     self._prefill_done(rank, req, t1)
+                else:
+                    req.chunk_end_t = t1
             rank.prefilling = []
         return dt
 

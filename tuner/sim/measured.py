@@ -73,7 +73,8 @@ class LoadPoint:
 
     def server_stage_means(self) -> dict | None:
         """SGLang's own per-request means over the load point: queue time (waiting queue to a
-        batch), prefill forward (batch to prefill done: ``per_stage_req_latency``, whose other
+        batch), prefill forward (``per_stage_req_latency``: batch to prefill done, plus, for a
+        chunked request, its chunks before the last once more as ``chunked_prefill``; the third
         observed stage, request_process, is sub-millisecond), TTFT (tokenizer manager)."""
         sm = self.server_metrics or {}
         n = sm.get("sglang:time_to_first_token_seconds_count")

@@ -185,7 +185,12 @@ def simulate_load_point(
         if not error and req.first_t is not None and req.sched_t is not None:
             stages[0] += 1
             stages[1] += req.sched_t - req.arrival
+            # SGLang observes prefill_forward from the first chunk's batch to the end, and each
+            # earlier chunk again as chunked_prefill, into the same histogram (17:
+            # observability/req_time_stats.py::set_prefill_finished_time, set_last_chunked_prefill_finish_time)
             stages[2] += req.first_t - req.sched_t
+            if req.chunk_end_t is not None:
+                stages[2] += req.chunk_end_t - req.sched_t
             stages[3] += req.first_t - req.arrival
         if window[0] <= req.arrival < window[1]:
             pending_in_window -= 1
