@@ -65,10 +65,10 @@ def test_the_decay_constant_comes_back_from_event_times():
     assert fit_decay_s([], horizon) == horizon
 
 
-def _engine(stalls=None, kernels=None):
+def _engine(stalls=None, kernels=None, **more_flags):
     """One Qwen3 bf16 rank on an H200 under SGLang 0.5.17's rules, with the given stall model."""
     m, g = get_model(QWEN), get_gpu("h200")
-    flags = {**TRITON_EAGER, "max-total-tokens": 100_000}
+    flags = {**TRITON_EAGER, "max-total-tokens": 100_000, **more_flags}
     plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
     layout = parse_layout(m, flags, 1)
     rules = scheduler_rules(plan, layout, flags, "0.5.17")
@@ -253,15 +253,8 @@ def test_a_chunked_request_marks_where_its_chunks_before_the_last_ended():
     """SGLang counts a chunked request's prefill twice in per_stage_req_latency: prefill_forward from
     its first chunk's batch to the end, and the chunks before the last as chunked_prefill. The
     engine keeps when the last of those ended, so the simulated stage can be summed the same way."""
-    m, g = get_model(QWEN), get_gpu("h200")
-    flags = {**TRITON_EAGER, "max-total-tokens": 100_000, "chunked-prefill-size": 2048}
-    plan = plan_memory(m, g, 1, flags, sglang_version="0.5.17")
-    layout = parse_layout(m, flags, 1)
-    rules = scheduler_rules(plan, layout, flags, "0.5.17")
-    sm = build_step_model(m, g, plan, layout, flags, {}, load_calibration(g.name), 1, "0.5.17")
-    rank = Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, 0), rules)
+    eng, rank = _engine(**{"chunked-prefill-size": 2048})
     ends = []
-    eng = ReplicaEngine([rank], sm, rules, stats=Stats(), on_finish=lambda r, t: None, max_jump=1)
     long, short = Req(0, 0, 0, 0.0, 5000, 3), Req(1, 1, 0, 0.0, 1000, 3)
     rank.waiting.extend([long, short])
     while eng.has_work():
