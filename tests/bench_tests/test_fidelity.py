@@ -8,7 +8,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tuner.bench.fidelity import extra_args_to_flags, run_fidelity
+from tuner.bench.fidelity import extra_args_to_flags, format_report, run_fidelity
 from tuner.cli import cli
 from tuner.sim import simulate_load_point
 from tuner.config.load import load_study
@@ -159,11 +159,17 @@ def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path
     results, _ = make_db(tmp_path)  # measured as the simulator predicts a warm server
     cal = load_calibration("h200")
     cal["fresh_server_stalls"] = {"per_start": 8.0, "stall_s": 1.5, "decay_s": 40.0}
-    first, second = run_fidelity([results], calibration=cal)["points"]
+    doc = run_fidelity([results], calibration=cal)
+    first, second = doc["points"]
     assert first["fresh_server"] and not second["fresh_server"]
     assert first["predicted"]["p90_ttft_s"] > first["measured"]["p90_ttft_s"]  # its stalls
     # the second is not (its step times memoised in 256-token context buckets: equal to a few 1e-5)
     assert second["ape"]["p90_ttft_s"] < 1e-3 and second["ape"]["p90_tpot_s"] < 1e-3
+    # the report says where the error is: all of it on the fresh server's first point
+    warm, fresh = doc["by_server"]["warm"], doc["by_server"]["fresh"]
+    assert warm["load_points"] == 1 and fresh["load_points"] == 1
+    assert warm["mape"]["p90_ttft_s"] < 1e-3 < fresh["mape"]["p90_ttft_s"] == first["ape"]["p90_ttft_s"]
+    assert "on fresh servers' first load points (1): P90 TTFT" in format_report(doc)
 
 
 def test_a_first_load_point_after_the_kernel_warmup_is_predicted_on_a_warm_server(tmp_path):
