@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tuner.cli._common import profiles_option, use_profile_dirs, emit_json, json_option
+from tuner.cli._common import emit_json, json_option, profiles_option, use_profile_dirs
 
 
 @click.group()

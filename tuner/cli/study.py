@@ -289,8 +289,7 @@ def _check_repeats(spec, storage: str, name: str, numbers: list[int], budget: in
     from tuner.study.proposer import TriedTrial, repeat_configs
 
     rows = repo.trials(db.reader_engine(storage), name)
-    repeat_configs(spec, {t.trial_number: TriedTrial(t.params, TrialStatus(t.status), t.capacity_users,
-                                                     t.is_baseline, t.launched) for t in rows}, numbers)
+    repeat_configs(spec, {t.trial_number: TriedTrial.of_row(t) for t in rows}, numbers)
     launched = sum(1 for t in rows if t.launched and t.status != TrialStatus.RUNNING)
     if launched + len(numbers) > budget:
         raise ConfigError(f"study {name!r} has launched {launched} of its {budget} trials: no room for "

@@ -1,6 +1,7 @@
 """Measured operator times: the profile table format, loading, and interpolation.
 
-Profiles are JSON files under ``tuner/sim/profiles/<gpu>/`` written by ``tuner profile`` on a GPU
+Profiles are JSON files under ``tuner/sim/profiles/<gpu>/`` (and the folders of
+``$TUNER_PROFILE_DIRS``) written by ``tuner profile`` on a GPU
 (format ``tuner-op-profile/1``, documented in docs/calibration.md, "Profile tables"). A file holds
 the operators one GPU ran for one configuration (model, parallelism, dtypes) under one SGLang
 version and attention / MoE backend, with its provenance. Each operator is indexed by its own
@@ -8,16 +9,18 @@ shape key (``tuner.sim.opshapes``), so a GEMM or attention table measured for on
 every configuration whose GPUs see the same shape.
 
 Values are microseconds per call (one layer for per-layer operators). Lookups interpolate
-piecewise-linearly on each axis between grid points; outside the measured grid they return
-``None`` and the step-time model falls back to its roofline for that operator.
+piecewise-linearly between grid points in the work the operator does (active experts for fused
+MoE, query-key pairs for extend attention, the axis itself otherwise); above the grid the
+compute-bound token operators go on linearly, elsewhere outside it they return ``None`` and the
+step-time model falls back to its roofline for that operator.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import os
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path

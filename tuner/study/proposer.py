@@ -143,6 +143,11 @@ class TriedTrial:
     is_baseline: bool = False
     launched: bool = True
 
+    @classmethod
+    def of_row(cls, row) -> "TriedTrial":
+        """From a stored trial row (``tuner.storage.models.TrialRow``)."""
+        return cls(row.params, TrialStatus(row.status), row.capacity_users, row.is_baseline, row.launched)
+
 
 @dataclass
 class Proposer:

@@ -259,8 +259,7 @@ class StudyRunner:
                         incumbent_users=max(completed) if completed else None)
         if row is not None and row.trials_budget != budget:
             ledger.set_budget(budget)  # resume --trials N: the study's budget from now on
-        tried = {t.trial_number: TriedTrial(t.params, TrialStatus(t.status), t.capacity_users, t.is_baseline,
-                                            t.launched) for t in existing}
+        tried = {t.trial_number: TriedTrial.of_row(t) for t in existing}
         proposer = Proposer(self.study, optuna, budget, tried=list(tried.values()),
                             initial_configs=self.initial_configs, prescreen=self.prescreen,
                             repeats=repeat_configs(self.study, tried, self.repeat_trials))
