@@ -12,6 +12,7 @@ from typing import Callable
 
 from tuner.compare.plan import Action, ComparePlan, Entry
 from tuner.evaluation.registry import get_evaluator, resolve_auto
+from tuner.lifecycle import TrialStatus
 from tuner.storage import db, repo
 from tuner.study import space as space_mod
 from tuner.study.proposer import config_key, planner_verdict
@@ -146,34 +147,45 @@ def _host_cache_variants(cfg: dict, space) -> list[dict]:
 def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool = True,
                ray_address: str | None = None, parallel: int = 1, workdir: str = "results/runs",
                wrap: Callable | None = None, say: Callable[[str], None] = lambda s: None) -> dict[str, list[dict]]:
-    """Try every study's best configuration on each other study that can run it and has not
-    (hardware compared at the same configuration, not only at what each search found). Returns
-    study -> [{from, params}] of the configurations added."""
+    """Try every study's best configuration on each other study that can run it and has not run
+    it to the end (hardware compared at the same configuration, not only at what each search
+    found): a configuration never tried there is launched, one whose search was pruned there is
+    repeated unpruned (``repeat_trials``). Returns study -> [{from, params}] of those added."""
     summaries = {e.spec.name: study_summary(storage, e.spec.name) for e in plan.entries}
     bests = {n: s["best"] for n, s in summaries.items() if s["best"] and not s["best"]["is_baseline"]}
     kinds = {r.name: r.backend_kind for r in ran}
     added: dict[str, list[dict]] = {}
     for e in plan.entries:
         s = summaries[e.spec.name]
-        tried = {config_key(t["params"]) for t in s["trials"]}
-        configs, sources = [], []
+        tried: dict[str, list[dict]] = {}
+        for t in s["trials"]:
+            tried.setdefault(config_key(t["params"]), []).append(t)
+        configs, repeats, sources, planned = [], [], [], set()
         for other, best in bests.items():
             if other == e.spec.name:
                 continue
             cfg = adapt_config(best["params"], e.spec)
-            if cfg is None or config_key(cfg) in tried:
+            if cfg is None or config_key(cfg) in planned:
                 continue
-            tried.add(config_key(cfg))
-            configs.append(cfg)
+            same = tried.get(config_key(cfg), [])
+            if not same:
+                configs.append(cfg)
+            elif all(t["status"] == TrialStatus.PRUNED for t in same if t["launched"]) and \
+                    any(t["launched"] for t in same):
+                # its search was stopped below the study's best: run it again to its end
+                repeats.append(max(t["number"] for t in same if t["launched"]))
+            else:  # measured to the end, failed or infeasible there already
+                continue
+            planned.add(config_key(cfg))
             sources.append({"from": other, "trial": best["number"], "params": cfg})
-        if not configs:
+        if not sources:
             continue
         kind = kinds.get(e.spec.name) or s["backend_kind"]
         # not pruned: a configuration run for the comparison needs its capacity, not only "below the best"
         runner = StudyRunner(e.spec, storage_url=storage, backend_kind=kind, backend_reason="cross-seeding",
                              parallel=parallel, ray_address=ray_address, use_ray=use_ray, workdir=workdir,
-                             initial_configs=configs, prune=False)
-        budget = s["trials_launched"] + len(configs)
+                             initial_configs=configs, repeat_trials=repeats, prune=False)
+        budget = s["trials_launched"] + len(configs) + len(repeats)
         say(f"{e.spec.name}: trying the best configuration of {', '.join(x['from'] for x in sources)}")
         if wrap:
             wrap(runner, e.spec, budget)
