@@ -290,7 +290,7 @@ def _check_repeats(spec, storage: str, name: str, numbers: list[int], budget: in
 
     rows = repo.trials(db.reader_engine(storage), name)
     repeat_configs(spec, {t.trial_number: TriedTrial.of_row(t) for t in rows}, numbers)
-    launched = sum(1 for t in rows if t.launched and t.status != TrialStatus.RUNNING)
+    launched = repo.launched_count(rows)
     if launched + len(numbers) > budget:
         raise ConfigError(f"study {name!r} has launched {launched} of its {budget} trials: no room for "
                           f"{len(numbers)} repeat(s); give --trials {launched + len(numbers)} or more",

@@ -168,12 +168,12 @@ def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool
             if cfg is None or config_key(cfg) in planned:
                 continue
             same = tried.get(config_key(cfg), [])
+            ran = [t for t in same if t["launched"]]
             if not same:
                 configs.append(cfg)
-            elif all(t["status"] == TrialStatus.PRUNED for t in same if t["launched"]) and \
-                    any(t["launched"] for t in same):
+            elif ran and all(t["status"] == TrialStatus.PRUNED for t in ran):
                 # its search was stopped below the study's best: run it again to its end
-                repeats.append(max(t["number"] for t in same if t["launched"]))
+                repeats.append(max(t["number"] for t in ran))
             else:  # measured to the end, failed or infeasible there already
                 continue
             planned.add(config_key(cfg))

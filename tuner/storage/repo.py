@@ -5,7 +5,6 @@ Each function is one transaction: a write that fails leaves the database as it w
 from __future__ import annotations
 
 import math
-
 import time
 from typing import Any
 
@@ -171,8 +170,17 @@ def best_trial(engine: Engine, study_name: str) -> TrialRow | None:
     rows = trials(engine, study_name)
     if study is None:
         return best_of(rows)
-    return best_of(rows, slo_headroom(rows, measurements(engine, study_name), study.p90_ttft_slo_s,
-                                      study.p90_tpot_slo_s))
+    return best_of_study(study, rows, measurements(engine, study_name))
+
+
+def best_of_study(study: StudyRow, rows: list[TrialRow], ms: list[MeasurementRow]) -> TrialRow | None:
+    """``best_of`` with the headroom of each trial to the study's own SLO (one snapshot's rows)."""
+    return best_of(rows, slo_headroom(rows, ms, study.p90_ttft_slo_s, study.p90_tpot_slo_s))
+
+
+def launched_count(rows: list[TrialRow]) -> int:
+    """Trials that launched and have ended: what a study's trial budget counts."""
+    return sum(1 for t in rows if t.launched and t.status != TrialStatus.RUNNING)
 
 
 def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:

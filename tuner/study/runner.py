@@ -56,7 +56,7 @@ from tuner.study.lease import Acquired, DriverLease
 from tuner.study.ledger import Counters, Ledger
 from tuner.study.loop import TrialLoop
 from tuner.study.optuna_adapter import HEARTBEAT_GRACE_S, HEARTBEAT_INTERVAL_S, OptunaStudy
-from tuner.study.proposer import repeat_configs, Proposer, TriedTrial
+from tuner.study.proposer import Proposer, TriedTrial, repeat_configs
 from tuner.study.samplers import grid_configs, make_sampler
 from tuner.study.signals import StopSignal, stop_signal
 from tuner.vocabulary import Sampler
@@ -254,8 +254,7 @@ class StudyRunner:
         existing = repo.trials(self.engine, self.study.name)
         completed = [t.capacity_users or 0 for t in existing if t.status == TrialStatus.COMPLETE]
         ledger = Ledger(self.records, optuna, backend_kind=self.backend_kind, on_event=self.on_event,
-                        counters=Counters(launched=sum(1 for t in existing
-                                                       if t.status != TrialStatus.RUNNING and t.launched)),
+                        counters=Counters(launched=repo.launched_count(existing)),
                         incumbent_users=max(completed) if completed else None)
         if row is not None and row.trials_budget != budget:
             ledger.set_budget(budget)  # resume --trials N: the study's budget from now on

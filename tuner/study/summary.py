@@ -83,7 +83,7 @@ def study_summary(storage: str, name: str) -> dict:
     diagnoses = explain.diagnose_rows(row, ts, ms, ctx)
     trials = [trial_dict(t, by_trial.get(t.trial_number, []), diagnoses.get(t.trial_number)) for t in ts]
     # from the same snapshot as `trials` (a trial may finish meanwhile)
-    best = repo.best_of(ts, repo.slo_headroom(ts, ms, row.p90_ttft_slo_s, row.p90_tpot_slo_s))
+    best = repo.best_of_study(row, ts, ms)
     base = repo.baseline_of(ts)
     best_d = next((t for t in trials if best and t["number"] == best.trial_number), None)
     base_d = next((t for t in trials if base and t["number"] == base.trial_number), None)
@@ -146,7 +146,7 @@ def list_summaries(storage: str) -> list[dict]:
                    for s in repo.list_studies(engine)]
     out = []
     for s, ts, ms in studies:
-        best = repo.best_of(ts, repo.slo_headroom(ts, ms, s.p90_ttft_slo_s, s.p90_tpot_slo_s))
+        best = repo.best_of_study(s, ts, ms)
         base = repo.baseline_of(ts)
         out.append({
             "name": s.name, "backend_kind": s.backend_kind, "status": s.status,
