@@ -11,7 +11,7 @@
 # profile), results/profiles/h200/whole-steps-NAME.jsonl (bench_one_batch's rows) and
 # compose-NAME.json; everything comes back packed in $OUT/profiles.tgz (extract at the repository
 # root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights, with whole
-# steps), qwen3-bf16-fp8kv, qwen3-fp8-fp8kv (the same with fp8 KV, operators only), dsv3-fp8
+# steps; qwen3-bf16-ops and qwen3-fp8-ops: the operators only), qwen3-bf16-fp8kv, qwen3-fp8-fp8kv (the same with fp8 KV, operators only), dsv3-fp8
 # (DeepSeek-V3's operators, fp8 weights and fp8 KV; no whole steps: the 61-layer model does not fit
 # one GPU). QUICK=0 times the full grid instead of --quick's coarse one.
 set -uo pipefail
@@ -43,10 +43,10 @@ profile() {
   [ "$l" -gt 60 ] || { echo "$name profile: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return 1; }
   local ts; ts=$(date +%s)
   timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" $quick "$@" \
-    -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-$name.log" 2>&1
+    -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-${LOG_TAG:-$name}.log" 2>&1
   local rc=$?
   echo "$name profile: rc $rc in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
-  tail -5 "$LOGS/profile-$name.log"
+  tail -5 "$LOGS/profile-${LOG_TAG:-$name}.log"
   return $rc
 }
 # whole NAME MODEL QUANT: SGLang's one-batch benchmark on the same shapes (random weights; its
@@ -95,9 +95,11 @@ for step in $STEPS; do
   case $step in
     qwen3-bf16) profile bf16 qwen3-30b-a3b && whole bf16 qwen3-30b-a3b none ;;
     qwen3-fp8) profile fp8 qwen3-30b-a3b --quantization fp8 && whole fp8 qwen3-30b-a3b fp8 ;;
+    qwen3-bf16-ops) profile bf16 qwen3-30b-a3b ;;
+    qwen3-fp8-ops) profile fp8 qwen3-30b-a3b --quantization fp8 ;;
     qwen3-bf16-fp8kv) profile bf16-fp8kv qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 ;;
     qwen3-fp8-fp8kv) profile fp8-fp8kv qwen3-30b-a3b --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
-    dsv3-fp8) profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
+    dsv3-fp8) LOG_TAG=dsv3-fp8-fp8kv profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
   esac
 done
