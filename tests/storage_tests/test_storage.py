@@ -163,3 +163,35 @@ def test_wal_mode_gives_up_after_the_busy_timeout_and_other_errors_at_once():
     cur = _RefusingCursor(1, error="disk I/O error")
     with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
         _use_wal(cur, sleep=lambda s: pytest.fail("not retried"))
+
+
+def test_a_capacity_a_repeat_did_not_reproduce_is_not_the_best(engine):
+    """Trial 0 served 24 users; trial 2, the same configuration on another seed, only 16: the
+    configuration's claim is 16, so trial 0 is not the best; trial 1 (another configuration, 16)
+    is, as the earliest of the 16s. An interrupted repeat (trial 3, no capacity) refutes nothing,
+    and trial 4 (a third configuration, 24, never repeated) would win once it exists."""
+    from tuner.study.summary import study_summary
+
+    _study(engine)
+
+    def trial(n, params, status, capacity):
+        repo.start_trial(engine, study_name="s", trial_number=n, optuna_trial_id=n + 1, backend_kind="simulator",
+                         params=params, flags={}, knobs={}, is_baseline=n == 0)
+        repo.finish_trial(engine, "s", n, status=status, capacity_users=capacity)
+
+    trial(0, {"x": "a"}, "complete", 24)
+    trial(1, {"x": "b"}, "complete", 16)
+    trial(2, {"x": "a"}, "complete", 16)
+    trial(3, {"x": "b"}, "interrupted", None)
+    rows = repo.trials(engine, "s")
+    assert repo.not_reproduced(rows) == {0: 16}
+    assert repo.best_of(rows).trial_number == 1
+    assert repo.best_trial(engine, "s").trial_number == 1
+    summary = study_summary(str(engine.url), "s")
+    assert summary["best"]["number"] == 1 and summary["not_reproduced"] == {"0": 16}
+    trial(4, {"x": "c"}, "complete", 24)
+    assert repo.best_trial(engine, "s").trial_number == 4
+    # knobs are part of the configuration: the same params with other tuner-level knobs refute nothing
+    rows = repo.trials(engine, "s")
+    rows[2].knobs = {"moe-tile-configs": "tuned"}
+    assert repo.not_reproduced(rows) == {}

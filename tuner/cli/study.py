@@ -387,6 +387,10 @@ def status(name, storage, slo, as_json):
     if s["best"]:
         console.print(f"best: trial {s['best']['number']} with {s['best']['capacity_users']} users"
                       + (f" ({s['improvement_over_baseline']:.2f}x baseline)" if s.get("improvement_over_baseline") else ""))
+    for n, least in (s.get("not_reproduced") or {}).items():
+        t = next(x for x in s["trials"] if str(x["number"]) == n)
+        console.print(f"trial {n}'s {t['capacity_users']} users were not reproduced: the same configuration "
+                      f"served {least} in a repeat, so it counts as {least}")
     _print_why(console, s)
     if s.get("what_if"):
         _print_what_if(console, s)

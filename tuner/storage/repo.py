@@ -4,6 +4,7 @@ Each function is one transaction: a write that fails leaves the database as it w
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -204,12 +205,35 @@ def slo_headroom(rows: list[TrialRow], ms: list[MeasurementRow], p90_ttft_slo_s:
     return out
 
 
+def not_reproduced(rows: list[TrialRow]) -> dict[int, int]:
+    """Completed trials whose capacity another completed trial of the same configuration (a
+    ``--repeat-trial``, on its own seed) did not reach, each with the least capacity measured for
+    its configuration: that is the configuration's claim, and a capacity met on one workload
+    sample only is not the study's best."""
+    least: dict[str, int] = {}
+    for t in rows:
+        if t.status == TrialStatus.COMPLETE and t.capacity_users is not None:
+            key = config_key(t)
+            least[key] = min(least.get(key, t.capacity_users), t.capacity_users)
+    return {t.trial_number: least[config_key(t)] for t in rows
+            if t.status == TrialStatus.COMPLETE and t.capacity_users is not None
+            and t.capacity_users > least[config_key(t)]}
+
+
+def config_key(t: TrialRow) -> str:
+    """One configuration however often it was launched: its sampled knobs and tuner-level knobs."""
+    return json.dumps([t.params or {}, t.knobs or {}], sort_keys=True, default=str)
+
+
 def best_of(rows: list[TrialRow], headroom: dict[int, float] | None = None) -> TrialRow | None:
     """The best of already-read rows: readers that summarise one snapshot use this, not a second
     query that may see trials finished in between. Among trials serving the same users the one
     with the most ``headroom`` to its SLO (``slo_headroom``) wins, then the earliest: a capacity met
-    by 0.1 ms is the weaker claim."""
+    by 0.1 ms is the weaker claim. A capacity that a repeat of the same configuration did not reach
+    (``not_reproduced``) is left out."""
     done = [t for t in rows if t.status == TrialStatus.COMPLETE and t.capacity_users is not None]
+    refuted = not_reproduced(done)
+    done = [t for t in done if t.trial_number not in refuted]
     if not done:
         return None
     room = headroom or {}

@@ -100,6 +100,8 @@ def study_summary(storage: str, name: str) -> dict:
         "counts": counts, "created_at": row.created_at, "updated_at": row.updated_at,
         "tuner_version": row.tuner_version, "spec_hash": row.spec_hash,
         "best": best_d, "baseline": base_d, "improvement_over_baseline": improvement,
+        # trial -> its configuration's least capacity, where a repeat measured less
+        "not_reproduced": {str(n): u for n, u in repo.not_reproduced(ts).items()},
         "bottleneck": (best_d or {}).get("bottleneck"),
         "capacity_search": {"start_users": ctx.start_users, "max_users": ctx.max_users,
                             "resolution_users": ctx.resolution_users},
