@@ -210,14 +210,11 @@ def not_reproduced(rows: list[TrialRow]) -> dict[int, int]:
     ``--repeat-trial``, on its own seed) did not reach, each with the least capacity measured for
     its configuration: that is the configuration's claim, and a capacity met on one workload
     sample only is not the study's best."""
+    done = [(t, config_key(t)) for t in rows if t.status == TrialStatus.COMPLETE and t.capacity_users is not None]
     least: dict[str, int] = {}
-    for t in rows:
-        if t.status == TrialStatus.COMPLETE and t.capacity_users is not None:
-            key = config_key(t)
-            least[key] = min(least.get(key, t.capacity_users), t.capacity_users)
-    return {t.trial_number: least[config_key(t)] for t in rows
-            if t.status == TrialStatus.COMPLETE and t.capacity_users is not None
-            and t.capacity_users > least[config_key(t)]}
+    for t, key in done:
+        least[key] = min(least.get(key, t.capacity_users), t.capacity_users)
+    return {t.trial_number: least[key] for t, key in done if t.capacity_users > least[key]}
 
 
 def config_key(t: TrialRow) -> str:
