@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from tuner.evaluation.capacity import CapacitySearch
@@ -102,18 +104,18 @@ def test_for_study_takes_a_prediction_as_a_guided_start(tmp_path):
 
 # ---- marginal passes are confirmed -------------------------------------------------------------
 
-def _point(users: int, p90_tpot_s: float, tpot_spread=None):
+def _point(users: int, p90_tpot_s: float, tpot_spread=None, requests=100):
     from tuner.workload.metrics import LoadPointMetrics
 
     extra = {"p90_spread": {"tpot_s": list(tpot_spread)}} if tpot_spread else {}
-    return LoadPointMetrics(users=users, requests=100, errors=0, duration_s=40, p50_ttft_s=0.1, p90_ttft_s=0.2,
+    return LoadPointMetrics(users=users, requests=requests, errors=0, duration_s=40, p50_ttft_s=0.1, p90_ttft_s=0.2,
                             p99_ttft_s=0.3, p50_tpot_s=0.02, p90_tpot_s=p90_tpot_s, p99_tpot_s=0.03, p50_itl_s=None,
                             p90_itl_s=None, p99_itl_s=None, p90_e2e_s=None, throughput_tokens_per_s=1.0,
                             input_throughput_tokens_per_s=1.0, prefix_cache_hit_rate=None, extra=extra)
 
 
-def _confirming(**kw):
-    return CapacitySearch(start_users=24, max_users=64, resolution_users=8, p90_ttft_s=1.5, p90_tpot_s=0.025,
+def _confirming(start_users=24, **kw):
+    return CapacitySearch(start_users=start_users, max_users=64, resolution_users=8, p90_ttft_s=1.5, p90_tpot_s=0.025,
                           guided=True, confirm_marginal=True, **kw)
 
 
@@ -160,3 +162,40 @@ def test_for_study_reads_confirm_marginal(tmp_path):
                             slo=SimpleNamespace(p90_ttft_s=1.5, p90_tpot_s=0.025))
     assert CapacitySearch.for_study(study).confirm_marginal
     assert not CapacitySpec().confirm_marginal
+
+
+def test_a_miss_the_noise_could_turn_is_marginal_and_a_clear_one_is_not():
+    s = _confirming()
+    assert s.marginal(_point(16, 0.02513, (0.0247, 0.0277)))  # trial 14's 16 users: 25.13 ms, 24.7-27.7
+    assert not s.marginal(_point(24, 0.0294, (0.0262, 0.0318)))  # trial 0's 24 users: the whole interval over
+    assert not s.marginal(_point(16, 0.02513))  # no spread recorded
+
+
+def _record(s, m):
+    s.record(m.users, s.meets(m), marginal=s.marginal(m), point=m)
+
+
+def test_a_marginal_miss_is_measured_again_and_the_two_windows_decide_together():
+    """Trial 14 of the H200 study: 16 users missed by 0.13 ms on 68 requests, its interval
+    reaching under the limit. A second window at 23.9 ms on 70 requests pools to 24.5 ms: 16 met."""
+    s = _confirming(start_users=16)
+    _record(s, _point(16, 0.02513, (0.0247, 0.0277), requests=68))
+    assert s.next_users() == 16 and s.lowest_fail is None and s.capacity_users == 0
+    _record(s, _point(16, 0.0239, (0.0228, 0.0252), requests=70))
+    assert s.capacity_users == 16 and s.lowest_fail is None and s.next_users() == 24
+
+
+def test_pooled_windows_take_a_marginal_pass_away_when_together_they_miss():
+    """Trial 15: 24 users passed at 24.0 ms (107 requests, interval to 27.0), the second window
+    missed at 26.55 ms (101): together 25.2 ms, over the 25 ms limit; a second window that passes
+    does not save a first one that missed by more than it passed."""
+    s = _confirming()
+    _record(s, _point(24, 0.0240, (0.0229, 0.0270), requests=107))
+    _record(s, _point(24, 0.02655, (0.0259, 0.0277), requests=101))
+    assert s.lowest_fail == 24 and s.capacity_users == 0 and s.next_users() == 16
+    t = _confirming()
+    _record(t, _point(24, 0.0262, (0.0246, 0.0281)))  # missed, marginal
+    _record(t, _point(24, 0.0245))  # passed, but (26.2 + 24.5) / 2 = 25.35 ms
+    assert t.lowest_fail == 24 and t.capacity_users == 0
+    assert t.pooled_meets(_point(24, 0.0262), _point(24, 0.0236))  # 24.9 ms together: met
+    assert not t.pooled_meets(_point(24, 0.0200), dataclasses.replace(_point(24, 0.0200), valid=False))

@@ -166,6 +166,41 @@ class _NoisyAtTheEdge(ScriptedExecutor):
         return out
 
 
+class _MissesOnceAtTheEdge(ScriptedExecutor):
+    """Capacity 26 by the script (28 misses), except that 28's first window misses by a little,
+    P90 TTFT 40 s against 30 with an interval reaching down to 20 s, and its second passes at 1 s:
+    together (20.5 s) they meet the SLO."""
+
+    def __init__(self):
+        super().__init__(capacity=lambda n: 26)
+        self.seen_28: dict[int, int] = {}
+
+    def wait(self, timeout_s=0.5):
+        out = []
+        for r in super().wait(timeout_s):
+            if r.op is Operation.MEASURE and r.ok and r.value[0].users == 28:
+                k = self.seen_28[r.key] = self.seen_28.get(r.key, 0) + 1
+                m = load_point(28, 40.0) if k == 1 else load_point(28, 1.0)
+                if k == 1:
+                    m = dataclasses.replace(m, extra={"p90_spread": {"ttft_s": [20.0, 45.0]}})
+                r = dataclasses.replace(r, value=(m, r.value[1]))
+            out.append(r)
+        return out
+
+
+@pytest.mark.parametrize("confirm, capacity, points_at_28", [(False, 24, 1), (True, 28, 2)])
+def test_a_marginal_miss_is_measured_again_and_decided_with_both_windows(tmp_path, confirm, capacity, points_at_28):
+    ex = _MissesOnceAtTheEdge()
+    loop, records = _loop(tmp_path, ex, 1)
+    loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(
+        update={"confirm_marginal": confirm})})
+    loop.run()
+    (trial,) = records.trials.values()
+    assert trial["outcome"].capacity_users == capacity
+    measured = [args[0] for _, op, *args in ex.calls if op is Operation.MEASURE]
+    assert measured.count(28) == points_at_28
+
+
 @pytest.mark.parametrize("confirm, capacity, points_at_28", [(False, 28, 1), (True, 24, 2)])
 def test_a_marginal_pass_is_confirmed_before_it_counts(tmp_path, confirm, capacity, points_at_28):
     ex = _NoisyAtTheEdge()

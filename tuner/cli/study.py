@@ -225,8 +225,9 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
                    "tile-config variant so that the kernels SGLang compiles on first use are built before "
                    "anything is measured (stored with the study as measurement.kernel_warmup).")
 @click.option("--confirm-marginal/--no-confirm-marginal", "confirm_marginal", default=None,
-              help="From now on a pass whose P90 interval reaches past a limit is measured once more at the "
-                   "same user count and counts only if that passes too (stored with the study as "
+              help="From now on a verdict inside its own noise (a limit within the 90% interval of a P90, "
+                   "pass or miss) is measured once more at the same user count and decided by both windows "
+                   "together, their P90s averaged by requests (stored with the study as "
                    "capacity.confirm_marginal; costs one load point where it applies).")
 @click.option("--repeat-trial", "repeat_trials", type=int, multiple=True, metavar="N",
               help="Measure trial N's configuration again, first, as a new trial (repeatable): one a time limit "

@@ -207,9 +207,8 @@ class CapacitySpec(_Strict):
     resolution_users: ResolutionUsers = 2
     growth_factor: GrowthFactor = 2.0
     start: literal(CapacityStart) = CapacityStart.START_USERS.value
-    # a pass whose P90 interval (order statistics of the window's requests) reaches past a limit is
-    # measured once more at the same user count before it counts: a capacity a second window
-    # could take away is not a capacity
+    # a verdict whose P90 interval (order statistics of the window's requests) holds a limit, pass
+    # or miss, is measured once more at the same user count and decided by both windows together
     confirm_marginal: bool = False
 
     @model_validator(mode="after")

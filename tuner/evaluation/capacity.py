@@ -7,9 +7,12 @@ resolution instead, the step growing by the growth factor, so that a right guess
 two load points. The search is a small state machine so that the driver can run each step
 on a remote worker, record it, report it to Optuna and prune between steps.
 
-With ``confirm_marginal`` a pass whose P90 spread reaches past a limit (``marginal``) is
-measured again at the same user count, on a later window with other sessions, before it
-counts; a user count that passed and then missed counts as missed.
+With ``confirm_marginal`` a verdict that the window's own sampling noise could turn
+(``marginal``: a limit inside the 90% interval of a P90) is measured again at the same user
+count, on a later window with other sessions, and the two windows decide together: their P90s
+averaged, weighted by their requests (an estimate of the pooled P90 with about half the
+variance of one window's). A marginal pass and a marginal miss are treated alike, so the
+confirmation does not bias the capacity down (a pass needing two passing windows would).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ class CapacitySearch:
     p90_tpot_s: float = 0.05
     min_users: int = 1
     guided: bool = False  # start_users is a prediction: step out from it by resolution_users
-    confirm_marginal: bool = False  # measure a marginal pass once more before it counts
+    confirm_marginal: bool = False  # decide a marginal verdict with a second window
 
     best_pass: int = 0  # largest user count seen meeting the SLO
     lowest_fail: int | None = None  # smallest user count seen missing it
     steps: list[tuple[int, bool]] = field(default_factory=list)
     _next: int | None = None
-    _confirming: int | None = None  # a marginal pass waiting for its second window
+    _confirming: tuple[int, LoadPointMetrics | None] | None = None  # a marginal verdict awaiting its second window
 
     def __post_init__(self):
         self._next = max(self.min_users, min(self.start_users, self.max_users))
@@ -61,17 +64,40 @@ class CapacitySearch:
         return m.meets(self.p90_ttft_s, self.p90_tpot_s)
 
     def marginal(self, m: LoadPointMetrics) -> bool:
-        """A pass that its window's own noise could turn: the upper end of a P90's spread
-        (``extra["p90_spread"]``) is past its limit. False where no spread was recorded."""
+        """A verdict its window's own noise could turn (``extra["p90_spread"]``, a 90% interval of
+        each P90): a pass whose interval reaches past a limit, or a miss whose every P90 over its
+        limit has an interval reaching back under it. False where no spread was recorded."""
         spread = (m.extra or {}).get(SPREAD_KEY) or {}
         ttft, tpot = spread.get("ttft_s"), spread.get("tpot_s")
-        return bool((ttft and ttft[1] > self.p90_ttft_s) or (tpot and tpot[1] > self.p90_tpot_s))
+        if self.meets(m):
+            return bool((ttft and ttft[1] > self.p90_ttft_s) or (tpot and tpot[1] > self.p90_tpot_s))
+        over = [(limit, interval) for value, limit, interval in ((m.p90_ttft_s, self.p90_ttft_s, ttft),
+                                                                 (m.p90_tpot_s, self.p90_tpot_s, tpot))
+                if value is not None and value > limit]
+        return bool(m.valid and over and all(interval and interval[0] <= limit for limit, interval in over))
 
-    def record(self, users: int, passed: bool, *, marginal: bool = False) -> None:
+    def pooled_meets(self, a: LoadPointMetrics, b: LoadPointMetrics) -> bool:
+        """Both windows of one user count against the SLO: each P90 averaged, weighted by requests."""
+        if not (a.valid and b.valid):
+            return False
+        wa, wb = max(1, a.requests), max(1, b.requests)
+        for x, y, limit in ((a.p90_ttft_s, b.p90_ttft_s, self.p90_ttft_s), (a.p90_tpot_s, b.p90_tpot_s, self.p90_tpot_s)):
+            if x is None or y is None or (x * wa + y * wb) / (wa + wb) > limit:
+                return False
+        return True
+
+    def record(self, users: int, passed: bool, *, marginal: bool = False,
+               point: LoadPointMetrics | None = None) -> None:
+        """One window's verdict. ``point`` (its metrics) lets a confirmation pool the two windows;
+        without it the second window decides."""
         self.steps.append((users, passed))
         confirming, self._confirming = self._confirming, None
-        if passed and self.confirm_marginal and marginal and confirming != users:
-            self._confirming = users  # counts once a second window passes too
+        if confirming is not None and confirming[0] == users:  # the second window of a marginal verdict
+            first = confirming[1]
+            if first is not None and point is not None:
+                passed = self.pooled_meets(first, point)
+        elif self.confirm_marginal and marginal:
+            self._confirming = (users, point)  # decided with a second window
             self._next = users
             return
         if passed:

@@ -204,7 +204,7 @@ class TrialLoop:
 
     def _measured(self, rt: RunningTrial, metrics, wall_time_s: float) -> None:
         passed = rt.search.meets(metrics)
-        rt.search.record(metrics.users, passed, marginal=rt.search.marginal(metrics))
+        rt.search.record(metrics.users, passed, marginal=rt.search.marginal(metrics), point=metrics)
         self.ledger.measured(rt.proposal, rt.step, metrics, passed, wall_time_s, rt.search.capacity_users)
         rt.step += 1
         incumbent = self.ledger.incumbent_users
