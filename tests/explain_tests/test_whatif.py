@@ -109,9 +109,16 @@ def test_an_invalid_or_non_monotone_point_is_a_miss_and_the_first_miss_bounds():
     w = what_if(1, pts, 5.0, 0.05, resolution_users=64)
     assert (w.capacity_users, w.upper_bound_users, w.non_monotone) == (16, 32, True)
     assert "meets them again" in w.text
-    # a repeated user count meets only if every repeat did
-    rep = _pts((16, 1.0, 0.02, True), (16, 9.0, 0.02, True))
+    # a repeated user count is decided by its windows together: P90s averaged (weighted by requests)
+    rep = _pts((16, 1.0, 0.02, True), (16, 9.5, 0.02, True))  # 5.25 s together, over 5
     assert what_if(1, rep, 5.0, 0.05).coverage is Coverage.FEWER_THAN
+    rep = _pts((16, 1.0, 0.02, True), (16, 8.0, 0.02, True))  # 4.5 s together
+    assert what_if(1, rep, 5.0, 0.05).capacity_users == 16
+    heavy = [LoadPoint(users=16, p90_ttft_s=4.0, p90_tpot_s=0.02, valid=True, requests=300),
+             LoadPoint(users=16, p90_ttft_s=8.0, p90_tpot_s=0.02, valid=True, requests=100)]  # 5.0 s together
+    assert what_if(1, heavy, 5.0, 0.05).capacity_users == 16
+    invalid = _pts((16, 1.0, 0.02, True), (16, 1.0, 0.02, False))
+    assert what_if(1, invalid, 5.0, 0.05).coverage is Coverage.FEWER_THAN
 
 
 def test_parse_slo_accepts_seconds_and_milliseconds_and_refuses_the_rest():

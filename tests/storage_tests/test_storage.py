@@ -191,7 +191,31 @@ def test_a_capacity_a_repeat_did_not_reproduce_is_not_the_best(engine):
     assert summary["best"]["number"] == 1 and summary["not_reproduced"] == {"0": 16}
     trial(4, {"x": "c"}, "complete", 24)
     assert repo.best_trial(engine, "s").trial_number == 4
-    # knobs are part of the configuration: the same params with other tuner-level knobs refute nothing
+    # a configuration is its knob values, an unset knob the same as a missing one
     rows = repo.trials(engine, "s")
-    rows[2].knobs = {"moe-tile-configs": "tuned"}
+    rows[2].params = {"x": "a", "y": None}
+    assert repo.not_reproduced(rows) == {0: 16}
+    rows[2].params = {"x": "a", "moe-tile-configs": "tuned"}
     assert repo.not_reproduced(rows) == {}
+
+
+def test_what_if_answers_set_aside_a_capacity_its_repeat_did_not_reach(engine):
+    """At other targets too: trial 0 (configuration a) meets 24 users at TTFT <= 20 s, its repeat
+    (trial 2) only 16; trial 1 (configuration b) meets 16 with more room. The what-if best is not
+    trial 0."""
+    from tuner.study.summary import study_summary, what_if_summary
+
+    _study(engine)
+    for n, cfg, points in ((0, "a", ((16, 5.0), (24, 10.0))), (1, "b", ((16, 2.0), (24, 25.0))),
+                           (2, "a", ((16, 5.0), (24, 25.0)))):
+        repo.start_trial(engine, study_name="s", trial_number=n, optuna_trial_id=n + 1, backend_kind="simulator",
+                         params={"x": cfg}, flags={}, knobs={}, is_baseline=n == 0)
+        for step, (users, ttft) in enumerate(points):
+            m = _metrics(users, ttft, decode_s=0.3)
+            repo.add_measurement(engine, study_name="s", trial_number=n, step=step, backend_kind="simulator",
+                                 metrics=m, meets_slo=m.meets(30, 0.05), wall_time_s=0.1)
+        repo.finish_trial(engine, "s", n, status="complete", capacity_users=24)
+    w = what_if_summary(study_summary(str(engine.url), "s"), 20.0, 0.05)
+    by_trial = {t["trial"]: t["capacity_users"] for t in w["trials"]}
+    assert by_trial == {0: 24, 1: 16, 2: 16}
+    assert w["best"]["trial"] == 1  # trial 0's 24 was not reproduced at these targets; 1 is the earliest 16

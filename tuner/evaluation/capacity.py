@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics
+from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics, pooled_meets
 
 
 @dataclass
@@ -77,14 +77,8 @@ class CapacitySearch:
         return bool(m.valid and over and all(interval and interval[0] <= limit for limit, interval in over))
 
     def pooled_meets(self, a: LoadPointMetrics, b: LoadPointMetrics) -> bool:
-        """Both windows of one user count against the SLO: each P90 averaged, weighted by requests."""
-        if not (a.valid and b.valid):
-            return False
-        wa, wb = max(1, a.requests), max(1, b.requests)
-        for x, y, limit in ((a.p90_ttft_s, b.p90_ttft_s, self.p90_ttft_s), (a.p90_tpot_s, b.p90_tpot_s, self.p90_tpot_s)):
-            if x is None or y is None or (x * wa + y * wb) / (wa + wb) > limit:
-                return False
-        return True
+        """Both windows of one user count against the SLO (``metrics.pooled_meets``)."""
+        return pooled_meets((a, b), self.p90_ttft_s, self.p90_tpot_s)
 
     def record(self, users: int, passed: bool, *, marginal: bool = False,
                point: LoadPointMetrics | None = None) -> None:

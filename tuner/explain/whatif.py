@@ -6,6 +6,8 @@ is taken, as the capacity search takes it, to be the largest stored user count t
 with every smaller stored point meeting them too; the smallest stored point above that which
 misses bounds the answer from above. Nothing is extrapolated: where no stored point above meets
 or misses, the answer is "at least"; where the smallest stored point already misses, "fewer than".
+A user count measured more than once is decided by its windows together, as the capacity search
+decides a confirmed one (``tuner.workload.metrics.pooled_meets``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tuner import limits as L
 from tuner.errors import ConfigError
 from tuner.explain.inputs import LoadPoint
 from tuner.vocabulary import StrEnum
+from tuner.workload.metrics import pooled_meets
 
 
 class Coverage(StrEnum):
@@ -60,11 +63,13 @@ class WhatIf:
 
 def what_if(trial: int, points: list[LoadPoint], p90_ttft_s: float, p90_tpot_s: float,
             resolution_users: int = 1) -> WhatIf:
-    # one verdict per user count: a repeated count counts as met only if every repeat met
-    verdict: dict[int, bool] = {}
+    # one verdict per user count: a repeated count (a marginal verdict measured again) is decided
+    # by its windows together, as the capacity search decides it
+    windows: dict[int, list[LoadPoint]] = {}
     for p in points:
-        ok = p.meets(p90_ttft_s, p90_tpot_s)
-        verdict[p.users] = verdict.get(p.users, True) and ok
+        windows.setdefault(p.users, []).append(p)
+    verdict = {u: ws[0].meets(p90_ttft_s, p90_tpot_s) if len(ws) == 1 else pooled_meets(ws, p90_ttft_s, p90_tpot_s)
+               for u, ws in windows.items()}
     if not verdict:
         return WhatIf(trial, None, None, Coverage.NO_POINTS, "no stored load points")
     users = sorted(verdict)

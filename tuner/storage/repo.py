@@ -4,7 +4,6 @@ Each function is one transaction: a write that fails leaves the database as it w
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import Any
@@ -13,7 +12,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from tuner.lifecycle import Outcome, StudyStatus, TrialStatus
+from tuner.lifecycle import Outcome, StudyStatus, TrialStatus, config_key
 from tuner.storage import leases
 from tuner.storage.models import DriverLeaseRow, MeasurementRow, StudyRow, TrialRow
 from tuner.workload.metrics import LoadPointMetrics
@@ -210,16 +209,18 @@ def not_reproduced(rows: list[TrialRow]) -> dict[int, int]:
     ``--repeat-trial``, on its own seed) did not reach, each with the least capacity measured for
     its configuration: that is the configuration's claim, and a capacity met on one workload
     sample only is not the study's best."""
-    done = [(t, config_key(t)) for t in rows if t.status == TrialStatus.COMPLETE and t.capacity_users is not None]
+    return refuted_capacities((t.trial_number, config_key(t.params or {}), t.capacity_users) for t in rows
+                              if t.status == TrialStatus.COMPLETE and t.capacity_users is not None)
+
+
+def refuted_capacities(entries) -> dict[int, int]:
+    """``(trial, configuration key, capacity)`` -> the trials whose capacity exceeds the least of
+    their configuration's, each with that least."""
+    entries = list(entries)
     least: dict[str, int] = {}
-    for t, key in done:
-        least[key] = min(least.get(key, t.capacity_users), t.capacity_users)
-    return {t.trial_number: least[key] for t, key in done if t.capacity_users > least[key]}
-
-
-def config_key(t: TrialRow) -> str:
-    """One configuration however often it was launched: its sampled knobs and tuner-level knobs."""
-    return json.dumps([t.params or {}, t.knobs or {}], sort_keys=True, default=str)
+    for _, key, users in entries:
+        least[key] = min(least.get(key, users), users)
+    return {n: least[key] for n, key, users in entries if users > least[key]}
 
 
 def best_of(rows: list[TrialRow], headroom: dict[int, float] | None = None) -> TrialRow | None:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError, UserError
-from tuner.lifecycle import Outcome, TrialStatus
+from tuner.lifecycle import Outcome, TrialStatus, config_key
 from tuner.planner import plan_memory
 from tuner.config.schema import StudySpec
 from tuner.study import space as space_mod
@@ -102,11 +102,6 @@ def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial], numbers: Iter
         out.append((n, {k: t.values.get(k) for k in space.params
                         if space_mod.condition_holds(space, k, t.values, env)}))
     return out
-
-
-def config_key(values: dict) -> str:
-    """Equal launches share a key: unset (None) knobs drop out."""
-    return repr(sorted((k, v) for k, v in values.items() if v is not None))
 
 
 def baseline_values(study: StudySpec) -> dict:

@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from tuner import explain
 from tuner.errors import StudyNotFoundError
+from tuner.lifecycle import TrialStatus, config_key
 from tuner.storage import db, leases, repo
 from tuner.storage.snapshot import read_current
 from tuner.study import trust
@@ -123,7 +124,11 @@ def what_if_summary(summary: dict, p90_ttft_s: float, p90_tpot_s: float) -> dict
         results.append(w)
         rows.append({**w.to_dict(), "status": t["status"], "is_baseline": t["is_baseline"],
                      "stored_capacity_users": t["capacity_users"]})
-    best = explain.best_of(results)
+    # as for the study's best: a capacity a repeat of the same configuration did not reach is set aside
+    completed = {t["number"]: t for t in summary["trials"] if t["status"] == TrialStatus.COMPLETE}
+    refuted = repo.refuted_capacities((w.trial, config_key(completed[w.trial]["params"] or {}), w.capacity_users)
+                                      for w in results if w.trial in completed and w.capacity_users is not None)
+    best = explain.best_of([w for w in results if w.trial not in refuted])
     return {"slo": {"p90_ttft_s": p90_ttft_s, "p90_tpot_s": p90_tpot_s}, "resolution_users": resolution,
             "trials": rows, "best": best.to_dict() if best else None}
 

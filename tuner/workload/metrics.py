@@ -115,6 +115,21 @@ def p90_spread(values) -> tuple[float, float] | None:
     return float(data[lo]), float(data[hi])
 
 
+def pooled_meets(windows, p90_ttft_s: float, p90_tpot_s: float) -> bool:
+    """Several windows measured at one user count, against the SLO together: each P90 averaged
+    over the windows, weighted by their requests (an estimate of the pooled P90 with less variance
+    than any one window's). An invalid window, or one without a P90, misses. ``windows``: objects
+    with ``valid``, ``requests``, ``p90_ttft_s`` and ``p90_tpot_s`` (a ``LoadPointMetrics``, a stored point)."""
+    windows = list(windows)
+    if not windows or not all(w.valid and w.p90_ttft_s is not None and w.p90_tpot_s is not None for w in windows):
+        return False
+    weights = [max(1, w.requests or 0) for w in windows]
+    total = sum(weights)
+    ttft = sum(w.p90_ttft_s * k for w, k in zip(windows, weights)) / total
+    tpot = sum(w.p90_tpot_s * k for w, k in zip(windows, weights)) / total
+    return ttft <= p90_ttft_s and tpot <= p90_tpot_s
+
+
 def aggregate(
     records: list[RequestRecord],
     *,
