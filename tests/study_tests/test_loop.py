@@ -144,35 +144,13 @@ def test_at_the_time_limit_a_finished_search_completes_and_an_unfinished_one_is_
     assert len([n for n, t in records.trials.items() if t["outcome"].launched]) == 1  # nothing new started
 
 
-class _NoisyAtTheEdge(ScriptedExecutor):
-    """Capacity 30, except that 28 users pass once with a P90 whose spread crosses the TTFT limit,
-    and miss when measured again: a pass a second window takes away."""
+class _TwoWindowsAtTheEdge(ScriptedExecutor):
+    """The script's capacity, except that 28 users' windows measure the given P90 TTFTs in turn
+    (30 s is the limit), the first with a P90 interval that holds the limit: a marginal verdict."""
 
-    def __init__(self):
-        super().__init__(capacity=lambda n: 30)
-        self.seen_28: dict[int, int] = {}
-
-    def wait(self, timeout_s=0.5):
-        results = super().wait(timeout_s)
-        out = []
-        for r in results:
-            if r.op is Operation.MEASURE and r.ok and r.value[0].users == 28:
-                k = self.seen_28[r.key] = self.seen_28.get(r.key, 0) + 1
-                m, wall = r.value
-                ttft = 1.0 if k == 1 else 100.0
-                m = dataclasses.replace(load_point(28, ttft), extra={"p90_spread": {"ttft_s": [0.9, 40.0]}})
-                r = dataclasses.replace(r, value=(m, wall))
-            out.append(r)
-        return out
-
-
-class _MissesOnceAtTheEdge(ScriptedExecutor):
-    """Capacity 26 by the script (28 misses), except that 28's first window misses by a little,
-    P90 TTFT 40 s against 30 with an interval reaching down to 20 s, and its second passes at 1 s:
-    together (20.5 s) they meet the SLO."""
-
-    def __init__(self):
-        super().__init__(capacity=lambda n: 26)
+    def __init__(self, capacity: int, ttfts_s: tuple[float, float], interval_s: tuple[float, float]):
+        super().__init__(capacity=lambda n: capacity)
+        self.ttfts_s, self.interval_s = ttfts_s, interval_s
         self.seen_28: dict[int, int] = {}
 
     def wait(self, timeout_s=0.5):
@@ -180,35 +158,27 @@ class _MissesOnceAtTheEdge(ScriptedExecutor):
         for r in super().wait(timeout_s):
             if r.op is Operation.MEASURE and r.ok and r.value[0].users == 28:
                 k = self.seen_28[r.key] = self.seen_28.get(r.key, 0) + 1
-                m = load_point(28, 40.0) if k == 1 else load_point(28, 1.0)
+                m = load_point(28, self.ttfts_s[min(k, 2) - 1])
                 if k == 1:
-                    m = dataclasses.replace(m, extra={"p90_spread": {"ttft_s": [20.0, 45.0]}})
+                    m = dataclasses.replace(m, extra={"p90_spread": {"ttft_s": list(self.interval_s)}})
                 r = dataclasses.replace(r, value=(m, r.value[1]))
             out.append(r)
         return out
 
 
-@pytest.mark.parametrize("confirm, capacity, points_at_28", [(False, 24, 1), (True, 28, 2)])
-def test_a_marginal_miss_is_measured_again_and_decided_with_both_windows(tmp_path, confirm, capacity, points_at_28):
-    ex = _MissesOnceAtTheEdge()
+# a pass the second window takes away (1 s then 100 s: 50.5 s together), and a miss it gives back
+# (40 s then 1 s: 20.5 s together); without confirmation the first window decides
+@pytest.mark.parametrize("capacity, ttfts_s, interval_s, confirm, expected, points_at_28", [
+    (30, (1.0, 100.0), (0.9, 40.0), False, 28, 1), (30, (1.0, 100.0), (0.9, 40.0), True, 24, 2),
+    (26, (40.0, 1.0), (20.0, 45.0), False, 24, 1), (26, (40.0, 1.0), (20.0, 45.0), True, 28, 2)])
+def test_a_marginal_verdict_is_measured_again_and_decided_with_both_windows(
+        tmp_path, capacity, ttfts_s, interval_s, confirm, expected, points_at_28):
+    ex = _TwoWindowsAtTheEdge(capacity, ttfts_s, interval_s)
     loop, records = _loop(tmp_path, ex, 1)
     loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(
         update={"confirm_marginal": confirm})})
     loop.run()
     (trial,) = records.trials.values()
-    assert trial["outcome"].capacity_users == capacity
-    measured = [args[0] for _, op, *args in ex.calls if op is Operation.MEASURE]
-    assert measured.count(28) == points_at_28
-
-
-@pytest.mark.parametrize("confirm, capacity, points_at_28", [(False, 28, 1), (True, 24, 2)])
-def test_a_marginal_pass_is_confirmed_before_it_counts(tmp_path, confirm, capacity, points_at_28):
-    ex = _NoisyAtTheEdge()
-    loop, records = _loop(tmp_path, ex, 1)
-    loop.study = loop.study.model_copy(update={"capacity": loop.study.capacity.model_copy(
-        update={"confirm_marginal": confirm})})
-    loop.run()
-    (trial,) = records.trials.values()
-    assert trial["outcome"].capacity_users == capacity
+    assert trial["outcome"].capacity_users == expected
     measured = [args[0] for _, op, *args in ex.calls if op is Operation.MEASURE]
     assert measured.count(28) == points_at_28
