@@ -14,6 +14,19 @@ from tuner.sim.stepfit import (TrialSteps, _prefill_work, fit, fit_context, get_
                                trials_from_database, window_time)
 from tests.conftest import REPO
 
+@pytest.fixture(autouse=True)
+def no_committed_profiles(tmp_path, monkeypatch):
+    """These windows come from the roofline model with known parameters: the committed H200
+    tables of Qwen3-30B-A3B would replace the operators those parameters act on."""
+    from tuner.sim import optable
+
+    monkeypatch.setattr(optable, "PROFILE_DIR", tmp_path / "no-profiles")
+    monkeypatch.delenv(optable.PROFILE_DIRS_ENV, raising=False)
+    optable.clear_cache()
+    yield
+    optable.clear_cache()
+
+
 LOG = """\
 [2026-12-01 09:38:29] Prefill batch, #new-seq: 1, #new-token: 2951, #cached-token: 2000, token usage: 0.03, #running-req: 6, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 1379.87
 [2026-12-01 09:38:30] Decode batch, #running-req: 11, #token: 36209, token usage: 0.05, cuda graph: True, gen throughput (token/s): 137.21, #queue-req: 0
