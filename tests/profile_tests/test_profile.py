@@ -284,31 +284,3 @@ def test_profile_folders_from_the_environment_are_read_and_change_the_cache_key(
     assert all(str(folder) in f for f in summary["profiles"])
     optable.clear_cache()
 
-
-def test_the_committed_h200_tables_are_what_the_simulator_reads_for_qwen3(monkeypatch):
-    """Qwen3-30B-A3B at TP1 on an H200 with SGLang 0.5.17 and Triton: every operator from the
-    committed tables (bf16 and fp8 weights, bf16 and fp8 KV), none from the roofline; a shape
-    whose per-GPU shapes no table holds (TP2: half the heads, half the expert width) takes those
-    operators from the roofline."""
-    monkeypatch.delenv(optable.PROFILE_DIRS_ENV, raising=False)
-    optable.clear_cache()
-    m, g = get_model("qwen3-30b-a3b"), get_gpu("h200")
-
-    def summary(flags, tp=1):
-        plan = plan_memory(m, g, tp, flags, sglang_version="0.5.17")
-        model = StepTimeModel(m, g, resolve_checkpoint(m, flags.get("quantization")), parse_layout(m, flags, tp),
-                              plan.bytes_per_token, load_calibration("h200"), gpus_per_node=8,
-                              kv_cache_dtype=plan.kv_cache_dtype, sglang_version="0.5.17", flags=flags)
-        model.gpu_time([RankWork(decode_reqs=8, decode_ctx_tokens=8 * 4096)], overheads=False)
-        model.gpu_time([RankWork(prefill_tokens=2048, prefill_seqs=1, extend_items=((2048, 4096),))], overheads=False)
-        return model.source_summary()
-
-    for extra in ({}, {"quantization": "fp8"}, {"kv-cache-dtype": "fp8_e4m3"},
-                  {"quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}):
-        s = summary({**QWEN, **extra})
-        ops = {k: v for k, v in s["ops"].items() if k != "step_overhead"}
-        assert set(ops.values()) == {"profile"}, (extra, s)
-        assert all("tuner/sim/profiles/h200/qwen3-30b-a3b-tp1-" in p for p in s["profiles"]), s["profiles"]
-    tp2 = summary({**QWEN, "tp-size": 2}, tp=2)["ops"]
-    assert (tp2["decode_attention"], tp2["moe"]) == ("roofline", "roofline")
-    assert tp2["linear"] == "mixed"  # the router's GEMM is replicated, the projections are split
