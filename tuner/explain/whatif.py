@@ -68,8 +68,7 @@ def what_if(trial: int, points: list[LoadPoint], p90_ttft_s: float, p90_tpot_s: 
     windows: dict[int, list[LoadPoint]] = {}
     for p in points:
         windows.setdefault(p.users, []).append(p)
-    verdict = {u: ws[0].meets(p90_ttft_s, p90_tpot_s) if len(ws) == 1 else pooled_meets(ws, p90_ttft_s, p90_tpot_s)
-               for u, ws in windows.items()}
+    verdict = {u: pooled_meets(ws, p90_ttft_s, p90_tpot_s) for u, ws in windows.items()}  # one window: its own verdict
     if not verdict:
         return WhatIf(trial, None, None, Coverage.NO_POINTS, "no stored load points")
     users = sorted(verdict)
