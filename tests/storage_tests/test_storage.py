@@ -219,3 +219,18 @@ def test_what_if_answers_set_aside_a_capacity_its_repeat_did_not_reach(engine):
     by_trial = {t["trial"]: t["capacity_users"] for t in w["trials"]}
     assert by_trial == {0: 24, 1: 16, 2: 16}
     assert w["best"]["trial"] == 1  # trial 0's 24 was not reproduced at these targets; 1 is the earliest 16
+
+
+def test_headroom_of_a_count_measured_twice_is_that_of_its_pooled_p90s(engine):
+    """A marginal miss at 16 users (TTFT 31 s of 30) confirmed by a window at 19 s: the capacity
+    search pooled them to 25 s, so the headroom is 1 - 25/30, not the passing window's 1 - 19/30."""
+    _study(engine)
+    repo.start_trial(engine, study_name="s", trial_number=0, optuna_trial_id=1, backend_kind="simulator",
+                     params={}, flags={}, knobs={}, is_baseline=True)
+    for step, ttft in enumerate((31.0, 19.0)):
+        m = _metrics(16, ttft, decode_s=0.3)
+        repo.add_measurement(engine, study_name="s", trial_number=0, step=step, backend_kind="simulator", metrics=m,
+                             meets_slo=m.meets(30, 0.05), wall_time_s=0.1)
+    repo.finish_trial(engine, "s", 0, status="complete", capacity_users=16)
+    room = repo.slo_headroom(repo.trials(engine, "s"), repo.measurements(engine, "s"), 30, 0.05)
+    assert room == {0: pytest.approx(1 - 25 / 30)}

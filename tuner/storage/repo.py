@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from tuner.lifecycle import Outcome, StudyStatus, TrialStatus, config_key
 from tuner.storage import leases
 from tuner.storage.models import DriverLeaseRow, MeasurementRow, StudyRow, TrialRow
-from tuner.workload.metrics import LoadPointMetrics
+from tuner.workload.metrics import LoadPointMetrics, pooled_meets, pooled_p90s
 
 
 def _plain(d: dict | None) -> dict:
@@ -189,18 +189,22 @@ def baseline_trial(engine: Engine, study_name: str) -> TrialRow | None:
 
 def slo_headroom(rows: list[TrialRow], ms: list[MeasurementRow], p90_ttft_slo_s: float,
                  p90_tpot_slo_s: float) -> dict[int, float]:
-    """Per trial with a capacity: the least headroom its passing load points at that capacity left
-    to the SLO, ``min(1 - P90 / limit)`` over TTFT and TPOT (and over the points, where a marginal
-    pass was measured again)."""
+    """Per trial with a capacity: the headroom its load points at that capacity left to the SLO,
+    ``min(1 - P90 / limit)`` over TTFT and TPOT, the P90s of a count measured twice (a confirmed
+    marginal verdict) pooled as the capacity search pooled them (``metrics.pooled_p90s``)."""
     capacity = {t.trial_number: t.capacity_users for t in rows if t.capacity_users}
-    out: dict[int, float] = {}
+    at_capacity: dict[int, list[MeasurementRow]] = {}
     for m in ms:
-        if capacity.get(m.trial_number) != m.users or not (m.meets_slo and m.valid):
+        if capacity.get(m.trial_number) == m.users:
+            at_capacity.setdefault(m.trial_number, []).append(m)
+    out: dict[int, float] = {}
+    for n, windows in at_capacity.items():
+        p90s = pooled_p90s(windows)
+        if p90s is None or not pooled_meets(windows, p90_ttft_slo_s, p90_tpot_slo_s):
             continue
-        room = [1.0 - v / limit for v, limit in ((m.p90_ttft_s, p90_ttft_slo_s), (m.p90_tpot_s, p90_tpot_slo_s))
-                if v is not None and limit]
+        room = [1.0 - v / limit for v, limit in zip(p90s, (p90_ttft_slo_s, p90_tpot_slo_s)) if limit]
         if room:
-            out[m.trial_number] = min(out.get(m.trial_number, math.inf), min(room))
+            out[n] = min(room)
     return out
 
 

@@ -115,19 +115,26 @@ def p90_spread(values) -> tuple[float, float] | None:
     return float(data[lo]), float(data[hi])
 
 
-def pooled_meets(windows, p90_ttft_s: float, p90_tpot_s: float) -> bool:
-    """Several windows measured at one user count, against the SLO together: each P90 averaged
-    over the windows, weighted by their requests (an estimate of the pooled P90 with less variance
-    than any one window's). An invalid window, or one without a P90, misses. ``windows``: objects
-    with ``valid``, ``requests``, ``p90_ttft_s`` and ``p90_tpot_s`` (a ``LoadPointMetrics``, a stored point)."""
+def pooled_p90s(windows) -> tuple[float, float] | None:
+    """(P90 TTFT, P90 TPOT) of several windows measured at one user count: each P90 averaged over
+    the windows, weighted by their requests (an estimate of the pooled P90 with less variance than
+    any one window's); one window gives its own. None where a window is invalid or lacks a P90.
+    ``windows``: objects with ``valid``, ``requests``, ``p90_ttft_s`` and ``p90_tpot_s`` (a
+    ``LoadPointMetrics``, a stored point or measurement row)."""
     windows = list(windows)
     if not windows or not all(w.valid and w.p90_ttft_s is not None and w.p90_tpot_s is not None for w in windows):
-        return False
+        return None
     weights = [max(1, w.requests or 0) for w in windows]
     total = sum(weights)
-    ttft = sum(w.p90_ttft_s * k for w, k in zip(windows, weights)) / total
-    tpot = sum(w.p90_tpot_s * k for w, k in zip(windows, weights)) / total
-    return ttft <= p90_ttft_s and tpot <= p90_tpot_s
+    return (sum(w.p90_ttft_s * k for w, k in zip(windows, weights)) / total,
+            sum(w.p90_tpot_s * k for w, k in zip(windows, weights)) / total)
+
+
+def pooled_meets(windows, p90_ttft_s: float, p90_tpot_s: float) -> bool:
+    """Several windows at one user count against the SLO together (``pooled_p90s``); an invalid
+    window, or one without a P90, misses."""
+    p90s = pooled_p90s(windows)
+    return p90s is not None and p90s[0] <= p90_ttft_s and p90s[1] <= p90_tpot_s
 
 
 def aggregate(
