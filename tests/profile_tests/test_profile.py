@@ -213,6 +213,30 @@ def test_composition_against_whole_steps_and_the_fitted_overhead(tmp_path):
     assert fitted.step_overhead_time(8) == pytest.approx(rows[1]["seconds"] - rows[1]["seconds"] / 1.05, rel=1e-4)
 
 
+def test_whole_steps_of_a_variant_with_fewer_layers_compose_with_its_overrides(tmp_path):
+    # a model too large for one GPU is measured whole with fewer layers; the profile's operators
+    # (keyed by shape) still cover it, and the per-op sum must be that of the variant
+    path, _, _ = fake_profile(tmp_path)
+    full = step_model(tables=OpTables([load_profile(path)]))
+    rows = [{"kind": "decode", "batch": b, "context": 4096,
+             "seconds": full.gpu_time([RankWork(decode_reqs=b, decode_ctx_tokens=b * 4096)], overheads=False) / 4}
+            for b in (1, 8, 64)]  # about what 12 of the 48 layers take
+    steps_file = tmp_path / "steps-12l.jsonl"
+    steps_file.write_text("\n".join(json.dumps(r) for r in rows))
+    assert not compose(path, read_whole_steps(steps_file))["within_tolerance"]  # the 48-layer sum: 4x off
+    doc = compose(path, read_whole_steps(steps_file), {"num_hidden_layers": 12})
+    assert doc["within_tolerance"] and doc["model_overrides"] == {"num_hidden_layers": 12}
+    assert doc["mean_abs_error"] < 0.10
+    res = CliRunner().invoke(cli, ["profile", "compose", "--profile", str(path), "--whole-steps", str(steps_file),
+                                   "--model-override", "num_hidden_layers=12"])
+    assert res.exit_code == 0 and "met" in res.output, res.output
+    bad = CliRunner().invoke(cli, ["profile", "compose", "--profile", str(path), "--whole-steps", str(steps_file),
+                                   "--model-override", "num_hidden_layers"])
+    assert bad.exit_code == 2 and "KEY=VALUE" in bad.output
+    with pytest.raises(ConfigError, match="num_hiden_layers.*did you mean 'num_hidden_layers'"):
+        compose(path, read_whole_steps(steps_file), {"num_hiden_layers": 12})
+
+
 def test_bench_one_batch_rows_become_a_prefill_and_a_decode_step(tmp_path):
     f = tmp_path / "result.jsonl"
     f.write_text(json.dumps({"run_name": "x", "batch_size": 16, "input_len": 1024, "output_len": 32,

@@ -129,14 +129,29 @@ def run_cmd(output, model_path, tuned_moe_dir, max_kv_tokens, repeats, **opts):
     click.echo(f"wrote {path}: {len(doc['ops'])} tables, {p.points() - skipped} points timed, {skipped} skipped")
 
 
+def _parse_overrides(ctx, param, values) -> dict:
+    from tuner.safeyaml import loads
+
+    out = {}
+    for v in values:
+        key, sep, raw = v.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{v!r} is not KEY=VALUE (e.g. num_hidden_layers=8)", param=param)
+        out[key.strip()] = loads(raw) if raw.strip() else raw
+    return out
+
+
 @profile.command("compose")
 @click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--whole-steps", required=True, type=click.Path(exists=True, dir_okay=False),
               help="SGLang bench_one_batch --result-filename output, or timed server steps (JSON lines).")
 @click.option("--fit-overhead", is_flag=True,
               help="Store the decode residual per batch size in the profile as its step_overhead table.")
+@click.option("--model-override", "model_overrides", multiple=True, metavar="KEY=VALUE", callback=_parse_overrides,
+              help="A config.json key of the model the whole steps ran, when it differs from the profile's "
+                   "(e.g. num_hidden_layers=8 for a model too large for one GPU); repeatable.")
 @json_option
-def compose_cmd(profile_path, whole_steps, fit_overhead, as_json):
+def compose_cmd(profile_path, whole_steps, fit_overhead, model_overrides, as_json):
     """Compare the per-operator sum of a profile with whole forward steps; prints each error.
 
     Exits 1 when the mean absolute error is above 10%.
@@ -146,9 +161,9 @@ def compose_cmd(profile_path, whole_steps, fit_overhead, as_json):
     from tuner.profile import compose, fit_step_overhead, read_whole_steps
 
     steps = read_whole_steps(whole_steps)
-    doc = compose(profile_path, steps)
+    doc = compose(profile_path, steps, model_overrides)
     if fit_overhead:
-        fit_step_overhead(profile_path, steps)
+        fit_step_overhead(profile_path, steps, model_overrides)
         doc["fitted_step_overhead"] = True
     if as_json:
         emit_json(doc)

@@ -92,13 +92,16 @@ def read_whole_steps(path: str | Path) -> list[WholeStep]:
     return out
 
 
-def _step_model(profile_path: str | Path):
+def _step_model(profile_path: str | Path, model_overrides: dict | None = None):
 
     pf = load_profile(profile_path)
     doc = json.loads(Path(profile_path).read_text())
     if not pf.model:
         raise ConfigError("the profile names no model; composition needs one", file=str(profile_path), key="model")
-    model, gpu = get_model(pf.model), get_gpu(pf.gpu)
+    # the operators are keyed by shape, so a profile of the full model also covers a variant with
+    # fewer layers (the whole steps of a model too large for one GPU are measured on such a variant)
+    ref = {"name": pf.model, "overrides": dict(model_overrides)} if model_overrides else pf.model
+    model, gpu = get_model(ref), get_gpu(pf.gpu)
     flags = dict(doc.get("flags") or {"tp-size": pf.parallel.get("tp_size", 1)})
     gpus = int(flags.get("tp-size", 1)) * int(flags.get("dp-size", 1))
     plan = plan_memory(model, gpu, gpus, flags, sglang_version=pf.sglang_version)
@@ -117,10 +120,11 @@ def _work(step: WholeStep):
                      prefill_ctx_units=step.batch * n * (p + n / 2), extend_items=[(n, p)] * step.batch)]
 
 
-def compose(profile_path: str | Path, steps: list[WholeStep]) -> dict:
+def compose(profile_path: str | Path, steps: list[WholeStep], model_overrides: dict | None = None) -> dict:
     """Per-op sum against whole steps: one row per step, the mean absolute error, and whether it
-    is within 10 %."""
-    st, pf, _ = _step_model(profile_path)
+    is within 10 %. ``model_overrides`` (config.json keys, e.g. ``num_hidden_layers``) name the
+    model variant the whole steps ran."""
+    st, pf, _ = _step_model(profile_path, model_overrides)
     rows = []
     for s in steps:
         st._src = {c: [0, 0] for c in st._src}
@@ -135,17 +139,17 @@ def compose(profile_path: str | Path, steps: list[WholeStep]) -> dict:
         return sum(vals) / len(vals) if vals else None
 
     overall = mean_abs()
-    return {"profile": str(profile_path), "rows": rows, "mean_abs_error": overall,
+    return {"profile": str(profile_path), "model_overrides": dict(model_overrides or {}), "rows": rows, "mean_abs_error": overall,
             "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"),
             "tolerance": TOLERANCE, "within_tolerance": overall is not None and overall <= TOLERANCE}
 
 
-def fit_step_overhead(profile_path: str | Path, steps: list[WholeStep]) -> dict:
+def fit_step_overhead(profile_path: str | Path, steps: list[WholeStep], model_overrides: dict | None = None) -> dict:
     """Store the decode residual (whole step minus per-op sum, per batch size) and the whole steps
     in the profile; returns the updated document (written back to ``profile_path``)."""
 
 
-    st, pf, doc = _step_model(profile_path)
+    st, pf, doc = _step_model(profile_path, model_overrides)
     resid: dict[int, list[float]] = {}
     for s in steps:
         if s.kind != "decode":

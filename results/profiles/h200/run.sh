@@ -13,7 +13,9 @@
 # root). STEPS: qwen3-bf16, qwen3-fp8 (Qwen3-30B-A3B, bf16 and fp8 block weights, with whole
 # steps; qwen3-bf16-ops and qwen3-fp8-ops: the operators only), qwen3-bf16-fp8kv, qwen3-fp8-fp8kv (the same with fp8 KV, operators only), dsv3-fp8
 # (DeepSeek-V3's operators, fp8 weights and fp8 KV; no whole steps: the 61-layer model does not fit
-# one GPU). QUICK=0 times the full grid instead of --quick's coarse one.
+# one GPU), dsv3-8l-whole (whole steps of DeepSeek-V3 with 8 of its layers, as the MLA study serves it,
+# composed against the dsv3-fp8 profile: the operators are keyed by shape, so the profile covers the
+# variant). QUICK=0 times the full grid instead of --quick's coarse one.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
@@ -50,45 +52,54 @@ profile() {
   return $rc
 }
 # whole NAME MODEL QUANT: SGLang's one-batch benchmark on the same shapes (random weights; its
-# tokenizer is not needed for synthetic inputs, so none is loaded), then the composition check
+# tokenizer is not needed for synthetic inputs, so none is loaded), then the composition check.
+# OVERRIDES (JSON: config.json keys, e.g. {"num_hidden_layers": 8}) runs a variant of the model,
+# WHOLE_ARGS adds bench_one_batch flags (e.g. --kv-cache-dtype fp8_e4m3), TAG names its files.
 whole() {
-  local name=$1 model=$2 quant=$3
+  local name=$1 model=$2 quant=$3 tag=${TAG:-$1}
   local l; l=$(left)
-  [ "$l" -gt 120 ] || { echo "$name whole steps: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return; }
-  local dir=/tmp/model-$name rows="$HERE/whole-steps-$name.jsonl" ts; ts=$(date +%s)
-  python3 - "$model" "$quant" "$dir" <<'PY'
+  [ "$l" -gt 120 ] || { echo "$tag whole steps: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return; }
+  local dir=/tmp/model-$tag rows="$HERE/whole-steps-$tag.jsonl" ts; ts=$(date +%s)
+  python3 - "$model" "$quant" "$dir" "${OVERRIDES:-}" <<'PY'
+import json
 import sys
 from tuner.profile import build_plan
 from tuner.profile.modelcfg import write_model_dir
 flags = {"tp-size": 1, "attention-backend": "triton"}
 if sys.argv[2] != "none":
     flags["quantization"] = sys.argv[2]
-p = build_plan(sys.argv[1], "h200", flags)
+model = {"name": sys.argv[1], "overrides": json.loads(sys.argv[4])} if sys.argv[4] else sys.argv[1]
+p = build_plan(model, "h200", flags)
 write_model_dir(p.model, p.ckpt, sys.argv[3])
 PY
   rm -f "$rows"
   # prefill of batch x input tokens in one forward, decode medians over 32 steps; at most 64 x 2048
   # tokens of prefill, so the activations fit beside a 0.6 KV pool
-  timeout -s INT $(( l - 40 )) python3 - "$dir" "$rows" > "$LOGS/whole-$name.log" 2>&1 <<'PY'
+  timeout -s INT $(( l - 40 )) python3 - "$dir" "$rows" ${WHOLE_ARGS:-} > "$LOGS/whole-$tag.log" 2>&1 <<'PY'
 import sys
 import sglang.benchmark.one_batch as one_batch
 one_batch.get_tokenizer = lambda *a, **k: None
-model_dir, rows = sys.argv[1], sys.argv[2]
+model_dir, rows, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
 sys.argv = ["one_batch", "--model-path", model_dir, "--load-format", "dummy", "--skip-tokenizer-init",
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.6",
             "--cuda-graph-max-bs", "64", "--batch-size", "1", "4", "16", "64", "--input-len", "256", "2048",
-            "--output-len", "32", "--result-filename", rows]
+            "--output-len", "32", "--result-filename", rows, *extra]
 one_batch.cli_main()
 PY
-  echo "$name whole steps: rc $? in $(( $(date +%s) - ts )) s, $(wc -l < "$rows" 2>/dev/null || echo 0) rows" \
+  echo "$tag whole steps: rc $? in $(( $(date +%s) - ts )) s, $(wc -l < "$rows" 2>/dev/null || echo 0) rows" \
     | tee -a "$LOGS/steps.log"
-  tail -5 "$LOGS/whole-$name.log"
+  tail -5 "$LOGS/whole-$tag.log"
   if [ -s "$rows" ]; then
+    local ov=()
+    if [ -n "${OVERRIDES:-}" ]; then
+      mapfile -t ov < <(python3 -c 'import json,sys
+for k, v in json.loads(sys.argv[1]).items(): print("--model-override"); print(f"{k}={json.dumps(v)}")' "$OVERRIDES")
+    fi
     python3 -m tuner profile compose --profile "$PROFILES/$model-tp1-$name-triton-0.5.17.json" --whole-steps "$rows" \
-      > "$LOGS/compose-$name.log" 2>&1
+      "${ov[@]}" > "$LOGS/compose-$tag.log" 2>&1
     python3 -m tuner profile compose --profile "$PROFILES/$model-tp1-$name-triton-0.5.17.json" --whole-steps "$rows" \
-      --json > "$HERE/compose-$name.json" 2>/dev/null
-    cat "$LOGS/compose-$name.log"
+      "${ov[@]}" --json > "$HERE/compose-$tag.json" 2>/dev/null
+    cat "$LOGS/compose-$tag.log"
   fi
 }
 for step in $STEPS; do
@@ -100,6 +111,8 @@ for step in $STEPS; do
     qwen3-bf16-fp8kv) profile bf16-fp8kv qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 ;;
     qwen3-fp8-fp8kv) profile fp8-fp8kv qwen3-30b-a3b --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     dsv3-fp8) LOG_TAG=dsv3-fp8-fp8kv profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
+    dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
+                     whole fp8-fp8kv deepseek-v3 fp8 ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
   esac
 done
