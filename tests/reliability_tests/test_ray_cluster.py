@@ -143,14 +143,14 @@ READER = textwrap.dedent("""
     from tuner.storage import db
     from tuner.study.summary import study_summary
 
-    url, name, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    url, name, seconds, stop_file = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
     path = url.removeprefix("sqlite:///")
     while not os.path.exists(path):
         time.sleep(0.05)
     engine = db.get_engine(url, create=False, readonly=True)
     done, seen, errors = 0, set(), []
     end = time.time() + seconds
-    while time.time() < end:
+    while time.time() < end and not os.path.exists(stop_file):  # until the study's driver has exited
         try:
             with engine.connect() as conn:
                 if db.has_schema(engine):
@@ -179,7 +179,8 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
     db_path = tmp_path / "tuner.db"
     url = f"sqlite:///{db_path}"
     port = free_port()
-    reader = subprocess.Popen([sys.executable, "-c", READER, url, "load", "60"], cwd=tmp_path, env=env,
+    stop_file = tmp_path / "driver-exited"
+    reader = subprocess.Popen([sys.executable, "-c", READER, url, "load", "120", str(stop_file)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     driver, driver_err = spawn_tuner(["study", "start", str(study), "--storage", url, "--ray-address", c.address,
                                       "--parallel", "8", "--json"], cwd=tmp_path, env=env, log_name="driver")
@@ -203,6 +204,7 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
                     break
             time.sleep(0.05)
         driver.wait(timeout=300)
+        stop_file.write_text("")  # the reader has read all the while the trials wrote; it stops now
         out, err = reader.communicate(timeout=120)
         assert driver.returncode == 0, driver_err.read_text()[-3000:]
         stats = json.loads(out.strip().splitlines()[-1])
