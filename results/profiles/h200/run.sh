@@ -15,7 +15,8 @@
 # (DeepSeek-V3's operators, fp8 weights and fp8 KV; no whole steps: the 61-layer model does not fit
 # one GPU), dsv3-8l-whole (whole steps of DeepSeek-V3 with 8 of its layers, as the MLA study serves it,
 # composed against the dsv3-fp8 profile: the operators are keyed by shape, so the profile covers the
-# variant). QUICK=0 times the full grid instead of --quick's coarse one.
+# variant), dsv3-8l-routing (routing_probe.py: distinct experts per MoE call of that model in prefill
+# and decode). QUICK=0 times the full grid instead of --quick's coarse one.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
@@ -111,6 +112,19 @@ for step in $STEPS; do
     qwen3-bf16-fp8kv) profile bf16-fp8kv qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 ;;
     qwen3-fp8-fp8kv) profile fp8-fp8kv qwen3-30b-a3b --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     dsv3-fp8) LOG_TAG=dsv3-fp8-fp8kv profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
+    dsv3-8l-routing)  # distinct experts per MoE call in prefill and decode, random weights
+      python3 - deepseek-v3 fp8 /tmp/model-routing '{"num_hidden_layers": 8}' <<'PY'
+import json
+import sys
+from tuner.profile import build_plan
+from tuner.profile.modelcfg import write_model_dir
+p = build_plan({"name": sys.argv[1], "overrides": json.loads(sys.argv[4])}, "h200",
+               {"tp-size": 1, "attention-backend": "triton", "quantization": sys.argv[2]})
+write_model_dir(p.model, p.ckpt, sys.argv[3])
+PY
+      timeout -s INT $(( $(left) - 15 )) python3 "$HERE/routing_probe.py" /tmp/model-routing "$HERE/routing-dsv3-8l.json" \
+        --kv-cache-dtype fp8_e4m3 --batch-size 64 --input-len 256 --output-len 4 > "$LOGS/routing-dsv3-8l.log" 2>&1
+      echo "dsv3-8l-routing: rc $?" | tee -a "$LOGS/steps.log"; tail -8 "$LOGS/routing-dsv3-8l.log" ;;
     dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
                      whole fp8-fp8kv deepseek-v3 fp8 ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
