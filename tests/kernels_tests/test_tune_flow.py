@@ -35,9 +35,14 @@ def _one(M, c) -> float:
 class _Timer:
     def __init__(self, problem, **kw):
         self.first_failure = None
+        self.measured = 0
 
     def measure(self, M, cfg, cutoff_us=None, replays=None):
+        self.measured += 1
         return _cost(M, cfg)
+
+    def wall_snapshot(self):
+        return {"eager": 0.0, "capture": 0.0, "replay": 0.0, "measured": self.measured}
 
 
 class _Pool:
@@ -114,6 +119,11 @@ def test_moe_flow_writes_up_and_down_files_and_resumes(fake_gpu, tmp_path):
     assert rep["shipped_up"]["found"] == "exact" and row["baseline"] == "shipped"
     assert row["chosen_us"] <= min(row["default_us"], row["shipped_us"], row["joint_us"])
     assert row["evaluations_joint"] <= 40 and row["evaluations_down"] <= 20
+    # each batch size says where its wall time went; every timing is counted (search + re-measurement)
+    b = row["wall_breakdown_s"]
+    assert set(b) == {"compile", "eager", "capture", "replay", "other", "measured"}
+    assert b["measured"] >= row["evaluations_joint"] + row["evaluations_down"] + 3 * 3
+    assert b["other"] <= row["wall_s"] + 0.05
     assert down[1]["USE_TMA"] is True  # the fake rewards TMA on the down GEMM
     # a rerun with one more batch size does only that one
     rep2 = tune_moe(shape, [1, 256, 1024], out, budget=40, down_budget=20, log=lambda m: None)

@@ -108,6 +108,25 @@ def _identity_diff(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k))
 
 
+def _phase_mark(timer, pool) -> dict:
+    return {**timer.wall_snapshot(), "compile": pool.compile_wall_s}
+
+
+def _phase_breakdown(timer, pool, mark: dict, wall_s: float) -> dict:
+    """Where one batch size's wall time went: waiting for the compile pool, the timer's eager first
+    launches, graph captures and replays, and the rest (the search itself, the CPU side)."""
+    now = _phase_mark(timer, pool)
+    out = {k: round(now[k] - mark[k], 2) for k in ("compile", "eager", "capture", "replay")}
+    out["other"] = round(max(0.0, wall_s - sum(out.values())), 2)
+    out["measured"] = now["measured"] - mark["measured"]
+    return out
+
+
+def _fmt_breakdown(b: dict) -> str:
+    return (f"compile {b['compile']:.0f}, eager launches {b['eager']:.0f}, capture {b['capture']:.0f}, "
+            f"replays {b['replay']:.0f}, other {b['other']:.0f} s over {b['measured']} timings")
+
+
 def _remeasure(timer, M: int, cands: dict, rounds: int = 3) -> dict[str, float]:
     from tuner.kernels.timing import time_or_inf
 
@@ -236,7 +255,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                 stopped = True
                 log(f"deadline reached before batch size {M}; rerun the same command to continue")
                 break
-            tm = time.perf_counter()
+            tm, mark = time.perf_counter(), _phase_mark(timer, pool)
             dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                   shape.config_dtype, shape.block_shape)
             ship = _shipped_pair(shipped_up.nearest(M),
@@ -290,7 +309,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                    "down_config": down_res.best.as_dict() if down_res else None,
                    "shipped_config": _describe(cands["shipped"]) if "shipped" in cands else None,
                    "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
-                   "wall_s": round(time.perf_counter() - tm, 1)}
+                   "wall_s": round(time.perf_counter() - tm, 1),
+                   "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
             if grid_res:
                 row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
                            grid_size=grid_res["grid_size"], grid_timed=grid_res["timed"],
@@ -303,7 +323,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
             problem.drop_batch(M)
             log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, joint "
                 f"{_fmt(med['joint'])}, tuned {_fmt(med.get('tuned'))}"
-                f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s)")
+                f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s: "
+                f"{_fmt_breakdown(row['wall_breakdown_s'])})")
         compile_wall = pool.compile_wall_s
     if timer.first_failure:
         log(f"first config failure seen: {timer.first_failure}")
@@ -362,7 +383,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                 stopped = True
                 log(f"deadline reached before batch size {M}; rerun the same command to continue")
                 break
-            tm = time.perf_counter()
+            tm, mark = time.perf_counter(), _phase_mark(timer, pool)
             dflt = gemm_default_config(shape.block_shape)
             ship_d = shipped.nearest(M)
             ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
@@ -387,7 +408,8 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                    "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
                    "evaluations": res.evaluations, "default_config": dflt.as_dict(),
                    "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
-                   "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1)}
+                   "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
+                   "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
             if grid_res:
                 row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
                            grid_size=grid_res["grid_size"],
@@ -398,7 +420,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
             prev = res.top(4)
             problem.drop_batch(M)
             log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
-                f"{_fmt(med['found'])} us -> {pick} ({row['wall_s']} s)")
+                f"{_fmt(med['found'])} us -> {pick} ({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
         compile_wall = pool.compile_wall_s
     path = out_dir / "gemm_configs" / name
     files = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import time
 
 import torch
 
@@ -39,6 +40,13 @@ class GraphTimer:
         self.pool = torch.cuda.graph_pool_handle()
         self._baseline_us: dict[int, float] = {}
         self.first_failure: str | None = None
+        # where measuring spends its wall time (seconds): the eager first launches (loading each
+        # compiled kernel, or compiling what the pool did not), the graph capture, the timed replays
+        self.wall_s = {"eager": 0.0, "capture": 0.0, "replay": 0.0}
+        self.measured = 0
+
+    def wall_snapshot(self) -> dict:
+        return {**self.wall_s, "measured": self.measured}
 
     def _using(self, config):
         using = getattr(self.problem, "using", None)
@@ -93,6 +101,8 @@ class GraphTimer:
         """
         p = self.problem
         rot = p.rotations
+        self.measured += 1
+        t0 = time.perf_counter()
         with self._using(config):
             try:
                 for r in range(rot):  # compile / load and allocate outside the capture
@@ -104,11 +114,16 @@ class GraphTimer:
                     self.first_failure = self.first_failure or msg
                     raise ConfigFailed(msg) from None
                 raise
+            finally:
+                self.wall_s["eager"] += time.perf_counter() - t0
+            t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 for r in range(rot):
                     p.launch(M, config, r)
+            self.wall_s["capture"] += time.perf_counter() - t1
         base = self.baseline_us(M)
+        t2 = time.perf_counter()
         try:
             graph.replay()  # warm: instruction cache, TLBs
             cutoff_ms = None if cutoff_us is None else (cutoff_us + base) * rot / 1000
@@ -120,6 +135,7 @@ class GraphTimer:
             return max(statistics.median(times) * 1000 / rot - base, 1e-3)
         finally:
             graph.reset()
+            self.wall_s["replay"] += time.perf_counter() - t2
 
 
 def time_or_inf(timer: GraphTimer, M: int, config, **kw) -> float:
