@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.cli import cli
+from tuner.errors import ConfigError
 from tuner.kernels.configfile import read_configs
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.space import DownTileConfig, TileConfig
@@ -289,3 +290,34 @@ def test_table_of_the_committed_h200_directory():
     assert res.exit_code == 0, res.output
     for tag in ("E128_N768_K2048_bf16", "E128_N768_K2048_fp8_w8a8_b128x128", "N5120_K2048_fp8_b128x128"):
         assert f" {tag} (NVIDIA H200, SGLang 0.5.17)" in res.output
+
+
+def test_convergence_replays_each_search_in_its_evaluation_order(tmp_path):
+    from tuner.kernels.convergence import convergence
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    up = lambda bm: {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                     "num_warps": 4, "num_stages": 3}
+    rows = [{"batch_size": 16, "config": up(16), "us": t} for t in (120.0, None, 110.0, 104.0, 100.0, 101.0, 130.0, 99.5)]
+    rows += [{"batch_size": 16, "config": {"up": up(16), "down": up(16)}, "us": t} for t in (98.0, 97.0)]
+    rows += [{"batch_size": 16, "config": up(32), "us": t, "pass": "grid"} for t in (96.0, 150.0)]
+    (reports / "E8_N64_K128_bf16.timings.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    doc = convergence(tmp_path)
+    joint, down = doc["searches"]
+    assert (joint["search"], joint["evaluations"], joint["best_us"]) == ("joint", 8, 99.5)
+    # 104 is within 5% of 99.5, 100 within 1%, and only the 8th evaluation is the best itself
+    assert joint["evals_to_within"] == {"2%": 5, "1%": 5, "0%": 8}
+    assert joint["best_so_far_at_share"]["25%"] == round(120.0 / 99.5, 4)  # the first 2 (one failed)
+    assert joint["best_so_far_at_share"]["75%"] == round(100.0 / 99.5, 4)
+    assert joint["fraction_of_grid_best"] == round(96.0 / 99.5, 4) and joint["evals_to_within_grid"]["2%"] is None
+    assert down["search"] == "down" and down["best_us"] == 97.0 and down["grid_best_us"] is None
+    res = CliRunner().invoke(cli, ["kernels", "convergence", str(tmp_path)])
+    assert res.exit_code == 0 and "E8_N64_K128_bf16" in res.output and "1.206" in res.output, res.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="timings.jsonl"):
+        convergence(empty)
+    (reports / "bad.timings.jsonl").write_text('{"us": 3}\n')
+    with pytest.raises(ConfigError, match="line 1"):
+        convergence(tmp_path)

@@ -186,6 +186,37 @@ def table_cmd(reports):
                 click.echo(line)
 
 
+@kernels.command("convergence")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@json_option
+def convergence_cmd(directory, as_json):
+    """How many evaluations each tile search needed, from a tuned DIR's recorded timings (CPU).
+
+    Replays every search of DIR/reports/*.timings.jsonl in its evaluation order: the evaluations to
+    come within 2%, 1% and 0% of its own best (and of the grid's best, where `--grid` ran), and the
+    best found within the first 25/50/75% of its budget. The evidence for a smaller --budget.
+    """
+    from tuner.kernels.convergence import convergence
+
+    doc = convergence(directory)
+    if as_json:
+        emit_json(doc)
+        return
+    click.echo(f"{'shape':<36}{'M':>6} {'search':<6}{'evals':>6}{'best us':>10}{'to 2%':>7}{'to 1%':>7}{'to 0%':>7}"
+               f"{'@25%':>8}{'@50%':>8}{'@75%':>8}{'grid/best':>10}")
+    fmt = lambda v: "-" if v is None else str(v)
+    for t in doc["searches"]:
+        w, a = t["evals_to_within"], t["best_so_far_at_share"]
+        grid = "-" if t["fraction_of_grid_best"] is None else f"{t['fraction_of_grid_best']:.3f}"
+        click.echo(f"{t['shape']:<36}{t['batch_size']:>6} {t['search']:<6}{t['evaluations']:>6}{t['best_us']:>10.1f}"
+                   f"{fmt(w['2%']):>7}{fmt(w['1%']):>7}{fmt(w['0%']):>7}"
+                   f"{a['25%']:>8.3f}{a['50%']:>8.3f}{a['75%']:>8.3f}{grid:>10}")
+    worst = doc["joint_worst_best_so_far_at_share"]
+    click.echo("joint searches, worst best-so-far against their own best: "
+               + ", ".join(f"{k} of the budget {v:.3f}x" for k, v in worst.items() if v is not None)
+               + f"; within 2% after at most {doc['joint_max_share_of_budget_to_within_2pct']:.0%} of the budget")
+
+
 @kernels.command("benchmark")
 @_shape_options
 @click.option("--batch-sizes", default="1,16,64,256,1024,4096", show_default=True)

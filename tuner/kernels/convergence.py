@@ -1,0 +1,122 @@
+"""How fast each tile search converged, from the timings a tuning run recorded (CPU only).
+
+``tuner kernels tune`` appends every timed config to ``reports/<shape>.timings.jsonl`` in the order
+it was evaluated: the joint search's configs (one tile config for both GEMMs), then, where the
+version reads ``_down`` files, the down search's (rows with an ``up`` key), and with ``--grid`` the
+exhaustive pass (``"pass": "grid"``). Replaying that order says how many evaluations each search
+needed to come within a tolerance of its own final best (and of the grid's best where a grid ran):
+the evidence for a smaller budget, which is most of a shape's device time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tuner.errors import ConfigError
+
+TOLERANCES = (0.02, 0.01, 0.0)
+BUDGET_SHARES = (0.25, 0.5, 0.75)
+
+
+@dataclass
+class SearchTrace:
+    shape: str
+    batch_size: int
+    search: str  # joint | down
+    evaluations: int
+    best_us: float
+    evals_to_within: dict[str, int | None]  # "2%" -> first evaluation within 2% of best_us
+    best_so_far_at_share: dict[str, float]  # "50%" -> best of the first half / best_us
+    grid_best_us: float | None = None
+    fraction_of_grid_best: float | None = None  # grid best / search best (1.0: the search found it)
+    evals_to_within_grid: dict[str, int | None] = field(default_factory=dict)
+
+
+def _us(row) -> float:
+    v = row.get("us")
+    return math.inf if v is None else float(v)
+
+
+def _first_within(times: list[float], target: float, tol: float) -> int | None:
+    for i, t in enumerate(times):
+        if t <= target * (1 + tol):
+            return i + 1
+    return None
+
+
+def _trace(shape: str, M: int, kind: str, rows: list[dict], grid_best: float | None) -> SearchTrace | None:
+    times = [_us(r) for r in rows]
+    finite = [t for t in times if math.isfinite(t)]
+    if not finite:
+        return None
+    best = min(finite)
+    n = len(times)
+    at_share = {}
+    for share in BUDGET_SHARES:
+        k = max(1, math.ceil(share * n))
+        head = [t for t in times[:k] if math.isfinite(t)]
+        at_share[f"{share:.0%}"] = round(min(head) / best, 4) if head else math.inf
+    tr = SearchTrace(shape=shape, batch_size=M, search=kind, evaluations=n, best_us=best,
+                     evals_to_within={f"{tol:.0%}": _first_within(times, best, tol) for tol in TOLERANCES},
+                     best_so_far_at_share=at_share)
+    if grid_best is not None and kind == "joint":
+        tr.grid_best_us = grid_best
+        tr.fraction_of_grid_best = round(grid_best / best, 4)
+        tr.evals_to_within_grid = {f"{tol:.0%}": _first_within(times, grid_best, tol) for tol in TOLERANCES}
+    return tr
+
+
+def read_traces(path: str | Path) -> list[SearchTrace]:
+    """The searches of one ``<shape>.timings.jsonl`` file, per batch size and search."""
+    path = Path(path)
+    shape = path.name.removesuffix(".timings.jsonl")
+    by_m: dict[int, dict[str, list[dict]]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            M = int(r["batch_size"])
+            cfg = r["config"]
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ConfigError(f"line {n}: not a timing row (batch_size, config, us)", file=str(path)) from None
+        kind = "grid" if r.get("pass") == "grid" else ("down" if isinstance(cfg, dict) and "up" in cfg else "joint")
+        by_m.setdefault(M, {}).setdefault(kind, []).append(r)
+    out = []
+    for M in sorted(by_m):
+        groups = by_m[M]
+        grid = [t for t in map(_us, groups.get("grid", [])) if math.isfinite(t)]
+        grid_best = min(grid) if grid else None
+        for kind in ("joint", "down"):
+            if groups.get(kind):
+                tr = _trace(shape, M, kind, groups[kind], grid_best)
+                if tr is not None:
+                    out.append(tr)
+    return out
+
+
+def convergence(directory: str | Path) -> dict:
+    """Every shape's search traces under ``directory`` (a tuned folder or its ``reports/``)."""
+    d = Path(directory)
+    files = sorted((d / "reports").glob("*.timings.jsonl")) or sorted(d.glob("*.timings.jsonl"))
+    if not files:
+        raise ConfigError("no *.timings.jsonl here or under reports/ (written by `tuner kernels tune`)",
+                          file=str(d))
+    traces = [t for f in files for t in read_traces(f)]
+    joint = [t for t in traces if t.search == "joint"]
+    worst = {}
+    for share in BUDGET_SHARES:
+        key = f"{share:.0%}"
+        vals = [t.best_so_far_at_share[key] for t in joint]
+        worst[key] = max(vals) if vals else None
+    needed = [t.evals_to_within["2%"] / t.evaluations for t in joint if t.evals_to_within["2%"]]
+    return {"directory": str(d), "searches": [asdict(t) for t in traces],
+            "joint_worst_best_so_far_at_share": worst,
+            "joint_max_share_of_budget_to_within_2pct": round(max(needed), 3) if needed else None}
