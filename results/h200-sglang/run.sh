@@ -10,7 +10,8 @@
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
 # resumes the study with each new trial's capacity search starting at the simulator's prediction;
 # VERIFY_TRIAL=N checks trial N instead of the best. FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
-# other `study resume` options (e.g. --no-pruning).
+# other `study resume` options (e.g. --no-pruning). "tiles-ab": the serving A/B of MoE tile configs
+# (`tuner study tiles-ab`, TILES_TRIAL, TILES_USERS; after verify, before the study).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
 # in a later call.
@@ -56,6 +57,16 @@ if [[ " $STEPS " == *" verify "* ]]; then
   timeout -s INT "$verify_s" python3 -m tuner study verify-export "$STUDY" "$LOGS/best-$STUDY.yaml" --storage "$STORE" \
     "${which[@]}" -o "$LOGS/export-check.json" 2>&1 | tee "$LOGS/export-check.log"
   echo "verify took $(( $(date +%s) - t0 )) s since the call began"
+fi
+if [[ " $STEPS " == *" tiles-ab "* ]]; then
+  # serving A/B of MoE tile configs (`tuner study tiles-ab`): trial TILES_TRIAL's configuration (default:
+  # the best) with SGLang's own tiles, then with the tuned ones, at TILES_USERS (default 16,24); the
+  # load points land in $LOGS/tiles-ab/ for `tuner kernels refit-serving`
+  which=(); [ -n "${TILES_TRIAL:-}" ] && which=(--trial "$TILES_TRIAL")
+  ab_s=$(( LIMIT - ($(date +%s) - t0) - 25 )); [[ " $STEPS " == *" study "* ]] && ab_s=${TILES_AB_S:-420}
+  timeout -s INT "$ab_s" python3 -m tuner study tiles-ab "$STUDY" --storage "$STORE" --users "${TILES_USERS:-16,24}" \
+    "${which[@]}" -o "$LOGS/tiles-ab.json" --refit-points "$LOGS/tiles-ab" 2>&1 | tee "$LOGS/tiles-ab.log"
+  echo "tiles-ab took $(( $(date +%s) - t0 )) s since the call began"
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
 left=$(( LIMIT - ($(date +%s) - t0) ))

@@ -88,6 +88,31 @@ def parse_flags(argv: list[str], fs) -> dict:
     return flags
 
 
+def _log_moe_configs(log, model, gpu, flags: dict, gpus: int) -> str:
+    """SGLang's lines for the fused-MoE config files it resolves (found in $SGLANG_MOE_CONFIG_DIR, or
+    the default-config warning); "tuned" when every file was found there (the simulator then times
+    the MoE with tuned tiles), else "default"."""
+    from tuner.backends.moe_configs import trial_config_keys
+
+    if not model.is_moe:
+        return "default"
+    fmt = "fp8_block" if flags.get("quantization") == "fp8" else "bf16"
+    keys = trial_config_keys(model, gpu, fmt, tp_size=int(flags.get("tp-size") or gpus),
+                             ep_size=int(flags.get("ep-size") or 1))
+    root = os.environ.get("SGLANG_MOE_CONFIG_DIR")
+    found = 0
+    for key in keys:
+        path = Path(root or "/nonexistent") / "configs" / "triton_3_6_0" / key.file_name
+        if root and path.is_file():
+            log(f"Using MoE kernel config from {path}.")
+            found += 1
+        elif key.down:
+            log(f"Down MoE config file not found at {path}; reusing the tuned up-projection config")
+        else:
+            log(f"Using default MoE kernel config. Performance might be sub-optimal! Config file not found at {path}")
+    return "tuned" if keys and found == len(keys) else "default"
+
+
 def main() -> None:
     from aiohttp import web
 
@@ -143,8 +168,9 @@ def main() -> None:
         f"max_prefill_tokens=16384, max_running_requests={plan.max_running_requests_per_dp_rank}, "
         f"context_len={model.max_context_tokens}, available_gpu_mem=8.50 GB")
 
-    engine, _ = build_online_engine(model, gpu, gpus, planner_flags, {}, sglang_version=ours.sglang_version,
-                                    time_scale=ours.time_scale, plan=plan)
+    tiles = _log_moe_configs(log, model, gpu, flags, gpus)
+    engine, _ = build_online_engine(model, gpu, gpus, planner_flags, {"moe-tile-configs": tiles},
+                                    sglang_version=ours.sglang_version, time_scale=ours.time_scale, plan=plan)
     server_args = {"model_path": model_path, "host": host, "port": port, "load_format": "dummy",
                    **{k.replace("-", "_"): v for k, v in flags.items()}}
     counters = {"sglang:prompt_tokens_total": 0.0, "sglang:generation_tokens_total": 0.0,

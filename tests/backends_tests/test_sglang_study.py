@@ -385,3 +385,42 @@ def test_real_load_points_carry_the_step_time_models_decode_split(finished):
         assert "not a measurement" in step["missing"]
         shown += 1
     assert shown
+
+
+def test_tiles_ab_serves_default_then_tuned_tiles_and_proves_ours_were_loaded(tmp_path):
+    study = _study(tmp_path, name="fake-tiles", trials=1, target_users=4,
+                   capacity={"start_users": 4, "max_users": 4, "resolution_users": 4, "growth_factor": 2},
+                   measurement={"warmup_s": 0.5, "duration_s": 2, "request_timeout_s": 30, "time_scale": 0.1})
+    data = yaml.safe_load(study.read_text())
+    data["backend_options"]["moe_config_dir"] = str(REPO / "results" / "kernels" / "h200" / "sglang")
+    study.write_text(yaml.safe_dump(data, sort_keys=False))
+    storage = f"sqlite:///{tmp_path}/t.db"
+    r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out, points = tmp_path / "ab.json", tmp_path / "refit"
+    r = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4,8", "--trial", "0", "--storage", storage,
+                 "--json", "-o", str(out), "--refit-points", str(points)], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc == {**json.loads(out.read_text()), "refit_points": doc["refit_points"]}
+    default, tuned = doc["variants"]
+    assert (default["tiles"], tuned["tiles"]) == ("default", "tuned")
+    for v in (default, tuned):
+        assert [p["users"] for p in v["load_points"]] == [4, 8] and all(p["valid"] for p in v["load_points"])
+        assert v["error"] is None
+    # the default server warned it had no tuned file; the tuned one loaded ours from the trial's directory
+    assert "Using default MoE kernel config" in Path(default["log_path"]).read_text()
+    assert tuned["tiles_loaded"] is True and doc["tuned_tiles_proven_loaded"] is True
+    assert "tiles-ab/tuned" in tuned["log_path"] and "tiles-ab/default" in default["log_path"]
+    assert [row["users"] for row in doc["comparison"]] == [4, 8]
+    assert all(row["tuned_over_default"]["p90_tpot_s"] > 0 for row in doc["comparison"])
+    # both variants replayed the same sessions (same seeds): the same prompts were sent
+    assert [p["requests"] > 0 for p in default["load_points"]] == [True, True]
+    refit = run_cli(["kernels", "refit-serving", "--default", doc["refit_points"]["default"], "--tuned",
+                     doc["refit_points"]["tuned"], "--gpu", "h200", "--dry-run", "--json"], cwd=tmp_path)
+    assert refit.returncode == 0, refit.stderr[-2000:]
+    assert [p["users"] for p in json.loads(refit.stdout)["pairs"]] == [4, 8]
+    # bad input: refused before any server starts, nothing written
+    bad = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4,x", "--storage", storage,
+                   "-o", str(tmp_path / "never.json")], cwd=tmp_path)
+    assert bad.returncode == 2 and "--users" in bad.stderr and not (tmp_path / "never.json").exists()

@@ -459,6 +459,8 @@ def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir
     tiles = moe_configs.prepare_trial_tile_configs(trial_dir, source, triton_version=options.get("triton_version"),
                                                    required=required, required_gemm=required_gemm)
     files["moe_config_dir"] = str(tiles.moe_dir)
+    if tiles.gemm_site is not None:
+        files["gemm_config_site"] = str(tiles.gemm_site)
     facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
     facts["tile_files_expected"] = tiles.expected
     user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")

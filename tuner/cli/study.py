@@ -505,6 +505,68 @@ def export(name, output, trial_number, sglang_version, storage):
         click.echo(n, err=True)
 
 
+@study.command(name="tiles-ab")
+@click.argument("name")
+@click.option("--users", "users_text", required=True, metavar="N,N,...",
+              help="User counts to replay on each variant, in this order (e.g. 16,24).")
+@click.option("--trial", "trial_number", type=int, default=None,
+              help="The trial whose configuration is served (default: the best).")
+@click.option("--variants", default="default,tuned", show_default=True,
+              help="Tile variants, in the order they are served (default: SGLang's own; tuned: the study's tuned files).")
+@click.option("-o", "--output", default=None, help="Also write the result as JSON here.")
+@click.option("--refit-points", "refit_dir", default=None, type=click.Path(file_okay=False),
+              help="Write DIR/default.json and DIR/tuned.json for `tuner kernels refit-serving`.")
+@storage_option
+@json_option
+def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, storage, as_json):
+    """Serving A/B of MoE tile configs on this machine's GPUs: serve trial N's configuration of NAME
+    with SGLang's own tiles, then with the tuned ones (`moe-tile-configs`), each on a fresh server, at
+    the same user counts and seeds; print P90 TPOT, P90 TTFT and output throughput side by side.
+    The tuned run counts only where its server log shows SGLang loading our files. Exit 0 when both
+    variants measured every user count and the tuned files were proven loaded, 1 otherwise."""
+    import json
+
+    from tuner import safewrite
+    from tuner.study.tiles_ab import parse_users, tiles_ab, write_refit_points
+
+    users = parse_users(users_text)
+    chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+    if output:
+        safewrite.check_target(output)  # a bad path is refused before a server starts
+    say = (lambda msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    ab = tiles_ab(storage, name, users=users, trial_number=trial_number, variants=chosen, progress=say)
+    data = ab.to_dict()
+    if refit_dir:
+        data["refit_points"] = write_refit_points(ab, refit_dir)
+    if output:
+        safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
+    complete = all(v.error is None and len(v.load_points) == len(users) for v in ab.variants)
+    if as_json:
+        emit_json(data)
+    else:
+        ms = lambda x: "-" if x is None else f"{x * 1000:.1f}"
+        click.echo(f"{name} trial {ab.trial_number}: tile A/B at {', '.join(map(str, users))} users")
+        click.echo(f"{'users':>6} {'variant':<8}{'P90 TPOT ms':>12}{'P90 TTFT ms':>12}{'tok/s':>9}  tuned/default")
+        for row in data["comparison"]:
+            for v in ("default", "tuned"):
+                p = row.get(v)
+                if p is None:
+                    continue
+                ratio = ""
+                if v == "tuned" and row.get("tuned_over_default"):
+                    r = row["tuned_over_default"]
+                    ratio = "  ".join(f"{k.split('_s')[0].replace('_tokens_per', ' tok/s')} {x:.3f}x"
+                                      for k, x in r.items() if x is not None)
+                click.echo(f"{row['users']:>6} {v:<8}{ms(p['p90_tpot_s']):>12}{ms(p['p90_ttft_s']):>12}"
+                           f"{(p['throughput_tokens_per_s'] or 0):>9.0f}  {ratio}")
+        for v in ab.variants:
+            if v.tiles == "tuned":
+                click.echo(f"tuned tiles: {'proven loaded' if v.tiles_loaded else 'NOT proven loaded'}: {v.tiles_proof}")
+            if v.error:
+                click.echo(f"{v.tiles}: {v.error}")
+    raise SystemExit(0 if complete and ("tuned" not in chosen or ab.proven) else 1)
+
+
 @study.command(name="verify-export")
 @click.argument("name")
 @click.argument("config", type=click.Path(dir_okay=False))

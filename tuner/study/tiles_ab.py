@@ -1,0 +1,167 @@
+"""Serving A/B of MoE tile configs: one trial's configuration served with SGLang's own tiles and with
+tuned tiles, at the same user counts of the study's workload, on this machine's GPUs.
+
+Each variant gets a fresh server (the trial's flags and knobs, ``moe-tile-configs`` set to the
+variant), the study's measurement rules (warm-up, window, the kernel warm-up before a fresh
+server's first load point where the study has one) and the same seeds, so both replay the same
+sessions in the same order. For the tuned variant the server log must show SGLang loading our
+files (``tuner.kernels.logproof``): a run whose server fell back to its own tiles is reported as not
+proven, not as a result. The load points of each variant are also what ``tuner kernels
+refit-serving --default/--tuned`` reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError
+
+VARIANTS = ("default", "tuned")
+
+
+@dataclass
+class VariantRun:
+    tiles: str  # default | tuned
+    load_points: list[dict]  # LoadPointMetrics.to_dict() per user count, in the order measured
+    server_ready_s: float | None
+    log_path: str | None
+    tiles_loaded: bool | None = None  # tuned: the log shows our files loaded (None for default)
+    tiles_proof: str = ""
+    error: str | None = None  # the deployment failed (start-up or a replay); its points so far are kept
+
+
+@dataclass
+class TilesAB:
+    study: str
+    trial_number: int
+    users: list[int]
+    variants: list[VariantRun] = field(default_factory=list)
+
+    def comparison(self) -> list[dict]:
+        """Per user count: each variant's P90 TPOT, P90 TTFT and output throughput, and tuned / default."""
+        by = {v.tiles: {p["users"]: p for p in v.load_points} for v in self.variants}
+        rows = []
+        for u in self.users:
+            d, t = by.get("default", {}).get(u), by.get("tuned", {}).get(u)
+            row: dict[str, Any] = {"users": u}
+            for name, p in (("default", d), ("tuned", t)):
+                row[name] = None if p is None else {k: p.get(k) for k in (
+                    "p90_tpot_s", "p50_tpot_s", "p90_ttft_s", "throughput_tokens_per_s", "requests", "valid")}
+            if d and t and d.get("valid") and t.get("valid"):
+                ratio = lambda k: (t[k] / d[k]) if d.get(k) and t.get(k) is not None else None
+                row["tuned_over_default"] = {k: ratio(k) for k in ("p90_tpot_s", "p90_ttft_s",
+                                                                   "throughput_tokens_per_s")}
+            rows.append(row)
+        return rows
+
+    @property
+    def proven(self) -> bool:
+        tuned = [v for v in self.variants if v.tiles == "tuned"]
+        return bool(tuned) and all(v.tiles_loaded for v in tuned)
+
+    def to_dict(self) -> dict:
+        return {"study": self.study, "trial_number": self.trial_number, "users": self.users,
+                "variants": [asdict(v) for v in self.variants], "comparison": self.comparison(),
+                "tuned_tiles_proven_loaded": self.proven}
+
+
+def parse_users(text: str) -> list[int]:
+    try:
+        users = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{text!r} is not a comma-separated list of user counts (e.g. 16,24)",
+                          key="--users") from None
+    if not users or any(u < 1 for u in users):
+        raise ConfigError(f"user counts must be >= 1, got {text!r}", key="--users")
+    return users
+
+
+def _prove(deployment) -> tuple[bool, str]:
+    from tuner.kernels.logproof import prove_loaded
+
+    plan = deployment.plan
+    expected = list(plan.facts.get("tile_files_expected") or [])
+    dirs = [d for d in (plan.files.get("moe_config_dir"), plan.files.get("gemm_config_site")) if d]
+    if not expected or not deployment.log_path or not Path(deployment.log_path).is_file():
+        return False, "no tuned file was expected for this configuration, or the server left no log"
+    proof = prove_loaded(deployment.log_path, expected, dirs)
+    return proof.loaded, proof.summary()
+
+
+def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | None = None,
+             workdir: str = "results/runs", variants: tuple[str, ...] = VARIANTS, progress=None) -> TilesAB:
+    from tuner.backends.sglang import SGLangBackend
+    from tuner.evaluation.base import TrialRequest
+    from tuner.evaluation.live import LiveEvaluator
+    from tuner.study.executor import _local_gpu_ids
+    from tuner.study.export import _pick
+    from tuner.study.runner import load_existing
+    from tuner.study.summary import study_summary
+
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        raise ConfigError(f"unknown tile variant(s) {bad}; valid: {', '.join(VARIANTS)}", key="--variants")
+    summary = study_summary(storage, name)
+    spec = load_existing(storage, name, notes=[])
+    if spec.space().engine != "sglang":
+        raise ConfigError("the tile A/B serves SGLang; this study's engine is not sglang", key="study")
+    trial = _pick(summary, trial_number)
+    say = progress or (lambda msg: None)
+    ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users))
+    for variant in variants:
+        knobs = {**dict(trial.get("knobs") or {}), "moe-tile-configs": variant}
+        request = TrialRequest(study=spec, trial_number=int(trial["number"]), flags=dict(trial["flags"]),
+                               knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{variant}",
+                               seed=spec.seed + int(trial["number"]))
+        evaluator = LiveEvaluator(SGLangBackend())
+        gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
+        request = TrialRequest(**{**request.__dict__, "gpu_ids": gpu_ids})
+        say(f"{variant} tiles: starting SGLang with trial {trial['number']}'s configuration")
+        run = VariantRun(tiles=variant, load_points=[], server_ready_s=None, log_path=None)
+        ab.variants.append(run)
+        try:
+            deployment = evaluator.deploy(request)
+        except Exception as exc:  # noqa: BLE001 - a start-up failure is this variant's result
+            run.error = f"{type(exc).__name__}: {exc}"
+            say(f"{variant} tiles: did not start ({run.error})")
+            continue
+        run.log_path = deployment.log_path
+        try:
+            for u in users:
+                m = deployment.measure(u)
+                run.load_points.append(m.to_dict())
+                say(f"{variant} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
+                    f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
+            ready = (deployment.telemetry().get("ready_after_s") or {})
+            run.server_ready_s = next(iter(ready.values()), None)
+        except Exception as exc:  # noqa: BLE001 - keep what was measured
+            run.error = f"{type(exc).__name__}: {exc}"
+            say(f"{variant} tiles: stopped ({run.error})")
+        finally:
+            deployment.close()
+        if variant == "tuned":
+            run.tiles_loaded, run.tiles_proof = _prove(deployment)
+            say(f"tuned tiles: {run.tiles_proof}")
+    return ab
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def write_refit_points(ab: TilesAB, directory: str | Path) -> dict[str, str]:
+    """One ``{variant}.json`` per variant ({"load_points": [...]}) for ``tuner kernels refit-serving``."""
+    import json
+
+    from tuner import safewrite
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for v in ab.variants:
+        path = d / f"{v.tiles}.json"
+        safewrite.write_text(path, json.dumps({"load_points": v.load_points}, indent=1) + "\n")
+        out[v.tiles] = str(path)
+    return out
