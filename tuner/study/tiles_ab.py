@@ -12,11 +12,21 @@ refit-serving --default/--tuned`` reads.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner import safewrite
+from tuner.backends.sglang import SGLangBackend
 from tuner.errors import ConfigError
+from tuner.evaluation.base import TrialRequest
+from tuner.evaluation.live import LiveEvaluator
+from tuner.kernels.logproof import prove_loaded
+from tuner.study.executor import _local_gpu_ids
+from tuner.study.export import _pick
+from tuner.study.runner import load_existing
+from tuner.study.summary import study_summary
 
 VARIANTS = ("default", "tuned")
 
@@ -79,8 +89,6 @@ def parse_users(text: str) -> list[int]:
 
 
 def _prove(deployment) -> tuple[bool, str]:
-    from tuner.kernels.logproof import prove_loaded
-
     plan = deployment.plan
     expected = list(plan.facts.get("tile_files_expected") or [])
     dirs = [d for d in (plan.files.get("moe_config_dir"), plan.files.get("gemm_config_site")) if d]
@@ -92,14 +100,6 @@ def _prove(deployment) -> tuple[bool, str]:
 
 def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | None = None,
              workdir: str = "results/runs", variants: tuple[str, ...] = VARIANTS, progress=None) -> TilesAB:
-    from tuner.backends.sglang import SGLangBackend
-    from tuner.evaluation.base import TrialRequest
-    from tuner.evaluation.live import LiveEvaluator
-    from tuner.study.executor import _local_gpu_ids
-    from tuner.study.export import _pick
-    from tuner.study.runner import load_existing
-    from tuner.study.summary import study_summary
-
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise ConfigError(f"unknown tile variant(s) {bad}; valid: {', '.join(VARIANTS)}", key="--variants")
@@ -153,10 +153,6 @@ def _ms(v: float | None) -> str:
 
 def write_refit_points(ab: TilesAB, directory: str | Path) -> dict[str, str]:
     """One ``{variant}.json`` per variant ({"load_points": [...]}) for ``tuner kernels refit-serving``."""
-    import json
-
-    from tuner import safewrite
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out = {}
