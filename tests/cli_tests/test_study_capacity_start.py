@@ -19,7 +19,7 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
                    cwd=tmp_path).returncode == 0
     r = run_cli(["study", "resume", "guided", "--storage", storage, "--no-ray", "--trials", "5",
                  "--capacity-start", "simulator", "--first-warmup-s", "15", "--kernel-warmup",
-                 "--confirm-marginal"], cwd=tmp_path)
+                 "--confirm-marginal", "--duration-s", "45"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "starts from simulator (was start_users)" in r.stderr
 
@@ -33,6 +33,7 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
     assert stored["measurement"]["kernel_warmup"] is True
     assert "kernels are warmed up before its first load point" in r.stderr
     assert "first load point warms up 15 s (was 10 s)" in r.stderr
+    assert stored["measurement"]["duration_s"] == 45 and "measures a 45 s window (was " in r.stderr
 
     summary = json.loads(run_cli(["study", "status", "guided", "--storage", storage, "--json"],
                                  cwd=tmp_path).stdout)
@@ -51,6 +52,10 @@ def test_resume_with_a_simulator_start_is_stored_and_starts_searches_at_the_pred
     assert compared >= 1
     first_run = [by_number[n] for n in (0, 1) if n in by_number and by_number[n].get("measurements")]
     assert all(t["measurements"][0]["users"] == 4 for t in first_run)  # start_users of the tiny study
+    # each load point keeps its own window: the first run's, and the resumed run's 45 s
+    assert all(m["duration_s"] != 45 for t in first_run for m in t["measurements"])
+    later = [m for n, t in by_number.items() if n >= 2 for m in t.get("measurements") or []]
+    assert later and all(m["duration_s"] == 45 for m in later)
 
 
 def test_resume_without_pruning_runs_every_search_to_its_end(tmp_path):

@@ -25,3 +25,10 @@ def test_a_point_after_the_kernel_warmup_is_replayed_after_one():
     replay = replay_conditions(study, {"warmup_s": 45.0, "kernel_warmup": True})
     assert replay.kernel_warmup and replay.warmup_for(0) == 45
     assert not replay.fresh_kernels(0)
+
+
+def test_a_point_measured_with_a_longer_window_is_replayed_with_its_own_window():
+    # the study was resumed with --duration-s 160 after the point: the check replays the point's window
+    later = MeasurementSpec(warmup_s=20, duration_s=40)
+    assert replay_conditions(later, {"warmup_s": 20.0, "duration_s": 160.0}).duration_s == 160
+    assert replay_conditions(later, {"warmup_s": 20.0, "duration_s": None}).duration_s == 40

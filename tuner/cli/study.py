@@ -220,6 +220,10 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="From now on a fresh server's first load point warms up this many seconds (stored with the "
                    "study as measurement.first_warmup_s): real SGLang stalls in its first ~35 s of traffic while "
                    "it compiles kernels, which the capacity search's first, deciding point should not measure.")
+@click.option("--duration-s", "duration_s", type=click.FloatRange(1, 86_400), default=None,
+              help="From now on each load point measures a window this many seconds long (stored with the "
+                   "study as measurement.duration_s; each load point keeps its own): a longer window narrows "
+                   "the 90% interval of its P90s, e.g. to repeat a best whose verdict sat inside its noise.")
 @click.option("--kernel-warmup/--no-kernel-warmup", "kernel_warmup", default=None,
               help="From now on, before a fresh server's first load point, send one prompt per fused-MoE "
                    "tile-config variant so that the kernels SGLang compiles on first use are built before "
@@ -237,7 +241,7 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
               help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
 def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, time_limit, capacity_start,
-           first_warmup_s, kernel_warmup, confirm_marginal, repeat_trials, no_pruning, as_json):
+           first_warmup_s, duration_s, kernel_warmup, confirm_marginal, repeat_trials, no_pruning, as_json):
     """Continue study NAME to its budget (the one it was started with, or --trials).
 
     One process drives a study at a time (its driver lease in the database). A driver on this
@@ -268,7 +272,7 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
                            f"{acquired.previous.host}: {acquired.why}); reaped {len(killed)} process(es) it left",
                            err=True)
             amended = _amend_stored_study(storage, spec, capacity_start, first_warmup_s, kernel_warmup,
-                                          confirm_marginal, quiet=as_json)
+                                          confirm_marginal, duration_s=duration_s, quiet=as_json)
             if amended is not spec:  # written under the lease
                 spec = runner.study = amended
             recovered = runner.recover_interrupted()
@@ -299,7 +303,8 @@ def _check_repeats(spec, storage: str, name: str, numbers: list[int], budget: in
 
 
 def _amend_stored_study(storage: str, spec, capacity_start: str | None, first_warmup_s: float | None,
-                        kernel_warmup: bool | None, confirm_marginal: bool | None = None, *, quiet: bool):
+                        kernel_warmup: bool | None, confirm_marginal: bool | None = None, *,
+                        duration_s: float | None = None, quiet: bool):
     """The stored study with how its new trials are searched and measured changed (what a capacity
     means stays)."""
     from tuner.config.load import stored_spec_yaml
@@ -321,6 +326,8 @@ def _amend_stored_study(storage: str, spec, capacity_start: str | None, first_wa
     amend(measurement, "first_warmup_s", first_warmup_s, spec.measurement.first_warmup_s,
           lambda v: f"a fresh server's first load point warms up {v:g} s "
                     f"(was {spec.measurement.first_warmup_s or spec.measurement.warmup_s:g} s)")
+    amend(measurement, "duration_s", duration_s, spec.measurement.duration_s,
+          lambda v: f"each load point measures a {v:g} s window (was {spec.measurement.duration_s:g} s)")
     amend(measurement, "kernel_warmup", kernel_warmup, spec.measurement.kernel_warmup,
           lambda v: "a fresh server's kernels are warmed up before its first load point" if v
           else "no kernel warm-up before a fresh server's first load point")

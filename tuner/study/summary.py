@@ -36,6 +36,7 @@ def measurement_dict(m) -> dict:
     extra = m.extra or {}
     # how the window was reached (None: recorded before tuner kept it; the study's warmup_s then)
     d["warmup_s"] = extra.get("warmup_s")
+    d["duration_s"] = m.duration_s  # its own window (a study resumed with --duration-s changes later ones)
     d["kernel_warmup"] = bool(extra.get("kernel_warmup"))
     d["p90_spread"] = extra.get("p90_spread")  # 90% interval of each P90 (None: not recorded)
     return d

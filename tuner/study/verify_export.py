@@ -91,10 +91,11 @@ def replay_conditions(measurement, ref: dict):
     warm-up (recorded with the point; a point from before tuner recorded it used the study's plain
     ``warmup_s``, ``first_warmup_s`` did not exist yet) and whether the kernel warm-up ran. A study
     resumed with a longer first warm-up would otherwise replay a later, quieter window than the
-    trial measured."""
-    warmup_s = ref.get("warmup_s")
+    trial measured; and its window, which a study resumed with ``--duration-s`` may have changed."""
+    warmup_s, duration_s = ref.get("warmup_s"), ref.get("duration_s")
     return measurement.model_copy(update={
         "warmup_s": float(warmup_s if warmup_s is not None else measurement.warmup_s),
+        "duration_s": float(duration_s if duration_s else measurement.duration_s),  # the point's own window
         "first_warmup_s": None,
         "kernel_warmup": bool(ref.get("kernel_warmup")),
     })
