@@ -392,7 +392,11 @@ def test_tiles_ab_serves_default_then_tuned_tiles_and_proves_ours_were_loaded(tm
                    capacity={"start_users": 4, "max_users": 4, "resolution_users": 4, "growth_factor": 2},
                    measurement={"warmup_s": 0.5, "duration_s": 2, "request_timeout_s": 30, "time_scale": 0.1})
     data = yaml.safe_load(study.read_text())
-    data["backend_options"]["moe_config_dir"] = str(REPO / "results" / "kernels" / "h200" / "sglang")
+    import shutil
+
+    tuned_dir = tmp_path / "tuned"
+    shutil.copytree(REPO / "results" / "kernels" / "h200" / "sglang" / "configs", tuned_dir / "configs")
+    data["backend_options"]["moe_config_dir"] = str(tuned_dir)
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     storage = f"sqlite:///{tmp_path}/t.db"
     r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp_path)
@@ -424,3 +428,8 @@ def test_tiles_ab_serves_default_then_tuned_tiles_and_proves_ours_were_loaded(tm
     bad = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4,x", "--storage", storage,
                    "-o", str(tmp_path / "never.json")], cwd=tmp_path)
     assert bad.returncode == 2 and "--users" in bad.stderr and not (tmp_path / "never.json").exists()
+    tuned_dir.rename(tmp_path / "gone")  # no tuned files: refused before the default variant's server starts
+    gone = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4", "--storage", storage,
+                    "-o", str(tmp_path / "never.json")], cwd=tmp_path)
+    assert gone.returncode == 2 and "backend_options.moe_config_dir" in gone.stderr, gone.stderr[-2000:]
+    assert not (tmp_path / "never.json").exists()

@@ -19,7 +19,8 @@ from typing import Any
 
 from tuner import safewrite
 from tuner.backends.sglang import SGLangBackend
-from tuner.errors import ConfigError
+from tuner.backends import moe_configs
+from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.live import LiveEvaluator
 from tuner.kernels.logproof import prove_loaded
@@ -103,11 +104,16 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise ConfigError(f"unknown tile variant(s) {bad}; valid: {', '.join(VARIANTS)}", key="--variants")
-    summary = study_summary(storage, name)
     spec = load_existing(storage, name, notes=[])
     if spec.space().engine != "sglang":
         raise ConfigError("the tile A/B serves SGLang; this study's engine is not sglang", key="study")
-    trial = _pick(summary, trial_number)
+    if "tuned" in variants:  # refused before any server starts
+        source = moe_configs.tuned_source_dir(spec.backend_options or {}, spec.hardware.gpu)
+        if not source.is_dir():
+            raise ConfigError(f"the tuned variant needs tuned tile files; {str(source)!r} does not exist (run "
+                              f"`tuner kernels tune`, or set backend_options.moe_config_dir)",
+                              key="backend_options.moe_config_dir")
+    trial = _pick(study_summary(storage, name), trial_number)
     say = progress or (lambda msg: None)
     ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users))
     for variant in variants:
@@ -123,8 +129,8 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
         ab.variants.append(run)
         try:
             deployment = evaluator.deploy(request)
-        except Exception as exc:  # noqa: BLE001 - a start-up failure is this variant's result
-            run.error = f"{type(exc).__name__}: {exc}"
+        except TrialError as exc:  # the server did not start: this variant's result (bad input is raised)
+            run.error = str(exc)
             say(f"{variant} tiles: did not start ({run.error})")
             continue
         run.log_path = deployment.log_path
@@ -136,8 +142,8 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
                     f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
             ready = (deployment.telemetry().get("ready_after_s") or {})
             run.server_ready_s = next(iter(ready.values()), None)
-        except Exception as exc:  # noqa: BLE001 - keep what was measured
-            run.error = f"{type(exc).__name__}: {exc}"
+        except TrialError as exc:  # the server died or hung mid-replay: keep what was measured
+            run.error = str(exc)
             say(f"{variant} tiles: stopped ({run.error})")
         finally:
             deployment.close()
