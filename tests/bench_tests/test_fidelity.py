@@ -197,3 +197,30 @@ def test_verdicts_are_also_counted_on_the_points_clear_of_the_slo(tmp_path):
     full = run_fidelity([results])
     assert all(isinstance(p["clear_of_slo"], bool) for p in full["points"])
     assert full["points"][0]["slo"] == {"p90_ttft_s": 2.0, "p90_tpot_s": 0.03}
+
+
+def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path, monkeypatch):
+    import tuner.bench.fidelity as fid
+
+    results, _ = make_db(tmp_path)
+    res = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json", "--noise-seeds", "3"])
+    assert res.exit_code == 0, res.output
+    noise = json.loads(res.output)["window_noise"]
+    assert noise["seeds"] == 3 and noise["points"] == len(USERS)
+    assert set(noise["pairwise_ape"]) == {"p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s"}
+    assert noise["pairwise_ape"]["p90_ttft_s"] > 0  # other workload samples of a point are other windows
+    off = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json", "--noise-seeds", "0"])
+    assert json.loads(off.output)["window_noise"] is None
+    # the arithmetic: two samples 1.0 and 2.0 differ by |1 - 2| / 2 and |2 - 1| / 1, mean 0.75
+    values = iter([1.0, 2.0])
+
+    def fake(point, **kw):
+        v = next(values)
+        return fid.PointResult(point=point, predicted={k: v for k in fid.NOISE_METRICS})
+
+    from tuner.sim.measured import points_from_database
+
+    p0 = points_from_database(next(results.glob("*.db")))[0]
+    monkeypatch.setattr(fid, "predict_point", fake)
+    doc = fid.window_noise([p0], 2)
+    assert doc["pairwise_ape"]["p90_ttft_s"] == pytest.approx(0.75)

@@ -12,7 +12,10 @@ P90 TPOT MAPE <= 10 %, verdicts agree on >= 95 % of points.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -26,6 +29,9 @@ from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint,
 log = logging.getLogger(__name__)
 
 TARGETS = {"p90_ttft_s_mape_max": 0.20, "p90_tpot_s_mape_max": 0.10, "verdict_agreement_min": 0.95}
+# seeds of the window-noise estimate: other workload samples of the same load point, far apart
+NOISE_SEED_STRIDE = 100_003
+NOISE_METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s")
 # a point whose measured P90s are this close to an SLO limit has a verdict that a prediction within the
 # TPOT target (10 %) may flip either way; the share of agreeing verdicts is also given without them
 SLO_MARGIN = 0.10
@@ -100,6 +106,35 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     return res
 
 
+def window_noise(points: list[LoadPoint], seeds: int, *, sglang_version: str | None = None, calibration=None,
+                 first: list[PointResult] | None = None) -> dict | None:
+    """How far two measurements of the same load point differ by chance: each point simulated on
+    ``seeds`` workload samples (its own seed and others), the mean absolute difference between two
+    of them relative to the second (ordered pairs), averaged over the points. It is the MAPE a
+    perfect model would show against one window of this length, where the real windows vary as the
+    simulated ones do; a target below it cannot be told from noise."""
+    if seeds < 2:
+        return None
+    per_metric: dict[str, list[float]] = {k: [] for k in NOISE_METRICS}
+    for i, p in enumerate(points):
+        samples = [first[i].predicted] if first is not None and first[i].predicted else []
+        k = 1 if samples else 0
+        while len(samples) < seeds and k < 4 * seeds:
+            r = predict_point(dataclasses.replace(p, seed=p.seed + NOISE_SEED_STRIDE * k),
+                              sglang_version=sglang_version, calibration=calibration)
+            k += 1
+            if r.predicted:
+                samples.append(r.predicted)
+        for key in NOISE_METRICS:
+            v = [x[key] for x in samples if x.get(key)]
+            if len(v) >= 2:
+                per_metric[key].append(statistics.mean(abs(a - b) / b for a, b in itertools.permutations(v, 2)))
+    return {"seeds": seeds, "points": len(points),
+            "pairwise_ape": {k: (statistics.mean(v) if v else None) for k, v in per_metric.items()},
+            "method": "each point simulated on its own and other workload seeds; mean |a - b| / b over "
+                      "ordered pairs, averaged over points"}
+
+
 def summarize(results: list[PointResult]) -> dict:
     return _summary([r.ape for r in results], [r.verdict_agrees for r in results], [r.error for r in results],
                     [r.clear_of_slo for r in results])
@@ -136,7 +171,7 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
 
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
                  sglang_version: str | None = None, calibration=None, progress=None,
-                 selection: TrialSelection | None = None) -> dict:
+                 selection: TrialSelection | None = None, noise_seeds: int = 0) -> dict:
     """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared."""
     dbs, probes = find_sources(dirs)
     points: list[LoadPoint] = []
@@ -169,6 +204,8 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         "skipped": skipped,
         "points": point_docs,
         "by_server": by_server(point_docs),
+        "window_noise": window_noise(points, noise_seeds, sglang_version=sglang_version, calibration=calibration,
+                                     first=results),
     })
     return doc
 
@@ -275,6 +312,12 @@ def format_report(doc: dict) -> str:
         if b:
             lines.append(f"  on {what} ({b['load_points']}): P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
                          f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
+    noise = doc.get("window_noise")
+    if noise:
+        ap = noise["pairwise_ape"]
+        lines.append(f"one window's own noise (the simulator on {noise['seeds']} workload samples of each point, "
+                     f"the mean difference of two): P50 TTFT {pct(ap['p50_ttft_s'])}, P90 TTFT {pct(ap['p90_ttft_s'])}, "
+                     f"P90 TPOT {pct(ap['p90_tpot_s'])}, throughput {pct(ap['throughput_tokens_per_s'])}")
     t = doc["targets"]
     checks = doc["target_results"]
     lines.append(f"targets: P90 TTFT MAPE <= {t['p90_ttft_s_mape_max']:.0%} "

@@ -24,10 +24,13 @@ from tuner.cli._common import emit_json, json_option, profiles_option, use_profi
                    "its trials), e.g. h200-sglang-qwen3#3,h200-sglang-qwen3#7. Repeatable.")
 @click.option("--exclude-trials", "exclude_trials", multiple=True, metavar="NAMES",
               help="Leave out the load points of these trials (same names as --only-trials).")
+@click.option("--noise-seeds", type=click.IntRange(0, 32), default=4, show_default=True,
+              help="Also simulate each point on this many workload samples and report how far two windows of "
+                   "the same point differ by chance (the MAPE a perfect model would show); 0 skips it.")
 @profiles_option
 @json_option
-def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, profile_dirs,
-             as_json):
+def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, noise_seeds,
+             profile_dirs, as_json):
     """Predicted against measured P50/P90 TTFT, P90 TPOT, throughput and hit rate per load point,
     the MAPE of each, and whether the SLO verdicts agree.
 
@@ -44,7 +47,7 @@ def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_tria
 
     doc = run_fidelity(results_dirs, backends=tuple(backend_kinds), sglang_version=sglang_version,
                        calibration=calibration, progress=progress,
-                       selection=TrialSelection.parse(only_trials, exclude_trials))
+                       selection=TrialSelection.parse(only_trials, exclude_trials), noise_seeds=noise_seeds)
     if as_json:
         emit_json(doc)
     else:
