@@ -209,6 +209,7 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
     assert noise["seeds"] == 3 and noise["points"] == len(USERS)
     assert set(noise["pairwise_ape"]) == {"p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s"}
     assert noise["pairwise_ape"]["p90_ttft_s"] > 0  # other workload samples of a point are other windows
+    assert 0 <= noise["verdict_agreement"] <= 1
     off = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json", "--noise-seeds", "0"])
     assert json.loads(off.output)["window_noise"] is None
     # the arithmetic: two samples 1.0 and 2.0 differ by |1 - 2| / 2 and |2 - 1| / 1, mean 0.75
@@ -224,3 +225,5 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
     monkeypatch.setattr(fid, "predict_point", fake)
     doc = fid.window_noise([p0], 2)
     assert doc["pairwise_ape"]["p90_ttft_s"] == pytest.approx(0.75)
+    # P90 TTFT 1.0 s and 2.0 s against the study's 2.0 s limit (TPOT 1.0 and 2.0 s over its 0.03 s): both miss
+    assert doc["verdict_agreement"] == 1.0

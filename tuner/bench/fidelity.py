@@ -112,10 +112,12 @@ def window_noise(points: list[LoadPoint], seeds: int, *, sglang_version: str | N
     ``seeds`` workload samples (its own seed and others), the mean absolute difference between two
     of them relative to the second (ordered pairs), averaged over the points. It is the MAPE a
     perfect model would show against one window of this length, where the real windows vary as the
-    simulated ones do; a target below it cannot be told from noise."""
+    simulated ones do; a target below it cannot be told from noise. ``verdict_agreement``: how often
+    two samples call the SLO the same way (the agreement a perfect model would reach)."""
     if seeds < 2:
         return None
     per_metric: dict[str, list[float]] = {k: [] for k in NOISE_METRICS}
+    verdicts: list[float] = []
     for i, p in enumerate(points):
         samples = [first[i].predicted] if first is not None and first[i].predicted else []
         k = 1 if samples else 0
@@ -129,8 +131,13 @@ def window_noise(points: list[LoadPoint], seeds: int, *, sglang_version: str | N
             v = [x[key] for x in samples if x.get(key)]
             if len(v) >= 2:
                 per_metric[key].append(statistics.mean(abs(a - b) / b for a, b in itertools.permutations(v, 2)))
+        called = [_meets(x, p) for x in samples]
+        called = [c for c in called if c is not None]
+        if len(called) >= 2:
+            verdicts.append(statistics.mean(a == b for a, b in itertools.permutations(called, 2)))
     return {"seeds": seeds, "points": len(points),
             "pairwise_ape": {k: (statistics.mean(v) if v else None) for k, v in per_metric.items()},
+            "verdict_agreement": statistics.mean(verdicts) if verdicts else None,
             "method": "each point simulated on its own and other workload seeds; mean |a - b| / b over "
                       "ordered pairs, averaged over points"}
 
@@ -317,7 +324,8 @@ def format_report(doc: dict) -> str:
         ap = noise["pairwise_ape"]
         lines.append(f"one window's own noise (the simulator on {noise['seeds']} workload samples of each point, "
                      f"the mean difference of two): P50 TTFT {pct(ap['p50_ttft_s'])}, P90 TTFT {pct(ap['p90_ttft_s'])}, "
-                     f"P90 TPOT {pct(ap['p90_tpot_s'])}, throughput {pct(ap['throughput_tokens_per_s'])}")
+                     f"P90 TPOT {pct(ap['p90_tpot_s'])}, throughput {pct(ap['throughput_tokens_per_s'])}; "
+                     f"two samples' SLO verdicts agree on {pct(noise['verdict_agreement'])}")
     t = doc["targets"]
     checks = doc["target_results"]
     lines.append(f"targets: P90 TTFT MAPE <= {t['p90_ttft_s_mape_max']:.0%} "
