@@ -204,6 +204,7 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
 
     results, _ = make_db(tmp_path)
     res = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json", "--noise-seeds", "3"])
+    assert "expectation_model" in json.loads(res.output)["window_noise"]
     assert res.exit_code == 0, res.output
     noise = json.loads(res.output)["window_noise"]
     assert noise["seeds"] == 3 and noise["points"] == len(USERS)
@@ -213,7 +214,7 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
     off = CliRunner().invoke(cli, ["bench", "fidelity", "--results", str(results), "--json", "--noise-seeds", "0"])
     assert json.loads(off.output)["window_noise"] is None
     # the arithmetic: two samples 1.0 and 2.0 differ by |1 - 2| / 2 and |2 - 1| / 1, mean 0.75
-    values = iter([1.0, 2.0])
+    values = iter([1.0, 2.0, 1.0, 2.0, 4.0])
 
     def fake(point, **kw):
         v = next(values)
@@ -227,3 +228,8 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
     assert doc["pairwise_ape"]["p90_ttft_s"] == pytest.approx(0.75)
     # P90 TTFT 1.0 s and 2.0 s against the study's 2.0 s limit (TPOT 1.0 and 2.0 s over its 0.03 s): both miss
     assert doc["verdict_agreement"] == 1.0
+    assert doc["expectation_model"]["ape"]["p90_ttft_s"] is None  # needs 3 samples
+    # 1, 2, 4: each against the median of the other two (3, 2.5, 1.5): 2/1, 0.5/2, 2.5/4
+    doc = fid.window_noise([p0], 3)
+    assert doc["expectation_model"]["ape"]["p90_ttft_s"] == pytest.approx((2 + 0.25 + 0.625) / 3)
+    assert doc["expectation_model"]["verdict_agreement"] == 1.0

@@ -24,7 +24,7 @@ from tuner.cli._common import emit_json, json_option, profiles_option, use_profi
                    "its trials), e.g. h200-sglang-qwen3#3,h200-sglang-qwen3#7. Repeatable.")
 @click.option("--exclude-trials", "exclude_trials", multiple=True, metavar="NAMES",
               help="Leave out the load points of these trials (same names as --only-trials).")
-@click.option("--noise-seeds", type=click.IntRange(0, 32), default=4, show_default=True,
+@click.option("--noise-seeds", type=click.IntRange(0, 32), default=8, show_default=True,
               help="Also simulate each point on this many workload samples and report how far two windows of "
                    "the same point differ by chance (the MAPE a perfect model would show); 0 skips it.")
 @profiles_option
