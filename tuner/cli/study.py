@@ -561,9 +561,9 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, st
                     continue
                 ratio = ""
                 if v == "tuned" and row.get("tuned_over_default"):
-                    r = row["tuned_over_default"]
-                    ratio = "  ".join(f"{k.split('_s')[0].replace('_tokens_per', ' tok/s')} {x:.3f}x"
-                                      for k, x in r.items() if x is not None)
+                    labels = {"p90_tpot_s": "P90 TPOT", "p90_ttft_s": "P90 TTFT", "throughput_tokens_per_s": "tok/s"}
+                    ratio = "  ".join(f"{labels[k]} {x:.3f}x" for k, x in row["tuned_over_default"].items()
+                                      if x is not None)
                 click.echo(f"{row['users']:>6} {v:<8}{ms(p['p90_tpot_s']):>12}{ms(p['p90_ttft_s']):>12}"
                            f"{(p['throughput_tokens_per_s'] or 0):>9.0f}  {ratio}")
         for v in ab.variants:

@@ -152,6 +152,13 @@ def _local_gpu_ids(n: int) -> list[str]:
     return ids[:n]
 
 
+def deploy_here(evaluator, request):
+    """``request`` deployed on this machine's first GPUs, outside Ray (an export check, a tile A/B:
+    one deployment at a time)."""
+    gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
+    return evaluator.deploy(replace(request, gpu_ids=gpu_ids))
+
+
 class InProcessExecutor:
     """Runs operations one at a time in the driver process (no Ray): for debugging and small runs."""
 

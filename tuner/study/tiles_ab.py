@@ -20,16 +20,17 @@ from typing import Any
 from tuner import safewrite
 from tuner.backends.sglang import SGLangBackend
 from tuner.backends import moe_configs
+from tuner.config.knobs import SGLANG_KNOBS
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.live import LiveEvaluator
 from tuner.kernels.logproof import prove_loaded
-from tuner.study.executor import _local_gpu_ids
+from tuner.study.executor import deploy_here
 from tuner.study.export import _pick
 from tuner.study.runner import load_existing
 from tuner.study.summary import study_summary
 
-VARIANTS = ("default", "tuned")
+VARIANTS: tuple[str, ...] = SGLANG_KNOBS["moe-tile-configs"].choices  # default (SGLang's own), tuned
 
 
 @dataclass
@@ -121,14 +122,11 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
         request = TrialRequest(study=spec, trial_number=int(trial["number"]), flags=dict(trial["flags"]),
                                knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{variant}",
                                seed=spec.seed + int(trial["number"]))
-        evaluator = LiveEvaluator(SGLangBackend())
-        gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
-        request = TrialRequest(**{**request.__dict__, "gpu_ids": gpu_ids})
         say(f"{variant} tiles: starting SGLang with trial {trial['number']}'s configuration")
         run = VariantRun(tiles=variant, load_points=[], server_ready_s=None, log_path=None)
         ab.variants.append(run)
         try:
-            deployment = evaluator.deploy(request)
+            deployment = deploy_here(LiveEvaluator(SGLangBackend()), request)
         except TrialError as exc:  # the server did not start: this variant's result (bad input is raised)
             run.error = str(exc)
             say(f"{variant} tiles: did not start ({run.error})")

@@ -22,7 +22,7 @@ from tuner.errors import ConfigError, StudyNotFoundError
 from tuner.backends.sglang import SGLangBackend
 from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.live import LiveEvaluator
-from tuner.study.executor import _local_gpu_ids
+from tuner.study.executor import deploy_here
 from tuner.workload.metrics import SPREAD_KEY
 
 AGREEMENT = 0.10  # |exported - trial| / trial for P90 TTFT and P90 TPOT
@@ -142,10 +142,7 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
     request = TrialRequest(study=spec, trial_number=trial["number"], flags=dict(trial["flags"]),
                            knobs=dict(trial["knobs"]), workdir=f"{Path(workdir).resolve()}/{name}-export-check",
                            seed=spec.seed + trial["number"])
-    evaluator = LiveEvaluator(ExportedConfig())
-    gpu_ids = tuple(int(g) for g in _local_gpu_ids(evaluator.gpus_needed(request)))
-    request = TrialRequest(**{**request.__dict__, "gpu_ids": gpu_ids})
-    deployment = evaluator.deploy(request)
+    deployment = deploy_here(LiveEvaluator(ExportedConfig()), request)
     step = int(ref.get("step", 0))
     warmed = None
     try:
