@@ -148,10 +148,10 @@ class Outcome:
         return float(self.capacity_users or 0)
 
 
-__all__ = ["FailureClass", "Operation", "Outcome", "StopReason", "StudyStatus", "TrialStatus"]
-
-
 def config_key(values: dict) -> str:
     """What makes two launches the same configuration: equal knob values, unset (None) knobs
     dropping out. The proposer's duplicates and the study's repeats use it alike."""
     return repr(sorted((k, v) for k, v in values.items() if v is not None))
+
+
+__all__ = ["FailureClass", "Operation", "Outcome", "StopReason", "StudyStatus", "TrialStatus", "config_key"]

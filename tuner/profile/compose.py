@@ -139,8 +139,8 @@ def compose(profile_path: str | Path, steps: list[WholeStep], model_overrides: d
         return sum(vals) / len(vals) if vals else None
 
     overall = mean_abs()
-    return {"profile": str(profile_path), "model_overrides": dict(model_overrides or {}), "rows": rows, "mean_abs_error": overall,
-            "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"),
+    return {"profile": str(profile_path), "model_overrides": dict(model_overrides or {}), "rows": rows,
+            "mean_abs_error": overall, "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"),
             "tolerance": TOLERANCE, "within_tolerance": overall is not None and overall <= TOLERANCE}
 
 
