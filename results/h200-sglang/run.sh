@@ -22,6 +22,9 @@
 set -uo pipefail
 STUDY=${STUDY:?name of a studies/*.yaml}
 LIMIT=${LIMIT:-480}
+# the machine kills a call at 600 s and then nothing under $OUT comes back but what is there: every
+# backstop below ends its step by HARD s, which leaves the database copy and the packing 15 s
+HARD=${HARD:-585}
 STEPS=${STEPS:-study}
 OUT=${OUT:-/tmp/out}
 DB="results/h200-sglang/$STUDY.db"
@@ -35,7 +38,8 @@ trap 'tar -czf "$OUT/call-logs-$STUDY.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 # the kit, Ray and the study's libraries (skipped on a warm machine that has them already)
 source results/h200-sglang/kit-setup.sh
 KIT_RAY=1 kit_setup || exit 1
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15
+# unbuffered: a call cut off by the machine's limit still brings back every line written so far
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 PYTHONUNBUFFERED=1
 python3 - > "$LOGS/versions.txt" 2>&1 <<'PY' &
 import importlib.metadata as m, sys, time
 t = time.time()
@@ -70,17 +74,20 @@ if [[ " $STEPS " == *" tiles-ab "* ]]; then
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
 left=$(( LIMIT - ($(date +%s) - t0) ))
-# --time-limit lets the running trial finish its load point; Ctrl-C (SIGINT) 75 s later is the backstop,
-# so that the database always comes back
+# --time-limit starts no load point that cannot end within it and lets the running one finish;
+# Ctrl-C (SIGINT) is the backstop, 75 s later or at HARD less 40 s, whichever comes first (its servers'
+# teardown gets 25 s, then SIGKILL), so that the database always comes back
+backstop=$(( left + 75 )); hard_left=$(( HARD - 40 - ($(date +%s) - t0) ))
+[ "$hard_left" -lt "$backstop" ] && backstop=$hard_left
 if [ -n "${STUDY_SKIP:-}" ] || [ "$left" -lt 120 ]; then
   echo "no study run: ${STUDY_SKIP:+not in STEPS}${STUDY_SKIP:-only $left s left}"
 elif [ -f "$DB" ] && python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > /dev/null 2>&1; then
-  timeout -s INT $(( left + 75 )) python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
+  timeout -s INT -k 25 "$backstop" python3 -m tuner study resume "$STUDY" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} ${CAPACITY_START:+--capacity-start $CAPACITY_START} \
     ${FIRST_WARMUP_S:+--first-warmup-s $FIRST_WARMUP_S} ${RESUME_ARGS:-} \
     2>&1 | tee "$LOGS/study.log"
 else
-  timeout -s INT $(( left + 75 )) python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
+  timeout -s INT -k 25 "$backstop" python3 -m tuner study start "studies/$STUDY.yaml" --storage "sqlite:///$DB" \
     --time-limit "$left" ${TRIALS:+--trials $TRIALS} 2>&1 | tee "$LOGS/study.log"
 fi
 if [[ " $STEPS " == *" probe "* ]]; then

@@ -182,3 +182,40 @@ def test_a_marginal_verdict_is_measured_again_and_decided_with_both_windows(
     assert trial["outcome"].capacity_users == expected
     measured = [args[0] for _, op, *args in ex.calls if op is Operation.MEASURE]
     assert measured.count(28) == points_at_28
+
+
+class _PointsTakeLong(ScriptedExecutor):
+    """Each load point reports ``point_wall_s`` of wall time, and the run's clock is moved on by as
+    much when it comes back (the loop reads its own start time)."""
+
+    def __init__(self, point_wall_s, **kw):
+        super().__init__(**kw)
+        self.point_wall_s, self.loop = point_wall_s, None
+
+    def wait(self, timeout_s=0.5):
+        out = []
+        for r in super().wait(timeout_s):
+            if r.op is Operation.MEASURE and r.ok:
+                self.loop.started_at -= self.point_wall_s
+                r = dataclasses.replace(r, value=(r.value[0], self.point_wall_s))
+            out.append(r)
+        return out
+
+
+# capacity 30 from 4 by 4 takes six points (4, 8, 16, 32, 24, 28): at 100 s a point and a 1,000 s
+# limit all six fit (600 s); at 300 s a point the fourth would end at 1,200 s, so it never starts
+@pytest.mark.parametrize("point_wall_s, points, status", [(100.0, 6, TrialStatus.COMPLETE),
+                                                          (300.0, 3, TrialStatus.INTERRUPTED)])
+def test_a_load_point_that_would_end_past_the_time_limit_is_not_started(tmp_path, point_wall_s, points, status):
+    ex = _PointsTakeLong(point_wall_s, capacity=lambda n: 30)
+    loop, records = _loop(tmp_path, ex, 1, prune=False, time_limit_s=1000.0)
+    ex.loop = loop
+    loop.run()
+    outcome = records.trials[0]["outcome"]
+    measured = [args[0] for key, op, *args in ex.calls if key == 0 and op is Operation.MEASURE]
+    assert len(measured) == points and outcome.status is status
+    if status is TrialStatus.INTERRUPTED:
+        assert "next load point takes about 300 s" in outcome.reason and "100 s are left" in outcome.reason
+        assert [op for key, op in ex.submitted if key == 0][-1] is Operation.CLOSE
+    else:
+        assert outcome.capacity_users == 28

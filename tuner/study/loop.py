@@ -45,6 +45,7 @@ class RunningTrial:
     num_gpus: int
     started_at: float = field(default_factory=time.time)
     step: int = 0  # load points measured
+    point_walls_s: list[float] = field(default_factory=list)  # each measured load point's wall time
     info: dict = field(default_factory=dict)  # what the deploy reported (placement, pids, KV)
     outcome: Outcome | None = None  # decided before the close, recorded after it
 
@@ -64,7 +65,8 @@ class TrialLoop:
     max_failures: int | None = None
     prune: bool = True
     # wall-clock budget of this run: no trial starts that this run's own trials say cannot finish
-    # in the time left, and at the limit running trials close after their current load point
+    # in the time left, no load point starts that cannot end before it, and at the limit running
+    # trials close after their current load point
     time_limit_s: float | None = None
     # stops the servers of a running trial by recorded identity, returns the PIDs it killed (the
     # executor's shutdown may leave them: a killed Ray actor never runs its trial's teardown)
@@ -207,6 +209,7 @@ class TrialLoop:
         rt.search.record(metrics.users, passed, marginal=rt.search.marginal(metrics), point=metrics)
         self.ledger.measured(rt.proposal, rt.step, metrics, passed, wall_time_s, rt.search.capacity_users)
         rt.step += 1
+        rt.point_walls_s.append(wall_time_s)
         incumbent = self.ledger.incumbent_users
         if self.prune and not rt.proposal.is_baseline and should_prune(rt.search, incumbent):
             self._close(rt, Outcome.pruned(rt.search.capacity_users, prune_reason(rt.search, incumbent)))
@@ -219,6 +222,8 @@ class TrialLoop:
             self._close(rt, Outcome.complete(rt.search.capacity_users))
         elif self.winding_down:  # the run's time is up: keep what was measured, free the GPUs
             self._close(rt, Outcome.interrupted(self.winding_down))
+        elif (late := self._point_would_overrun(rt)) is not None:
+            self._close(rt, Outcome.interrupted(late))
         else:
             self.executor.submit(rt.proposal.number, Operation.MEASURE, users)
 
@@ -232,6 +237,22 @@ class TrialLoop:
             self.trial_walls_s.append(time.time() - rt.started_at)
         self.ledger.finish(rt.proposal, outcome)
         self.proposer.learn(rt.proposal, outcome)
+
+    def _point_would_overrun(self, rt: RunningTrial) -> str | None:
+        """Why the trial's next load point is not started: it would end past the time limit (its
+        warm-up and window, or as long as this trial's last point took when that was longer); None
+        when it fits. A point begun at the limit's edge would hold the GPU a whole window past it."""
+        if self.time_limit_s is None:
+            return None
+        m = self.study.measurement
+        expected_s = m.warmup_for(rt.step) + float(m.duration_s)
+        if rt.point_walls_s:
+            expected_s = max(expected_s, rt.point_walls_s[-1])
+        left_s = self.time_limit_s - (time.time() - self.started_at)
+        if expected_s <= left_s:
+            return None
+        return (f"time limit of {self.time_limit_s:g} s: the next load point takes about {expected_s:.0f} s "
+                f"and {max(0.0, left_s):.0f} s are left")
 
     # ---------------------------------------------------------------- check
     def _check_failure_limit(self) -> None:
