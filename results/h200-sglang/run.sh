@@ -9,7 +9,8 @@
 # 0.5.17, start it with `sglang serve --config` and replay the workload at its capacity
 # (`tuner study verify-export`); the study then gets the time that is left. CAPACITY_START=simulator
 # resumes the study with each new trial's capacity search starting at the simulator's prediction;
-# VERIFY_TRIAL=N checks trial N instead of the best. FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
+# VERIFY_TRIAL=N checks trial N instead of the best; VERIFY_REF=N compares with trial N, a repeat of
+# its configuration; VERIFY_USERS=U replays U users. FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
 # other `study resume` options (e.g. --no-pruning). "tiles-ab": the serving A/B of MoE tile configs
 # (`tuner study tiles-ab`, TILES_TRIAL, TILES_USERS; after verify, before the study).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
@@ -55,6 +56,9 @@ if [[ " $STEPS " == *" verify "* ]]; then
   which=(); [ -n "${VERIFY_TRIAL:-}" ] && which=(--trial "$VERIFY_TRIAL")  # default: the best
   python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$LOGS/best-$STUDY.yaml" --sglang-version 0.5.17 \
     "${which[@]}" 2>&1 | tee "$LOGS/export.log"
+  # VERIFY_REF=N compares against trial N, a repeat of the same configuration; VERIFY_USERS=U replays U users
+  [ -n "${VERIFY_REF:-}" ] && which+=(--reference-trial "$VERIFY_REF")
+  [ -n "${VERIFY_USERS:-}" ] && which+=(--users "$VERIFY_USERS")
   # the check gets what the call has left (less packing) unless a study follows it; a HiCache
   # configuration alone takes 210 s to answer (its 87 GB host pool is pinned in 107 s)
   verify_s=$(( LIMIT - ($(date +%s) - t0) - 25 )); [[ " $STEPS " == *" study "* ]] && verify_s=${VERIFY_S:-330}
@@ -73,6 +77,8 @@ if [[ " $STEPS " == *" tiles-ab "* ]]; then
   echo "tiles-ab took $(( $(date +%s) - t0 )) s since the call began"
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
+# the study's own limit ends 30 s before the backstop below, so that its trial's teardown is not cut
+[ "$LIMIT" -gt $(( HARD - 70 )) ] && LIMIT=$(( HARD - 70 ))
 left=$(( LIMIT - ($(date +%s) - t0) ))
 # --time-limit starts no load point that cannot end within it and lets the running one finish;
 # Ctrl-C (SIGINT) is the backstop, 75 s later or at HARD less 40 s, whichever comes first (its servers'

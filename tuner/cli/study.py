@@ -580,10 +580,14 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, st
 @click.option("--users", type=click.IntRange(min=1), default=None,
               help="Users to replay (default: the trial's capacity).")
 @click.option("--trial", "trial_number", type=int, default=None, help="The trial CONFIG was exported from (default: the best).")
+@click.option("--reference-trial", "reference_trial_number", type=int, default=None,
+              help="Compare against this trial's measurement instead: a repeat of the same configuration "
+                   "(`study resume --repeat-trial`), e.g. one measured with a longer window; its point's "
+                   "seed, warm-up and window are replayed.")
 @click.option("-o", "--output", default=None, help="Also write the result as JSON here.")
 @storage_option
 @json_option
-def verify_export(name, config, users, trial_number, output, storage, as_json):
+def verify_export(name, config, users, trial_number, reference_trial_number, output, storage, as_json):
     """Start SGLang from an exported CONFIG (as its header's launch line says) on this machine's GPUs,
     replay NAME's workload at the trial's capacity and compare P90 TTFT and TPOT with what the trial
     measured there. The window is reached as the trial's load point reached it: its own warm-up,
@@ -596,7 +600,8 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
 
     if output:
         safewrite.check_target(output)  # a bad path is refused before a server starts
-    result = run_check(storage, name, config, users=users, trial_number=trial_number)
+    result = run_check(storage, name, config, users=users, trial_number=trial_number,
+                       reference_trial_number=reference_trial_number)
     data = result.to_dict()
     if output:
         safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
@@ -606,7 +611,9 @@ def verify_export(name, config, users, trial_number, output, storage, as_json):
         def ms(x):
             return "-" if x is None else f"{x * 1000:.1f} ms"
 
-        click.echo(f"{name} trial {result.trial_number} at {result.users} users, started from {config} "
+        ref = ("" if result.reference_trial_number in (None, result.trial_number)
+               else f" against its repeat, trial {result.reference_trial_number}")
+        click.echo(f"{name} trial {result.trial_number}{ref} at {result.users} users, started from {config} "
                    f"(warm-up {result.replay_warmup_s:.0f} s, as the trial's load point had; server "
                    f"{result.server_before_window}):")
         def spread(d, key):

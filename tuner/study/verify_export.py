@@ -9,6 +9,11 @@ workload, window and seed rule, reached as the trial's was: the point's own warm
 that has compiled its kernels (the kernel warm-up) where the trial's point was not its server's
 first. P90 TTFT and P90 TPOT are set against the trial's measurement at the same user count, and
 both against the study's SLO.
+
+The measurement compared against may come from another trial of the same configuration (a
+``--repeat-trial`` of the exported one, complete or interrupted after the point): a repeat
+measured with a longer window is the better reference, and the check then replays that trial's
+point (its seed, warm-up and window).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class ExportCheck:
     server_before_window: str = ""  # fresh, or warmed by the kernel warm-up (and why)
     kernel_warmup: dict | None = None  # what that warm-up ran, when the check ran it itself
     note: str = ""
+    reference_trial_number: int | None = None  # whose measurement trial_p90_* are (a repeat, or the trial)
 
     @property
     def ok(self) -> bool:
@@ -86,6 +92,26 @@ def _reference(trial: dict, users: int) -> dict:
     return points[-1]
 
 
+def reference_trial(summary: dict, exported: dict, number: int | None) -> dict:
+    """The trial whose measurement the check compares against: the exported one, or trial
+    ``number`` when it ran the same configuration (flags and knobs) and so measured the same thing."""
+    if number is None or number == exported["number"]:
+        return exported
+    for t in summary["trials"]:
+        if t["number"] == number:
+            if dict(t.get("flags") or {}) != dict(exported.get("flags") or {}) or \
+                    dict(t.get("knobs") or {}) != dict(exported.get("knobs") or {}):
+                differ = sorted(k for k in {**t.get("flags", {}), **exported.get("flags", {})}
+                                if (t.get("flags") or {}).get(k) != (exported.get("flags") or {}).get(k))
+                raise ConfigError(f"trial {number} ran another configuration than the exported trial "
+                                  f"{exported['number']} (flags that differ: {', '.join(differ) or 'knobs'}); "
+                                  f"a reference must be a repeat of it", key="--reference-trial")
+            if not t.get("measurements"):
+                raise ConfigError(f"trial {number} measured no load point ({t['status']})", key="--reference-trial")
+            return t
+    raise ConfigError(f"study {summary['name']!r} has no trial {number}", key="--reference-trial")
+
+
 def replay_conditions(measurement, ref: dict):
     """The study's measurement spec set to reach the window the way the trial's point did: its
     warm-up (recorded with the point; a point from before tuner recorded it used the study's plain
@@ -102,7 +128,8 @@ def replay_conditions(measurement, ref: dict):
 
 
 def verify_export(storage: str, name: str, config_path: str, *, users: int | None = None,
-                  trial_number: int | None = None, workdir: str = "results/runs") -> ExportCheck:
+                  trial_number: int | None = None, reference_trial_number: int | None = None,
+                  workdir: str = "results/runs") -> ExportCheck:
     from tuner.study.export import _pick
     from tuner.study.runner import load_existing
     from tuner.study.summary import study_summary
@@ -120,7 +147,8 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
     users = users or trial.get("capacity_users")
     if not users:
         raise StudyNotFoundError(f"trial {trial['number']} has no capacity to replay at; give --users")
-    ref = _reference(trial, users)
+    measured_by = reference_trial(summary, trial, reference_trial_number)
+    ref = _reference(measured_by, users)
     spec = spec.model_copy(update={"measurement": replay_conditions(spec.measurement, ref)})
 
     class ExportedConfig(SGLangBackend):
@@ -141,7 +169,7 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
 
     request = TrialRequest(study=spec, trial_number=trial["number"], flags=dict(trial["flags"]),
                            knobs=dict(trial["knobs"]), workdir=f"{Path(workdir).resolve()}/{name}-export-check",
-                           seed=spec.seed + trial["number"])
+                           seed=spec.seed + measured_by["number"])  # the reference point's sessions
     deployment = deploy_here(LiveEvaluator(ExportedConfig()), request)
     step = int(ref.get("step", 0))
     warmed = None
@@ -166,7 +194,7 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
                  and metrics.p90_ttft_s <= slo.p90_ttft_s and metrics.p90_tpot_s <= slo.p90_tpot_s)
     ready = tel.get("ready_after_s") or {}
     return ExportCheck(
-        study=name, trial_number=trial["number"], users=users, config_path=str(path), launch_args=launch_args,
+        study=name, trial_number=trial["number"], reference_trial_number=measured_by["number"], users=users, config_path=str(path), launch_args=launch_args,
         trial_p90_ttft_s=ref["p90_ttft_s"], trial_p90_tpot_s=ref["p90_tpot_s"],
         export_p90_ttft_s=metrics.p90_ttft_s, export_p90_tpot_s=metrics.p90_tpot_s,
         ttft_rel_diff=d_ttft, tpot_rel_diff=d_tpot, export_meets_slo=meets,
