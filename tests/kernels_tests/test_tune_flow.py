@@ -130,6 +130,10 @@ def test_moe_flow_writes_up_and_down_files_and_resumes(fake_gpu, tmp_path):
     assert [r["batch_size"] for r in rep2["rows"]] == [1, 256, 1024]
     assert rep2["rows"][0] == rep["rows"][0]
     assert json.loads((out / "reports" / f"{shape.tag}.json").read_text())["complete"]
+    # a call for a few batch sizes keeps the others in the report, and completes only what all asked
+    rep3 = tune_moe(shape, [1024, 2048], out, budget=40, down_budget=20, deadline_s=1e-9, log=lambda m: None)
+    assert [r["batch_size"] for r in rep3["rows"]] == [1, 256, 1024]
+    assert rep3["batch_sizes_requested"] == [1, 256, 1024, 2048] and not rep3["complete"]
 
 
 def test_moe_grid_reports_fraction(fake_gpu, tmp_path):

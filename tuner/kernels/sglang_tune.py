@@ -335,18 +335,29 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
               "shipped_up": {"found": shipped_up.found.value, "path": str(shipped_up.path) if shipped_up.path else None},
               "shipped_down": {"found": shipped_dn.found.value,
                                "path": str(shipped_dn.path) if shipped_dn.path else None},
-              "batch_sizes_requested": sorted(set(batch_sizes)),
-              "complete": not stopped and all(M in state.rows for M in batch_sizes),
+              "batch_sizes_requested": (requested := _requested(out_dir, shape.tag, batch_sizes)),
+              "complete": not stopped and all(M in state.rows for M in requested),
               "this_call_wall_s": round(time.monotonic() - t_start, 1), "this_call_compile_wall_s": round(compile_wall, 1),
               "compile_workers": workers, "files": files,
-              "rows": _rows(state, batch_sizes)}
+              "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
 
 
-def _rows(state: _State, batch_sizes) -> list[dict]:
-    wanted = set(batch_sizes)
-    return [{k: v for k, v in state.rows[M].items() if k != "identity"} for M in sorted(state.rows) if M in wanted]
+def _rows(state: _State) -> list[dict]:
+    """Every batch size the shape's state holds: a call that tunes a few more keeps the others in the
+    report (the tile files hold them all too)."""
+    return [{k: v for k, v in state.rows[M].items() if k != "identity"} for M in sorted(state.rows)]
+
+
+def _requested(out_dir: Path, tag: str, batch_sizes) -> list[int]:
+    """This call's batch sizes and those an earlier call's report asked for: the report is complete
+    only when every one of them is tuned."""
+    try:
+        before = json.loads((out_dir / "reports" / f"{tag}.json").read_text()).get("batch_sizes_requested") or []
+    except (OSError, ValueError, AttributeError):
+        before = []
+    return sorted({int(M) for M in before} | {int(M) for M in batch_sizes})
 
 
 def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
@@ -430,11 +441,11 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
     report = {"kind": "gemm", "shape": shape.to_dict(), "tag": shape.tag, "sglang_version": rt.version, **facts,
               "budget": budget, "space": len(space), "feasible": len(feasible), "grid": grid,
               "shipped": {"found": shipped.found.value, "path": str(shipped.path) if shipped.path else None},
-              "batch_sizes_requested": sorted(set(batch_sizes)),
-              "complete": not stopped and all(M in state.rows for M in batch_sizes),
+              "batch_sizes_requested": (requested := _requested(out_dir, shape.tag, batch_sizes)),
+              "complete": not stopped and all(M in state.rows for M in requested),
               "this_call_wall_s": round(time.monotonic() - t_start, 1),
               "this_call_compile_wall_s": round(compile_wall, 1), "compile_workers": workers, "files": files,
-              "rows": _rows(state, batch_sizes)}
+              "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
 
