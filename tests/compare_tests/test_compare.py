@@ -27,6 +27,21 @@ def ran(tmp_path_factory):
     return tmp, storage, json.loads(r.stdout)
 
 
+def test_the_database_file_alone_holds_the_run_once_compare_exits(ran):
+    # every connection is closed at exit, so SQLite folded its WAL into c.db: a copy of the file
+    # (a backup, a committed result) has every study; an open one left the last in c.db-wal
+    tmp, _, doc = ran
+    wal = tmp / "c.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0
+    import sqlite3
+
+    copy = tmp / "copy-of-c.db"
+    copy.write_bytes((tmp / "c.db").read_bytes())
+    with sqlite3.connect(copy) as c:
+        names = {r[0] for r in c.execute("SELECT DISTINCT study_name FROM tuner_trials")}
+    assert names == set(NAMES)
+
+
 def test_the_json_contract(ran):
     _, _, doc = ran
     assert set(doc) >= {"comparison", "description", "tuner_version", "workload", "gpu_hour_cost", "studies", "ranking",
@@ -196,10 +211,11 @@ def test_comparison_files_validate(tmp_path):
 
 def test_cross_seeding_runs_each_best_configuration_on_the_others(ran, tmp_path):
     tmp, storage, first = ran
-    import shutil
+    import sqlite3
 
     db = tmp_path / "x.db"
-    shutil.copy(tmp / "c.db", db)  # the module's stored studies, seeded on a copy
+    with sqlite3.connect(tmp / "c.db") as src, sqlite3.connect(db) as dst:
+        src.backup(dst)  # the module's stored studies, seeded on a copy
     r = run_cli(["compare", str(CI), "--cross-seed", "--json", "--no-ray", "--storage", f"sqlite:///{db}"], cwd=tmp)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

@@ -11,10 +11,12 @@ database.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import sqlite3
 import time
+import weakref
 from functools import lru_cache
 from pathlib import Path
 
@@ -116,10 +118,41 @@ def describe(url: str) -> str:
     return str(path) if path is not None else parse_url(url).render_as_string(hide_password=True)
 
 
+_WATCHED: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # every engine on a study database
+_SQLITE_FILES: set[Path] = set()  # the SQLite study databases this process wrote through them
+
+
 def watch(engine: Engine, url: str) -> Engine:
     """Translate ``engine``'s storage faults (also used for Optuna's engine on the same database)."""
-    event.listen(engine, "handle_error", faults.translator(describe(url), sqlite_path(url)))
+    path = sqlite_path(url)
+    event.listen(engine, "handle_error", faults.translator(describe(url), path))
+    _WATCHED.add(engine)
+    if path is not None and not readonly_requested(url):
+        _SQLITE_FILES.add(path)
     return engine
+
+
+@atexit.register
+def dispose_engines() -> None:
+    """Close every pooled connection before the interpreter goes, then fold each SQLite database's
+    WAL into its file (``wal_checkpoint(TRUNCATE)``). SQLite does that itself only when the last
+    connection closes, and a connection the interpreter never finalises leaves the end of the run in
+    the ``-wal`` file alone: a copy of the ``.db`` (a backup, a committed result) would lack it."""
+    for engine in list(_WATCHED):
+        try:
+            engine.dispose()
+        except Exception:  # noqa: BLE001 - at exit nothing is left to report to
+            pass
+    for path in sorted(_SQLITE_FILES):
+        try:
+            if path.with_name(path.name + "-wal").exists():
+                con = sqlite3.connect(path, timeout=1.0)
+                try:
+                    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                finally:
+                    con.close()
+        except Exception:  # noqa: BLE001 - a busy or vanished database keeps its WAL, which is still valid
+            pass
 
 
 @lru_cache(maxsize=16)
