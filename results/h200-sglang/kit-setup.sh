@@ -41,7 +41,9 @@ kit_setup() {
 # named in carry): a fresh machine otherwise compiles every kernel again (25 s more of decode-graph
 # capture for the first trial of a call, and compile stalls in its first traffic that later servers
 # of the same call do not have). Restored only onto an empty cache; a broken archive is skipped.
-JIT_CACHE_ARCHIVE=.jitcache/triton-cache.tar.xz
+# a kernel-tuning call keeps its own archive (JIT_CACHE_ARCHIVE=.jitcache/triton-kernels.tar.xz, a
+# larger JIT_CACHE_MAX_BYTES: it carries no Ray), which comes back as $OUT/<its name>
+JIT_CACHE_ARCHIVE=${JIT_CACHE_ARCHIVE:-.jitcache/triton-cache.tar.xz}
 JIT_CACHE_MAX_BYTES=${JIT_CACHE_MAX_BYTES:-4000000}  # what the 64 MiB a call carries leaves room for
 jit_cache_restore() {
   local dir="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
@@ -54,14 +56,14 @@ jit_cache_restore() {
     fi
   fi
 }
-# pack the cache into $OUT when it fits the carry budget (a kernel-tuning call's cache does not)
+# pack the cache into $OUT when it fits the carry budget; its size is said either way
 jit_cache_save() {
   local dir="${TRITON_CACHE_DIR:-$HOME/.triton/cache}" tmp="$OUT/.triton-cache.tar.xz"
   [ -d "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] || return 0
   if tar -cf - -C "$dir" . 2>/dev/null | xz -6 -T0 > "$tmp" 2>/dev/null; then
     local size; size=$(stat -c %s "$tmp")
     if [ "$size" -le "$JIT_CACHE_MAX_BYTES" ]; then
-      mv "$tmp" "$OUT/triton-cache.tar.xz"
+      mv "$tmp" "$OUT/$(basename "$JIT_CACHE_ARCHIVE")"
       echo "Triton cache packed: $size bytes" | tee -a "$LOGS/install.log"
     else
       rm -f "$tmp"

@@ -36,7 +36,12 @@ LOGS=/tmp/call-logs
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
 mkdir -p "$HERE/logs"
 CALL=$(( $(find "$HERE/logs" -maxdepth 1 -name 'call-*' -type d | wc -l) + 1 ))
+# the compiled tile candidates, kept between calls: a batch size compiles only the configs no earlier
+# one did (of M=128's 180 candidates, 54 had not been timed at M=1..64), and compiling was 116 s of
+# M=128's 125. Carried when it fits (KERNEL_CACHE_MAX_BYTES; the size is logged either way)
+export JIT_CACHE_ARCHIVE=.jitcache/triton-kernels.tar.xz JIT_CACHE_MAX_BYTES=${KERNEL_CACHE_MAX_BYTES:-24000000}
 pack() {
+  jit_cache_save 2>/dev/null
   mkdir -p "$HERE/logs/call-$CALL"
   cp "$LOGS"/*.log "$LOGS"/*.csv "$HERE/logs/call-$CALL/" 2>/dev/null
   tar -czf "$OUT/kernels.tgz" --exclude='*.pyc' "$HERE" 2>/dev/null
