@@ -120,3 +120,32 @@ def test_the_stop_reason_decides_the_study_status(tmp_path):
                          (StopReason.MAX_FAILURES, StudyStatus.STOPPED)):
         ledger.conclude(stop)
         assert records.status is status
+
+
+def test_the_start_up_facts_are_recorded_at_deploy_and_the_teardown_replaces_them(tmp_path):
+    # a trial stopped before its teardown (Ctrl-C, a time limit's backstop) keeps how it started
+    proposer, ledger, records, ostudy, events = _parts(tmp_path)
+    p = proposer.propose()
+    ledger.started(p)
+    startup = {"ready_after_s": {"sglang0": 200.1}, "server": {"startup": {"capture_s": {"decode": 62.0}}}}
+    ledger.deployed(p, {"pids": [1], "node": "n1", "gpu_ids": ["0"], "startup": startup})
+    tel = records.trials[0]["telemetry"]
+    assert tel["ready_after_s"] == {"sglang0": 200.1} and tel["node"] == "n1"
+    assert tel["server"]["startup"]["capture_s"]["decode"] == 62.0
+    ledger.closed(p, {"node": "n1", "startup": startup}, {"ready_after_s": {"sglang0": 200.1}, "close": {"ok": 1}})
+    assert records.trials[0]["telemetry"] == {"node": "n1", "ready_after_s": {"sglang0": 200.1}, "close": {"ok": 1}}
+
+
+def test_start_up_facts_are_best_effort():
+    from tuner.study.executor import _startup_facts
+
+    class Broken:
+        def telemetry(self):
+            raise RuntimeError("no /server_info")
+
+    class Live:
+        def telemetry(self):
+            return {"ready_after_s": {"s": 1.0}, "gpu": {"big": 1}, "close": {}, "server_info": None}
+
+    assert _startup_facts(Broken()) == {}
+    assert _startup_facts(Live()) == {"ready_after_s": {"s": 1.0}}  # not the teardown's own parts

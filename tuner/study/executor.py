@@ -62,6 +62,7 @@ class TrialWorker:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "node": os.uname().nodename,
             "ray_node_id": _ray_node_id(),  # several Ray nodes may share one host name
+            "startup": _startup_facts(d),
         }
 
     def measure(self, users: int):
@@ -104,6 +105,21 @@ class TrialWorker:
             self.close()
         except Exception:
             log.exception("teardown after a failure raised")
+
+
+STARTUP_KEYS = ("backend", "base_url", "ready_after_s", "server", "server_info", "plan", "files", "logs",
+                "gpu_memory_used_mib")
+
+
+def _startup_facts(deployment) -> dict:
+    """What the deployment knows once it answers (start-up times, the server's own report): recorded
+    at deploy, so that a trial stopped before its teardown (Ctrl-C, a time limit's backstop) keeps
+    them; the teardown's telemetry replaces them with the whole record."""
+    try:
+        tel = deployment.telemetry()
+    except Exception:  # noqa: BLE001 - best effort, as the teardown's telemetry is
+        return {}
+    return {k: tel[k] for k in STARTUP_KEYS if tel.get(k) is not None}
 
 
 def _identities(pids) -> list[dict]:

@@ -136,7 +136,7 @@ class Ledger:
         predicted = info.get("predicted_kv_capacity_tokens_total")
         self.records.update_trial(
             proposal.number, pids=info.get("pids", []), gpu_ids=info.get("gpu_ids", []),
-            telemetry=jsonable(placement(info)), log_path=info.get("log_path"),
+            telemetry=jsonable({**(info.get("startup") or {}), **placement(info)}), log_path=info.get("log_path"),
             # live backends predict nothing: keep the planner's figure from the start
             **({"predicted_kv_capacity_tokens": predicted} if predicted is not None else {}),
             measured_kv_capacity_tokens=info.get("measured_kv_capacity_tokens_total"))
