@@ -129,8 +129,10 @@ def _print_outcome(o, storage):
               help="Run every capacity search to the end, even when it can no longer beat the best trial.")
 @click.option("--time-limit", "time_limit", default=None, metavar="DURATION",
               help="Wall-clock budget of this run (e.g. 540, 9m, 2h): no trial starts that this run's trials "
-                   "say cannot finish in time, and at the limit running trials close after their current load "
-                   "point (recorded as interrupted, measurements kept). Resume continues the study.")
+                   "say cannot finish in time, no load point starts that cannot end within it (its warm-up and "
+                   "window, or as long as the trial's last point took), and at the limit running trials close "
+                   "after their current load point (recorded as interrupted, measurements kept). Resume "
+                   "continues the study.")
 @click.option("--dry-run", is_flag=True,
               help="Launch nothing and write nothing: print, for each trial the sampler would run, the "
                    "server command line, environment, --config YAML and MoE tile files (SGLang, "
