@@ -234,3 +234,41 @@ def test_headroom_of_a_count_measured_twice_is_that_of_its_pooled_p90s(engine):
     repo.finish_trial(engine, "s", 0, status="complete", capacity_users=16)
     room = repo.slo_headroom(repo.trials(engine, "s"), repo.measurements(engine, "s"), 30, 0.05)
     assert room == {0: pytest.approx(1 - 25 / 30)}
+
+
+def test_at_exit_a_written_databases_wal_is_folded_into_its_file_and_a_read_one_is_left_alone(tmp_path):
+    import hashlib
+    import shutil
+    import sqlite3
+
+    from sqlalchemy import text
+
+    from tuner.storage import db
+
+    written, read = tmp_path / "w.db", tmp_path / "r.db"
+    with sqlite3.connect(read) as c:  # a database another process is still writing: its WAL holds a row
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("CREATE TABLE x (a)")
+    other = sqlite3.connect(read)
+    other.execute("PRAGMA wal_autocheckpoint=0")
+    other.execute("INSERT INTO x VALUES (1)")
+    other.commit()
+    before = hashlib.sha256(read.read_bytes()).hexdigest()
+    w = db.get_engine(f"sqlite:///{written}")
+    with w.begin() as conn:
+        conn.execute(text("CREATE TABLE y (a)"))
+        conn.execute(text("INSERT INTO y VALUES (2)"))
+    with db.get_engine(f"sqlite:///{read}", create=False, readonly=True).connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM x")).scalar() == 1
+    held = w.connect()  # a connection still open at exit, as `tuner compare` had
+    try:
+        db.dispose_engines()
+        copy = tmp_path / "copy.db"
+        shutil.copy(written, copy)  # the file alone, without its -wal
+        with sqlite3.connect(copy) as c:
+            assert c.execute("SELECT a FROM y").fetchall() == [(2,)]
+        assert hashlib.sha256(read.read_bytes()).hexdigest() == before  # the reader wrote nothing
+    finally:
+        held.close()
+        other.close()
+        db.get_engine.cache_clear()

@@ -119,16 +119,18 @@ def describe(url: str) -> str:
 
 
 _WATCHED: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # every engine on a study database
-_SQLITE_FILES: set[Path] = set()  # the SQLite study databases this process wrote through them
+_SQLITE_FILES: set[Path] = set()  # the SQLite study databases this process committed to
 
 
-def watch(engine: Engine, url: str) -> Engine:
-    """Translate ``engine``'s storage faults (also used for Optuna's engine on the same database)."""
+def watch(engine: Engine, url: str, *, readonly: bool = False) -> Engine:
+    """Translate ``engine``'s storage faults (also used for Optuna's engine on the same database);
+    a writable SQLite engine's first commit also marks its file for the checkpoint at exit (a reader,
+    the dashboard, never writes the file, not even then)."""
     path = sqlite_path(url)
     event.listen(engine, "handle_error", faults.translator(describe(url), path))
     _WATCHED.add(engine)
-    if path is not None and not readonly_requested(url):
-        _SQLITE_FILES.add(path)
+    if path is not None and not (readonly or readonly_requested(url)):
+        event.listen(engine, "commit", lambda _conn: _SQLITE_FILES.add(path))
     return engine
 
 
@@ -188,7 +190,7 @@ def get_engine(url: str, *, create: bool = True, readonly: bool = False) -> Engi
         engine = create_engine(connect_url, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
         raise StorageError(f"cannot use storage {describe(url)!r}: {exc}") from None
-    watch(engine, url)
+    watch(engine, url, readonly=readonly)
     if backend == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas if not readonly else _readonly_pragmas)
     try:
