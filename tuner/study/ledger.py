@@ -9,6 +9,7 @@ progress display). Workers never write: they return results to the driver, which
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import asdict, dataclass
@@ -19,6 +20,7 @@ from tuner.lifecycle import Outcome, StopReason, TrialStatus
 from tuner.study.optuna_adapter import OptunaStudy
 from tuner.study.proposer import Decision, Proposal
 from tuner.study.samplers import mark_feasible
+from tuner.study.signals import deferred
 from tuner.workload.metrics import LoadPointMetrics
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,15 @@ def jsonable(d: dict) -> dict:
     return json.loads(json.dumps(d, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
+def _uninterrupted(method):
+    """A ledger write runs to its end before a stop signal is raised (``signals.deferred``)."""
+    @functools.wraps(method)
+    def write(self, *args, **kwargs):
+        with deferred():
+            return method(self, *args, **kwargs)
+    return write
+
+
 class Ledger:
     def __init__(self, records: Records, optuna: OptunaStudy | None, *, backend_kind: str,
                  on_event: Callable[[str, dict], None] | None = None, counters: Counters | None = None,
@@ -74,21 +85,26 @@ class Ledger:
         self.incumbent_users = incumbent_users  # best capacity of a completed trial
 
     # ---------------------------------------------------------------- the study
+    @_uninterrupted
     def create_study(self, **fields: Any) -> None:
         self.records.create_study(**fields)
 
+    @_uninterrupted
     def conclude(self, stop: StopReason) -> None:
         self.records.set_status(stop.study_status)
 
+    @_uninterrupted
     def set_budget(self, trials_budget: int) -> None:
         """``resume --trials N``: the study's budget from now on."""
         self.records.set_budget(trials_budget)
 
+    @_uninterrupted
     def discard_new_study(self, lease_token: str) -> None:
         """A start that could not finish creating the study takes back what it wrote."""
         self.records.delete_new_study(lease_token)
 
     # ---------------------------------------------------------------- proposals
+    @_uninterrupted
     def settle(self, proposal: Proposal) -> None:
         """A proposal the loop does not launch: told now, recorded if it is a trial of its own."""
         self._annotate(proposal)
@@ -117,6 +133,7 @@ class Ledger:
         self.on_event("trial_end", {"number": proposal.number, "status": outcome.status,
                                     "capacity": outcome.capacity_users, "reason": outcome.reason, "launched": False})
 
+    @_uninterrupted
     def started(self, proposal: Proposal) -> None:
         self._annotate(proposal)
         if proposal.from_queue:
@@ -126,12 +143,14 @@ class Ledger:
         self.on_event("trial_start", {"number": proposal.number, "config": proposal.values,
                                       "baseline": proposal.is_baseline, "repeat_of": proposal.repeat_of})
 
+    @_uninterrupted
     def search_starts(self, proposal: Proposal, users: int, basis: str) -> None:
         """Where the trial's capacity search starts, and why (a guided start is a prediction)."""
         proposal.trial.set_user_attr("capacity_search_start", {"users": users, "basis": basis})
         self.on_event("capacity_start", {"number": proposal.number, "users": users, "basis": basis})
 
     # ---------------------------------------------------------------- a launched trial
+    @_uninterrupted
     def deployed(self, proposal: Proposal, info: dict) -> None:
         predicted = info.get("predicted_kv_capacity_tokens_total")
         self.records.update_trial(
@@ -141,6 +160,7 @@ class Ledger:
             **({"predicted_kv_capacity_tokens": predicted} if predicted is not None else {}),
             measured_kv_capacity_tokens=info.get("measured_kv_capacity_tokens_total"))
 
+    @_uninterrupted
     def measured(self, proposal: Proposal, step: int, metrics: LoadPointMetrics, passed: bool, wall_time_s: float,
                  capacity_users: int) -> None:
         """Load point ``step`` of the capacity search; ``capacity_users``: the search's result so far."""
@@ -155,11 +175,13 @@ class Ledger:
         self.on_event("measurement", {"number": proposal.number, "users": metrics.users, "passed": passed,
                                       "p90_ttft_s": metrics.p90_ttft_s, "p90_tpot_s": metrics.p90_tpot_s})
 
+    @_uninterrupted
     def closed(self, proposal: Proposal, deploy_info: dict, teardown_telemetry: dict | None) -> None:
         if teardown_telemetry:
             self.records.update_trial(proposal.number,
                                       telemetry=jsonable({**placement(deploy_info), **teardown_telemetry}))
 
+    @_uninterrupted
     def finish(self, proposal: Proposal, outcome: Outcome) -> None:
         """A launched trial ended: counted, recorded, told."""
         if outcome.status is TrialStatus.COMPLETE:
@@ -187,10 +209,12 @@ class Ledger:
                                     "baseline": proposal.is_baseline})
 
     # ---------------------------------------------------------------- resume
+    @_uninterrupted
     def interrupted_by_dead_driver(self, trial_number: int, reason: str, telemetry: dict) -> None:
         """A trial a dead driver left running (its Optuna trial is failed first)."""
         self.records.finish_trial(trial_number, Outcome.interrupted(reason), telemetry=telemetry)
 
+    @_uninterrupted
     def close_out(self, reason: str) -> list[int]:
         """Before the driver lets the study go: no trial of it may stay running, ours or Optuna's
         (a stop that came between recording a trial's end and telling Optuna leaves one)."""

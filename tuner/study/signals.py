@@ -6,7 +6,8 @@ takes: the servers stop, the running trials are recorded as interrupted, the stu
 the lease is released, and the command exits with 128 + the signal's number (130 for Ctrl-C,
 143 for SIGTERM, 129 for SIGHUP). The first signal starts that clean-up; later ones while it runs
 are noted and ignored, so a second Ctrl-C or a service manager's repeated SIGTERM cannot leave a
-trial half-recorded (``kill -9`` still ends the process at once, and resume recovers from it).
+trial half-recorded, and the first waits for a database write in progress (``deferred()``: the
+ledger's writes) (``kill -9`` still ends the process at once, and resume recovers from it).
 
 Ray sets a SIGTERM handler of its own when it starts: ``install()`` puts ours back afterwards.
 """
@@ -59,11 +60,16 @@ def stop_signal(exc: BaseException) -> StopSignal:
 class _Handler:
     def __init__(self):
         self.received: StopSignal | None = None
+        self.deferring = 0  # nesting depth of ``deferred()`` blocks
+        self.pending = False  # the first signal came inside one: raised when it ends
 
     def __call__(self, signum, _frame):
         if self.received is None:
             self.received = StopSignal(signum)
             _last_received[:] = [self.received]
+            if self.deferring:
+                self.pending = True
+                return
             raise self.received
         sys.stderr.write(f"\n{signal.Signals(signum).name} received: already stopping (stopping the trial servers "
                          f"and recording the running trials); kill -9 ends tuner at once, resume recovers\n")
@@ -105,6 +111,27 @@ def stopping_on_signals() -> Iterator[None]:
                 signal.signal(sig, before)
             except (TypeError, ValueError):
                 signal.signal(sig, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A database write the first stop signal must not cut in two: within the block a signal is
+    recorded, and raised once the block has ended. One raised between a write's statement and the
+    release of its connection can leave that connection holding SQLite's write lock, and the
+    clean-up's own writes (the running trials recorded as interrupted) then wait out the busy
+    timeout and fail."""
+    handler = _active[-1] if _active and threading.current_thread() is threading.main_thread() else None
+    if handler is None:
+        yield
+        return
+    handler.deferring += 1
+    try:
+        yield
+    finally:
+        handler.deferring -= 1
+    if handler.deferring == 0 and handler.pending:
+        handler.pending = False
+        raise handler.received
 
 
 def already_stopping() -> bool:
