@@ -45,7 +45,7 @@ class RunningTrial:
     num_gpus: int
     started_at: float = field(default_factory=time.time)
     step: int = 0  # load points measured
-    point_walls_s: list[float] = field(default_factory=list)  # each measured load point's wall time
+    last_point_wall_s: float = 0.0  # how long its last measured load point took
     info: dict = field(default_factory=dict)  # what the deploy reported (placement, pids, KV)
     outcome: Outcome | None = None  # decided before the close, recorded after it
 
@@ -209,7 +209,7 @@ class TrialLoop:
         rt.search.record(metrics.users, passed, marginal=rt.search.marginal(metrics), point=metrics)
         self.ledger.measured(rt.proposal, rt.step, metrics, passed, wall_time_s, rt.search.capacity_users)
         rt.step += 1
-        rt.point_walls_s.append(wall_time_s)
+        rt.last_point_wall_s = wall_time_s
         incumbent = self.ledger.incumbent_users
         if self.prune and not rt.proposal.is_baseline and should_prune(rt.search, incumbent):
             self._close(rt, Outcome.pruned(rt.search.capacity_users, prune_reason(rt.search, incumbent)))
@@ -245,9 +245,7 @@ class TrialLoop:
         if self.time_limit_s is None:
             return None
         m = self.study.measurement
-        expected_s = m.warmup_for(rt.step) + float(m.duration_s)
-        if rt.point_walls_s:
-            expected_s = max(expected_s, rt.point_walls_s[-1])
+        expected_s = max(m.warmup_for(rt.step) + float(m.duration_s), rt.last_point_wall_s)
         left_s = self.time_limit_s - (time.time() - self.started_at)
         if expected_s <= left_s:
             return None
