@@ -6,8 +6,8 @@ takes: the servers stop, the running trials are recorded as interrupted, the stu
 the lease is released, and the command exits with 128 + the signal's number (130 for Ctrl-C,
 143 for SIGTERM, 129 for SIGHUP). The first signal starts that clean-up; later ones while it runs
 are noted and ignored, so a second Ctrl-C or a service manager's repeated SIGTERM cannot leave a
-trial half-recorded, and the first waits for a database write in progress (``deferred()``: the
-ledger's writes) (``kill -9`` still ends the process at once, and resume recovers from it).
+trial half-recorded, and the first waits for a database write in progress to end (``deferred()``,
+around the ledger's writes). ``kill -9`` still ends the process at once, and resume recovers from it.
 
 Ray sets a SIGTERM handler of its own when it starts: ``install()`` puts ours back afterwards.
 """

@@ -98,17 +98,17 @@ def reference_trial(summary: dict, exported: dict, number: int | None) -> dict:
     if number is None or number == exported["number"]:
         return exported
     for t in summary["trials"]:
-        if t["number"] == number:
-            if dict(t.get("flags") or {}) != dict(exported.get("flags") or {}) or \
-                    dict(t.get("knobs") or {}) != dict(exported.get("knobs") or {}):
-                differ = sorted(k for k in {**t.get("flags", {}), **exported.get("flags", {})}
-                                if (t.get("flags") or {}).get(k) != (exported.get("flags") or {}).get(k))
-                raise ConfigError(f"trial {number} ran another configuration than the exported trial "
-                                  f"{exported['number']} (flags that differ: {', '.join(differ) or 'knobs'}); "
-                                  f"a reference must be a repeat of it", key="--reference-trial")
-            if not t.get("measurements"):
-                raise ConfigError(f"trial {number} measured no load point ({t['status']})", key="--reference-trial")
-            return t
+        if t["number"] != number:
+            continue
+        ours, theirs = dict(exported.get("flags") or {}), dict(t.get("flags") or {})
+        if ours != theirs or dict(exported.get("knobs") or {}) != dict(t.get("knobs") or {}):
+            differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+            raise ConfigError(f"trial {number} ran another configuration than the exported trial "
+                              f"{exported['number']} (flags that differ: {', '.join(differ) or 'knobs'}); "
+                              f"a reference must be a repeat of it", key="--reference-trial")
+        if not t.get("measurements"):
+            raise ConfigError(f"trial {number} measured no load point ({t['status']})", key="--reference-trial")
+        return t
     raise ConfigError(f"study {summary['name']!r} has no trial {number}", key="--reference-trial")
 
 
@@ -194,7 +194,8 @@ def verify_export(storage: str, name: str, config_path: str, *, users: int | Non
                  and metrics.p90_ttft_s <= slo.p90_ttft_s and metrics.p90_tpot_s <= slo.p90_tpot_s)
     ready = tel.get("ready_after_s") or {}
     return ExportCheck(
-        study=name, trial_number=trial["number"], reference_trial_number=measured_by["number"], users=users, config_path=str(path), launch_args=launch_args,
+        study=name, trial_number=trial["number"], reference_trial_number=measured_by["number"], users=users,
+        config_path=str(path), launch_args=launch_args,
         trial_p90_ttft_s=ref["p90_ttft_s"], trial_p90_tpot_s=ref["p90_tpot_s"],
         export_p90_ttft_s=metrics.p90_ttft_s, export_p90_tpot_s=metrics.p90_tpot_s,
         ttft_rel_diff=d_ttft, tpot_rel_diff=d_tpot, export_meets_slo=meets,
