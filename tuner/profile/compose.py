@@ -140,7 +140,8 @@ def compose(profile_path: str | Path, steps: list[WholeStep], model_overrides: d
 
     overall = mean_abs()
     return {"profile": str(profile_path), "model_overrides": dict(model_overrides or {}), "rows": rows,
-            "mean_abs_error": overall, "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"),
+            "mean_abs_error": overall, "mean_abs_error_decode": mean_abs("decode"),
+            "mean_abs_error_prefill": mean_abs("prefill"),
             "tolerance": TOLERANCE, "within_tolerance": overall is not None and overall <= TOLERANCE}
 
 
