@@ -38,10 +38,11 @@ if [ ! -f .whl/pylibs.tar.xz ]; then
   # what no import of tuner's reaches: test suites and packaging records
   rm -rf "$work"/site/*/tests "$work"/site/sqlalchemy/testing "$work"/site/alembic/testing "$work"/site/optuna/testing
   find "$work/site" -name '*.so' -exec strip --strip-unneeded {} +
-  # the site must import here too (this Python skips the cp312 C extensions and falls back)
+  # the site must import here too (this Python skips the cp312 C extensions and falls back); optuna
+  # also needs tqdm, which the H200 machine has through SGLang: here it comes from the project's venv
+  python3 -c "import tqdm" 2>/dev/null || { echo "the import check needs tqdm: activate the project's venv first" >&2; exit 2; }
   PYTHONPATH="$work/site" python3 -c "import optuna, alembic, sqlalchemy, colorlog, mako; \
-optuna.create_study(storage='sqlite:///$work/check.db').optimize(lambda t: t.suggest_float('x', 0, 1), n_trials=1)" \
-    2>/dev/null
+optuna.create_study(storage='sqlite:///$work/check.db').optimize(lambda t: t.suggest_float('x', 0, 1), n_trials=1)"
   mkdir -p .whl
   tar -cf - -C "$work/site" . | xz -9e > .whl/pylibs.tar.xz
   echo "libraries packed: $(stat -c %s .whl/pylibs.tar.xz) bytes"
