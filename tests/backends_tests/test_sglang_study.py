@@ -433,3 +433,24 @@ def test_tiles_ab_serves_default_then_tuned_tiles_and_proves_ours_were_loaded(tm
                     "-o", str(tmp_path / "never.json")], cwd=tmp_path)
     assert gone.returncode == 2 and "backend_options.moe_config_dir" in gone.stderr, gone.stderr[-2000:]
     assert not (tmp_path / "never.json").exists()
+    # a tuned directory holding other shapes' files only: refused before any server, naming the option
+    # and the files this configuration reads (its tuned server would have run SGLang's own tiles)
+    other = tmp_path / "other" / "configs" / "triton_3_6_0"
+    other.mkdir(parents=True)
+    for f in (tmp_path / "gone" / "configs" / "triton_3_6_0").glob("*.json"):
+        shutil.copyfile(f, other / f.name.replace("E=128,N=768", "E=64,N=512"))
+    runs_before = sorted(p.name for p in (tmp_path / "results" / "runs").iterdir())
+    wrong = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4", "--storage", storage, "--tuned-dir",
+                     str(tmp_path / "other"), "-o", str(tmp_path / "never.json")], cwd=tmp_path)
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    assert "--tuned-dir" in wrong.stderr and "holds none of the tile files" in wrong.stderr
+    assert "E=128,N=768" in wrong.stderr and not (tmp_path / "never.json").exists()
+    assert sorted(p.name for p in (tmp_path / "results" / "runs").iterdir()) == runs_before
+    # --tuned-dir names a directory the stored study options do not: the tuned variant loads from it
+    moved = tmp_path / "moved.json"
+    r = run_cli(["study", "tiles-ab", "fake-tiles", "--users", "4", "--trial", "0", "--variants", "tuned",
+                 "--storage", storage, "--tuned-dir", str(tmp_path / "gone"), "--json", "-o", str(moved)],
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(moved.read_text())
+    assert doc["tuned_tiles_proven_loaded"] is True and len(doc["variants"][0]["load_points"]) == 1

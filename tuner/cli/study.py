@@ -525,9 +525,12 @@ def export(name, output, trial_number, sglang_version, storage):
 @click.option("-o", "--output", default=None, help="Also write the result as JSON here.")
 @click.option("--refit-points", "refit_dir", default=None, type=click.Path(file_okay=False),
               help="Write DIR/default.json and DIR/tuned.json for `tuner kernels refit-serving`.")
+@click.option("--tuned-dir", default=None, type=click.Path(file_okay=False),
+              help="Tuned tile directory (what `tuner kernels tune -o` wrote) for the tuned variant; default: "
+                   "the study's backend_options.moe_config_dir as stored when it was created, else results/kernels/<gpu>.")
 @storage_option
 @json_option
-def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, storage, as_json):
+def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tuned_dir, storage, as_json):
     """Serving A/B of MoE tile configs on this machine's GPUs: serve trial N's configuration of NAME
     with SGLang's own tiles, then with the tuned ones (`moe-tile-configs`), each on a fresh server, at
     the same user counts and seeds; print P90 TPOT, P90 TTFT and output throughput side by side.
@@ -543,12 +546,17 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, st
     if output:
         safewrite.check_target(output)  # a bad path is refused before a server starts
     say = (lambda msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
-    ab = tiles_ab(storage, name, users=users, trial_number=trial_number, variants=chosen, progress=say)
-    data = ab.to_dict()
-    if refit_dir:
-        data["refit_points"] = write_refit_points(ab, refit_dir)
-    if output:
-        safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
+    def keep(ab) -> dict:  # after every point: an interrupted A/B keeps what it measured
+        data = ab.to_dict()
+        if refit_dir:
+            data["refit_points"] = write_refit_points(ab, refit_dir)
+        if output:
+            safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
+        return data
+
+    ab = tiles_ab(storage, name, users=users, trial_number=trial_number, variants=chosen, progress=say,
+                  tuned_dir=tuned_dir, on_point=keep)
+    data = keep(ab)
     complete = all(v.error is None and len(v.load_points) == len(users) for v in ab.variants)
     if as_json:
         emit_json(data)

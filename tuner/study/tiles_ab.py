@@ -100,28 +100,53 @@ def _prove(deployment) -> tuple[bool, str]:
     return proof.loaded, proof.summary()
 
 
+def _request(spec, trial: dict, variant: str, workdir: str, name: str) -> TrialRequest:
+    knobs = {**dict(trial.get("knobs") or {}), "moe-tile-configs": variant}
+    return TrialRequest(study=spec, trial_number=int(trial["number"]), flags=dict(trial["flags"]),
+                        knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{variant}",
+                        seed=spec.seed + int(trial["number"]))
+
+
+def _check_tuned_files(spec, trial: dict, source: Path, key: str) -> None:
+    """Refuse, before any server starts, a tuned variant whose directory holds none of the tile files
+    the trial's configuration reads: its server would run SGLang's own tiles, an A/B of nothing."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tuner-tiles-ab-") as tmp:
+        plan = SGLangBackend().build_plan(_request(spec, trial, "tuned", tmp, "plan"), Path(tmp) / "tuned")
+    required = list(plan.facts.get("tile_files_required") or [])
+    if required and not plan.facts.get("tile_files_expected"):
+        raise ConfigError(f"{str(source)!r} holds none of the tile files trial {trial['number']}'s configuration "
+                          f"reads ({', '.join(required)}): the tuned server would run SGLang's own tiles. Point "
+                          f"--tuned-dir at the directory `tuner kernels tune -o` wrote", key=key)
+
+
 def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | None = None,
-             workdir: str = "results/runs", variants: tuple[str, ...] = VARIANTS, progress=None) -> TilesAB:
+             workdir: str = "results/runs", variants: tuple[str, ...] = VARIANTS, progress=None,
+             tuned_dir: str | None = None, on_point=None) -> TilesAB:
+    """``on_point(ab)`` is called after each measured load point and each finished variant, so that a
+    caller can keep what was measured when a later server is interrupted. ``tuned_dir`` overrides the study's ``backend_options.moe_config_dir`` (the study's stored
+    options are those it was created with; a tuned directory made later is named here)."""
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise ConfigError(f"unknown tile variant(s) {bad}; valid: {', '.join(VARIANTS)}", key="--variants")
     spec = load_existing(storage, name, notes=[])
     if spec.space().engine != "sglang":
         raise ConfigError("the tile A/B serves SGLang; this study's engine is not sglang", key="study")
+    key = "--tuned-dir" if tuned_dir else "backend_options.moe_config_dir"
+    if tuned_dir:
+        spec = spec.model_copy(update={"backend_options": {**(spec.backend_options or {}), "moe_config_dir": tuned_dir}})
+    trial = _pick(study_summary(storage, name), trial_number)
     if "tuned" in variants:  # refused before any server starts
         source = moe_configs.tuned_source_dir(spec.backend_options or {}, spec.hardware.gpu)
         if not source.is_dir():
             raise ConfigError(f"the tuned variant needs tuned tile files; {str(source)!r} does not exist (run "
-                              f"`tuner kernels tune`, or set backend_options.moe_config_dir)",
-                              key="backend_options.moe_config_dir")
-    trial = _pick(study_summary(storage, name), trial_number)
+                              f"`tuner kernels tune`, or set backend_options.moe_config_dir)", key=key)
+        _check_tuned_files(spec, trial, source, key)
     say = progress or (lambda msg: None)
     ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users))
     for variant in variants:
-        knobs = {**dict(trial.get("knobs") or {}), "moe-tile-configs": variant}
-        request = TrialRequest(study=spec, trial_number=int(trial["number"]), flags=dict(trial["flags"]),
-                               knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{variant}",
-                               seed=spec.seed + int(trial["number"]))
+        request = _request(spec, trial, variant, workdir, name)
         say(f"{variant} tiles: starting SGLang with trial {trial['number']}'s configuration")
         run = VariantRun(tiles=variant, load_points=[], server_ready_s=None, log_path=None)
         ab.variants.append(run)
@@ -136,6 +161,8 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
             for u in users:
                 m = deployment.measure(u)
                 run.load_points.append(m.to_dict())
+                if on_point:
+                    on_point(ab)
                 say(f"{variant} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
                     f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
             ready = (deployment.telemetry().get("ready_after_s") or {})
@@ -148,6 +175,8 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
         if variant == "tuned":
             run.tiles_loaded, run.tiles_proof = _prove(deployment)
             say(f"tuned tiles: {run.tiles_proof}")
+        if on_point:
+            on_point(ab)
     return ab
 
 
