@@ -111,7 +111,7 @@ cp "$DB" "$OUT/"
 jit_cache_save
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$LOGS/gpu-after.csv"
 # logs, --config YAML, rendered config.json and /server_info of every trial (PID files left out)
-tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' -C results/runs $(cd results/runs && ls -d "$STUDY" "$STUDY"-export-check 2>/dev/null) 2>/dev/null
+tar -czf "$OUT/runs-$STUDY.tgz" --exclude='*.pids.json' --exclude='*/moe/configs' --exclude='*/sglang-site' -C results/runs $(cd results/runs && ls -d "$STUDY" "$STUDY"-export-check "$STUDY"-tiles-ab 2>/dev/null) 2>/dev/null
 wait
 ls -la "$OUT" "$LOGS"
 echo "call took $(( $(date +%s) - t0 )) s"
