@@ -10,6 +10,7 @@ from typing import Any
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
+from tuner.sim.routing import random_weight_flags
 from tuner.workload.metrics import PREDICTION_KEY
 
 __all__ = ["PREDICTED_METRICS", "PREDICTION_KEY", "decode_step_split", "predict", "predicted_capacity"]
@@ -25,7 +26,8 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
     options = getattr(study, "backend_options", None) or {}
     t0 = time.process_time()
     try:
-        m = simulate_load_point(study.model, hw.gpu, hw.gpus_per_node, dict(flags), dict(knobs or {}),
+        m = simulate_load_point(study.model, hw.gpu, hw.gpus_per_node, {**random_weight_flags(options), **flags},
+                                dict(knobs or {}),
                                 study.workload_profile(), users, warmup_s=warmup_s, duration_s=duration_s, seed=seed,
                                 nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
                                 calibration=options.get("calibration"), sglang_version=options.get("sglang_version"),

@@ -7,6 +7,7 @@ from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.lifecycle import FailureClass
 from tuner.planner import plan_memory
 from tuner.sim import simulate_load_point
+from tuner.sim.routing import random_weight_flags
 from tuner.vocabulary import BackendKind
 from tuner.workload.metrics import LoadPointMetrics
 
@@ -30,7 +31,8 @@ class SimDeployment(Deployment):
         # the deployment's first load point is its server's first traffic (the warm-up a real
         # trial gives it, and the fresh-server stalls where they were measured)
         return simulate_load_point(
-            study.model, hw.gpu, hw.gpus_per_node, req.flags, req.knobs, study.workload_profile(), users,
+            study.model, hw.gpu, hw.gpus_per_node, {**random_weight_flags(options), **req.flags}, req.knobs,
+            study.workload_profile(), users,
             warmup_s=warmup_s, duration_s=m.duration_s,
             seed=req.seed, nodes=hw.nodes, host_memory_gb=hw.host_memory_gb, calibration=options.get("calibration"),
             sglang_version=options.get("sglang_version"), fresh_server=m.fresh_kernels(index),

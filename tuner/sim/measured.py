@@ -38,6 +38,8 @@ from tuner.storage.snapshot import read_snapshot
 from tuner.workload.profiles import load_profile
 from tuner.workload.session import WorkloadProfile
 
+from .routing import random_weight_flags
+
 PROBE_FORMAT = "tuner-probe/1"
 METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
 REAL_BACKENDS = ("sglang",)
@@ -201,7 +203,8 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
         spec = results_study(study_row.spec_yaml, study_row.name, str(path))
         profile = spec.workload_profile()
         trials = {t.trial_number: t for t in repo.trials(engine, study_row.name)}
-        extra_flags = extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or [])
+        extra_flags = {**extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or []),
+                       **random_weight_flags(spec.backend_options)}
         rows = repo.measurements(engine, study_row.name)
         first_step = {}
         for m in rows:  # one server per trial: its first load point ran on a fresh server

@@ -50,6 +50,7 @@ from .calibrate import calibration_context, load_calibration
 from .scheduler import check_version, version_tuple
 from .simulate import build_step_model, simulate_load_point
 from .measured import find_sources, points_from_database
+from .routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_config_key, moe_variant,
@@ -201,7 +202,8 @@ def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sgla
                 out.append(TrialSteps(
                     label=f"{study_row.name}#{t.trial_number}", study=study_row.name, trial=t.trial_number,
                     model=model, gpu=gpu, gpus=spec.hardware.gpus_per_node, nodes=spec.hardware.nodes,
-                    host_memory_gb=spec.hardware.host_memory_gb, flags=dict(t.flags or {}),
+                    host_memory_gb=spec.hardware.host_memory_gb,
+                    flags={**random_weight_flags(options), **(t.flags or {})},
                     knobs=dict(t.knobs or {}), sglang_version=version,
                     shared_prefix_tokens=int(round(profile.system_prefix_tokens * profile.scale)),
                     windows=windows, logs=[str(x) for x in logs]))

@@ -33,6 +33,7 @@ from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 from .opshapes import attention_shape, gemms, moe_shape
 from .optable import OpTables, tables_for_gpu
+from .routing import routed_expert_pool
 from .scheduler import version_tuple
 
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
@@ -169,6 +170,7 @@ class StepTimeModel:
             e, k, h = model.n_routed_experts, model.experts_per_token, model.hidden_size
             inter = model.moe_intermediate_size / layout.moe_tp
             self.moe_e, self.moe_k = e, k
+            self.moe_pool = routed_expert_pool(model, flags)
             self.moe_n = (int(2 * inter), h)  # gate_up N, down N
             self.moe_shapes = (2 * inter * h, h * inter)  # N x K of the two GEMMs
             self.moe_layers = model.num_moe_layers
@@ -375,7 +377,8 @@ class StepTimeModel:
         e, k, ep = self.moe_e, self.moe_k, self.layout.ep
         lay = self.layout
         # under attention DP every GPU's MoE layer sees the tokens of all ranks
-        local = self.moe_table.lookup_s(tokens) if self.moe_table is not None else None
+        # a table timed with uniform routing does not cover a collapsed router (tuner.sim.routing)
+        local = self.moe_table.lookup_s(tokens) if self.moe_table is not None and self.moe_pool is None else None
         if local is not None:
             self._count("moe", self.moe_table)
             total = local * self.moe_layers
@@ -398,9 +401,10 @@ class StepTimeModel:
         return total
 
     def _moe_roofline(self, tokens: int, e: int, k: int, ep: int) -> float:
-        p_act = 1.0 - (1.0 - k / e) ** tokens
-        active_local = e / ep * p_act  # expected distinct local experts touched per layer
-        rows = tokens * k / e / p_act  # tokens per touched expert
+        pool = self.moe_pool or e  # the experts tokens spread over (fewer under a collapsed router)
+        p_act = 1.0 - (1.0 - k / pool) ** tokens
+        active_local = pool / ep * p_act  # expected distinct local experts touched per layer
+        rows = tokens * k / pool / p_act  # tokens per touched expert
         slots = tokens * k / ep  # (token, expert) pairs on this GPU
         total = 0.0
         for n, nk in zip(self.moe_n, self.moe_shapes):
