@@ -13,6 +13,7 @@ refit-serving --default/--tuned`` reads.
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,8 +111,6 @@ def _request(spec, trial: dict, variant: str, workdir: str, name: str) -> TrialR
 def _check_tuned_files(spec, trial: dict, source: Path, key: str) -> None:
     """Refuse, before any server starts, a tuned variant whose directory holds none of the tile files
     the trial's configuration reads: its server would run SGLang's own tiles, an A/B of nothing."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="tuner-tiles-ab-") as tmp:
         plan = SGLangBackend().build_plan(_request(spec, trial, "tuned", tmp, "plan"), Path(tmp) / "tuned")
     required = list(plan.facts.get("tile_files_required") or [])
