@@ -1,0 +1,48 @@
+"""Measured over predicted wall time of each real server's 40-step decode windows (the prefill
+batches inside them included), by the server's age: does a fresh server run its steps slower than
+the calibrated step-time model for longer than its compile stalls, and do two servers of one
+configuration run at the same speed?
+
+Usage, from the repository root: python results/h200-sglang/step_residuals.py [DB ...]
+(default: both study databases here). Median ratio per age bucket (windows in brackets), then the
+median over every server per bucket. Reads the committed server logs; CPU only, ~20 s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from tuner.sim.calibrate import calibration_context, load_calibration
+from tuner.sim.stepfit import trial_window_times, trials_from_database
+
+HERE = Path(__file__).resolve().parent
+AGES_S = ((0, 60), (60, 120), (120, 240), (240, 480), (480, None))
+
+
+def main(dbs: list[str]) -> None:
+    pooled: dict[tuple, list[float]] = {}
+    print("trial".ljust(24) + "".join(f"{lo}-{hi or ''} s".rjust(13) for lo, hi in AGES_S))
+    for db in dbs:
+        for t in trials_from_database(db):
+            cal = load_calibration(t.gpu.name, context=calibration_context(t.model, t.gpu, t.flags, t.sglang_version))
+            by_log: dict[str, list[tuple]] = {}
+            for w, predicted in zip(t.windows, trial_window_times(t, cal)):
+                if predicted > 0:
+                    by_log.setdefault(w.source, []).append((w, w.wall_s / predicted))
+            for windows in by_log.values():
+                t0 = windows[0][0].t_start
+                cells = []
+                for lo, hi in AGES_S:
+                    ratios = [r for w, r in windows if lo <= w.t_start - t0 < (hi or float("inf"))]
+                    pooled.setdefault((lo, hi), []).extend(ratios)
+                    cells.append(f"{statistics.median(ratios):.2f} ({len(ratios)})" if ratios else "-")
+                print(t.label.ljust(24) + "".join(c.rjust(13) for c in cells))
+    print("all servers".ljust(24) + "".join(
+        (f"{statistics.median(pooled[a]):.2f} ({len(pooled[a])})" if pooled.get(a) else "-").rjust(13)
+        for a in AGES_S))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or [str(HERE / "h200-sglang-qwen3.db"), str(HERE / "h200-sglang-dsv3.db")])
