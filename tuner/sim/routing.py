@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.catalog.hf import hf_config_of
+from tuner.errors import ConfigError
 
 # the server flag the sglang backend launches random weights with (--load-format dummy)
 LOAD_FORMAT_FLAG = "load-format"
@@ -47,7 +48,7 @@ def has_biased_gate(model) -> bool:
     """Whether the model's router adds a score-correction bias before its top-k (from its config.json)."""
     try:
         cfg = hf_config_of(model)
-    except Exception:  # an architecture without a config.json rendering: no known gate
+    except ConfigError:  # an architecture without a config.json rendering: no known gate
         return False
     return str(cfg.get("topk_method") or "") in _BIASED_GATES
 

@@ -124,8 +124,9 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
              workdir: str = "results/runs", variants: tuple[str, ...] = VARIANTS, progress=None,
              tuned_dir: str | None = None, on_point=None) -> TilesAB:
     """``on_point(ab)`` is called after each measured load point and each finished variant, so that a
-    caller can keep what was measured when a later server is interrupted. ``tuned_dir`` overrides the study's ``backend_options.moe_config_dir`` (the study's stored
-    options are those it was created with; a tuned directory made later is named here)."""
+    caller can keep what was measured when a later server is interrupted. ``tuned_dir`` overrides the
+    study's ``backend_options.moe_config_dir`` (the study's stored options are those it was created
+    with; a tuned directory made later is named here)."""
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise ConfigError(f"unknown tile variant(s) {bad}; valid: {', '.join(VARIANTS)}", key="--variants")
