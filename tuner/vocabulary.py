@@ -69,6 +69,13 @@ class Engine(StrEnum):
     TRANSFORMERS = "transformers"
 
 
+class LoadFormat(StrEnum):
+    """How an SGLang server gets its weights (``backend_options.load_format``)."""
+
+    AUTO = "auto"  # the checkpoint's own weights
+    DUMMY = "dummy"  # random values of the model's shapes, from its config.json (nothing downloaded)
+
+
 def names(vocabulary: type[enum.Enum], *extra: str) -> tuple[str, ...]:
     """The accepted spellings, in declaration order (``extra`` first, e.g. "auto")."""
     return (*extra, *(m.value for m in vocabulary))

@@ -48,3 +48,13 @@ def test_router_policies_agree_everywhere():
     assert ROUTER_POLICIES == names(RouterPolicy)
     assert POLICIES[:len(RouterPolicy)] == names(RouterPolicy), "the simulator routes every router policy"
     assert SGLANG_KNOBS["router-policy"].choices == names(RouterPolicy), "the knob offers every policy"
+
+
+def test_load_formats_agree_between_the_backend_and_the_simulator():
+    from tuner.backends.sglang import LOAD_FORMATS
+    from tuner.sim.routing import LOAD_FORMAT_FLAG, random_weight_flags
+    from tuner.vocabulary import LoadFormat
+
+    assert LOAD_FORMATS == names(LoadFormat)
+    assert random_weight_flags({"load_format": LoadFormat.DUMMY.value}) == {LOAD_FORMAT_FLAG: "dummy"}
+    assert random_weight_flags({"load_format": LoadFormat.AUTO.value}) == {}

@@ -45,13 +45,14 @@ from tuner.config.knobs import SGLANG_KNOBS
 from tuner.backends.sglang_log import describe_death, startup_report
 from tuner.backends.sglang_log import startup_report
 from tuner.catalog.hf import write_model_dir
+from tuner.vocabulary import LoadFormat, names
 
 log = logging.getLogger(__name__)
 
 #: flags tuner sets per launch; never in the tuned flags or the YAML
 LAUNCH_FLAGS = ("model-path", "host", "port", "config", "load-format", "skip-tokenizer-init")
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0  # a 750B checkpoint loads for many minutes
-LOAD_FORMATS = ("auto", "dummy")  # what backend_options.load_format may say
+LOAD_FORMATS = names(LoadFormat)  # what backend_options.load_format may say
 
 
 # ------------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ class SGLangBackend(ProcessBackend):
 
         servers, router = _launches(options, topo, flags, tuple(request.gpu_ids), need, trial_dir, config_path,
                                     model_path, [*launch_args, *cli_flags, *extra], moe_env)
-        token_ids = load_format == "dummy" or bool(flags.get("skip-tokenizer-init")) or \
+        token_ids = load_format == LoadFormat.DUMMY or bool(flags.get("skip-tokenizer-init")) or \
             "--skip-tokenizer-init" in extra
         return LaunchPlan(servers=servers, router=router, api="generate" if token_ids else "completions",
                           served_model=model_path, vocab_size=model.vocab_size, files=files, facts=facts,
@@ -426,13 +427,13 @@ def _model_path(model, flags, options, load_format: str, trial_dir: Path, files:
     """(model path, catalog checkpoint, launch-only arguments): the checkpoint's path, or for dummy
     weights a directory holding only the model's rendered config.json."""
     model_path, checkpoint = checkpoint_for(model, flags.get("quantization"), options,
-                                            allow_override=load_format != "dummy")
-    if load_format != "dummy":
+                                            allow_override=load_format != LoadFormat.DUMMY)
+    if load_format != LoadFormat.DUMMY:
         return model_path, checkpoint, []
     fmt = checkpoint.weight_format if checkpoint is not None else "bf16"
     model_dir = write_model_dir(model, fmt, trial_dir / "model")
     files["model_config"] = str(model_dir / "config.json")
-    return str(model_dir.resolve()), checkpoint, ["--load-format", "dummy", "--skip-tokenizer-init"]
+    return str(model_dir.resolve()), checkpoint, ["--load-format", LoadFormat.DUMMY.value, "--skip-tokenizer-init"]
 
 
 def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir: Path, files: dict,

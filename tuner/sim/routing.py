@@ -24,10 +24,10 @@ from typing import Any, Mapping
 
 from tuner.catalog.hf import hf_config_of
 from tuner.errors import ConfigError
+from tuner.vocabulary import LoadFormat
 
 # the server flag the sglang backend launches random weights with (--load-format dummy)
 LOAD_FORMAT_FLAG = "load-format"
-RANDOM_WEIGHTS = "dummy"
 
 # routed experts beyond top-k that a collapsed biased gate still reaches (measured: 9-10 routed of
 # 256 for top-8, the fused shared expert aside; results/profiles/h200/routing-dsv3-8l.json)
@@ -40,8 +40,8 @@ _BIASED_GATES = frozenset({"noaux_tc"})
 def random_weight_flags(options: Mapping[str, Any] | None) -> dict[str, str]:
     """The server flag a study's backend options add for random weights (``{}`` for real ones):
     merged into the flags a simulation of that study's servers gets."""
-    fmt = str((options or {}).get("load_format") or "auto")
-    return {LOAD_FORMAT_FLAG: RANDOM_WEIGHTS} if fmt == RANDOM_WEIGHTS else {}
+    fmt = str((options or {}).get("load_format") or LoadFormat.AUTO)
+    return {LOAD_FORMAT_FLAG: LoadFormat.DUMMY.value} if fmt == LoadFormat.DUMMY else {}
 
 
 def has_biased_gate(model) -> bool:
@@ -59,10 +59,10 @@ def routed_expert_pool(model, flags: Mapping[str, Any] | None) -> int | None:
     random weights."""
     if not getattr(model, "is_moe", False):
         return None
-    if str((flags or {}).get(LOAD_FORMAT_FLAG) or "") != RANDOM_WEIGHTS or not has_biased_gate(model):
+    if str((flags or {}).get(LOAD_FORMAT_FLAG) or "") != LoadFormat.DUMMY or not has_biased_gate(model):
         return None
     return min(model.n_routed_experts, model.experts_per_token + COLLAPSED_GATE_EXTRA_EXPERTS)
 
 
-__all__ = ["COLLAPSED_GATE_EXTRA_EXPERTS", "LOAD_FORMAT_FLAG", "RANDOM_WEIGHTS", "has_biased_gate",
+__all__ = ["COLLAPSED_GATE_EXTRA_EXPERTS", "LOAD_FORMAT_FLAG", "has_biased_gate",
            "random_weight_flags", "routed_expert_pool"]

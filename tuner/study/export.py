@@ -25,6 +25,7 @@ from tuner.catalog import get_gpu, get_model, model_label
 from tuner.catalog.sglang_flags import load_flagset, resolve_version
 from tuner.kernels.configfile import read_configs
 from tuner.kernels.sglang_layout import layout_for
+from tuner.vocabulary import LoadFormat
 from tuner.errors import ConfigError, StudyNotFoundError
 from tuner.lifecycle import TrialStatus
 from tuner.study.runner import load_existing
@@ -116,7 +117,7 @@ def export_study(storage: str, name: str, *, output: str | None = None,
     ran_on = trial.get("sglang_version")
     header.insert(1, f"target: SGLang {fs.version}" + (f" (the trial ran SGLang {ran_on})" if ran_on and ran_on != fs.version else ""))
     header[2] = header[2].replace(f"model {spec.model}", f"model {model_label(spec.model)}")
-    if (spec.backend_options or {}).get("load_format") == "dummy":
+    if (spec.backend_options or {}).get("load_format") == LoadFormat.DUMMY:
         header.append(f"measured with random weights from the model's config.json; --model-path is the "
                       f"checkpoint ({model_path}), set it to your copy")
     cli_flags: list[str] = []
