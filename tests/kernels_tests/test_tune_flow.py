@@ -49,6 +49,7 @@ class _Timer:
 class _Pool:
     def __init__(self, *a, **kw):
         self.compile_wall_s = 0.0
+        self.reused = 0
         self.tasks = []
 
     def ensure(self, tasks, on_done=None):
@@ -324,3 +325,17 @@ def test_convergence_replays_each_search_in_its_evaluation_order(tmp_path):
     (reports / "bad.timings.jsonl").write_text('{"us": 3}\n')
     with pytest.raises(ConfigError, match="line 1"):
         convergence(tmp_path)
+
+
+def test_table_marks_a_grid_cut_off_at_a_batch_size():
+    from tuner.kernels.tune import summary_table
+
+    row = {"batch_size": 16, "default_us": 20.3, "shipped_us": None, "found_us": 12.0, "grid_best_us": 11.9,
+           "found_fraction_of_grid_best": 0.992, "chosen": "found", "speedup_vs_baseline": 1.69,
+           "evaluations": 128, "wall_s": 30.0}
+    rep = {"kind": "gemm", "tag": "N2048_K4096_fp8_b128x128", "complete": True,
+           "rows": [{**row, "grid_complete": True}, {**row, "batch_size": 32, "grid_complete": False}]}
+    lines = summary_table(rep)
+    assert "11.9*" not in lines[2] and "0.992" in lines[2]
+    assert "11.9*" in lines[3]
+    assert any(line.startswith("* the grid was cut off") for line in lines)

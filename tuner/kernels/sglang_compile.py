@@ -5,7 +5,11 @@ specialisations and Triton cache keys; weights allocated but not filled) and run
 once through SGLang's own call: Triton compiles it into the on-disk cache the timing process shares
 (``TRITON_CACHE_DIR``, set before the pool starts). SGLang's fused-MoE kernel takes GROUP_SIZE_M as
 a compile-time constant and specialises on the token counts, so a task is (batch size, config).
-A process holds one shape's weights, so the pool is sized to the GPU memory free.
+The block-fp8 GEMM takes the token count M only as a plain integer argument (its strides do not
+depend on M), which Triton specialises by value 1 and by divisibility by 16 alone: one binary serves
+every M of a class, so a config compiled at one M of the class is not compiled again for another
+(``specialization_class``). A process holds one shape's weights, so the pool is sized to the GPU
+memory free.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ def _compile(task: tuple) -> CompileResult:
     return CompileResult(task, True, time.perf_counter() - t0)
 
 
+def specialization_class(kind: str, M: int):
+    """The part of M that selects the Triton binary: the GEMM's (M == 1, M % 16 == 0); the MoE's M
+    itself (its launch derives padded sizes from M and the tile, not verified to share binaries)."""
+    if kind == "gemm":
+        return (M == 1, M % 16 == 0)
+    return M
+
+
 def workers_for(problem_bytes: int, cpu_count: int | None = None, free_bytes: int | None = None) -> int:
     """Compile processes: a core each (one left for the timer), within half the free GPU memory."""
     cores = max(1, (cpu_count or os.cpu_count() or 2) - 1)
@@ -77,14 +89,28 @@ class SGLangCompilePool:
         if kind not in ("moe", "gemm"):
             raise ValueError(f"unknown problem kind {kind!r}")
         self.workers = workers
+        self.kind = kind
         self.results: dict[tuple, CompileResult] = {}
+        self._by_class: dict[tuple, CompileResult] = {}  # (specialization class, config) -> first result
+        self.reused = 0  # tasks answered from another M of the same class
         ctx = mp.get_context("spawn")
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init,
                                          initargs=(kind, shape.to_dict(), str(routing), device_index))
         self.compile_wall_s = 0.0
 
     def ensure(self, tasks, on_done=None) -> None:
-        todo = [t for t in dict.fromkeys(tasks) if t not in self.results]
+        todo = []
+        for t in dict.fromkeys(tasks):
+            if t in self.results:
+                continue
+            known = self._by_class.get(self._class_key(t))
+            if known is not None:
+                self.results[t] = CompileResult(t, known.ok, 0.0, known.error)
+                self.reused += 1
+                if on_done:
+                    on_done(self.results[t])
+            else:
+                todo.append(t)
         if not todo:
             return
         t0 = time.perf_counter()
@@ -92,9 +118,14 @@ class SGLangCompilePool:
         for fut in as_completed(futures):
             res = fut.result()
             self.results[res.key] = res
+            self._by_class.setdefault(self._class_key(res.key), res)
             if on_done:
                 on_done(res)
         self.compile_wall_s += time.perf_counter() - t0
+
+    def _class_key(self, task: tuple) -> tuple:
+        M, config = task
+        return specialization_class(self.kind, M), config
 
     def failed(self, M: int, config) -> str | None:
         res = self.results.get((M, config))

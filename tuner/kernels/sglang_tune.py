@@ -431,8 +431,9 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
             prev = res.top(4)
             problem.drop_batch(M)
             log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
-                f"{_fmt(med['found'])} us -> {pick} ({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
-        compile_wall = pool.compile_wall_s
+                f"{_fmt(med['found'])} us{', grid ' + _fmt(med.get('grid_best')) if grid else ''} -> {pick} "
+                f"({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
+        compile_wall, compile_reused = pool.compile_wall_s, pool.reused
     path = out_dir / "gemm_configs" / name
     files = []
     if state.rows:
@@ -444,8 +445,8 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
               "batch_sizes_requested": (requested := _requested(out_dir, shape.tag, batch_sizes)),
               "complete": not stopped and all(M in state.rows for M in requested),
               "this_call_wall_s": round(time.monotonic() - t_start, 1),
-              "this_call_compile_wall_s": round(compile_wall, 1), "compile_workers": workers, "files": files,
-              "rows": _rows(state)}
+              "this_call_compile_wall_s": round(compile_wall, 1), "compile_workers": workers,
+              "this_call_compiles_reused": compile_reused, "files": files, "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
 

@@ -272,9 +272,11 @@ def summary_table(report: dict) -> list[str]:
         evals = (r.get("evaluations_joint", 0) + r.get("evaluations_down", 0)) if moe else r.get("evaluations", 0)
         sp = r.get("speedup_vs_baseline")
         lines.append(f"{r['batch_size']:>6} {f(r.get('default_us')):>9} {f(r.get('shipped_us')):>9} "
-                     f"{f(r.get('grid_best_us')):>9} {f(search):>9} {f(r.get('tuned_us') if moe else None):>9} "
+                     f"{f(r.get('grid_best_us')) + ('*' if r.get('grid_complete') is False else ''):>9} {f(search):>9} {f(r.get('tuned_us') if moe else None):>9} "
                      f"{r.get('chosen', '-'):>9} {('-' if sp is None else f'{sp:.2f}x'):>8} "
                      f"{('-' if frac is None else f'{frac:.3f}'):>6} {evals:>7} {f(r.get('wall_s')):>7}")
+    if any(r.get("grid_complete") is False for r in report["rows"]):
+        lines.append("* the grid was cut off at this batch size: best of the configs it reached")
     lines.append(f"files: {', '.join(report.get('files') or []) or 'none'}; this call {report.get('this_call_wall_s')} s "
                  f"(compile {report.get('this_call_compile_wall_s')} s)")
     return lines

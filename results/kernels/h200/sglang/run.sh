@@ -22,6 +22,9 @@
 #   grid-qwen3-bf16 search against SGLang's exhaustive grid (GRID_BS batch sizes, default 1,64), into
 #                   grid/ (a benchmark, not trial files: its file covers only GRID_BS, and the tuned
 #                   folder refuses a shape tuned with other settings)
+#   grid-qwen3-fp8-oproj the same benchmark for the o_proj block-fp8 GEMM (N=2048, K=4096; 1,280 configs),
+#                   GRID_BS default 16,32,64,128,512,2048: Triton builds one binary per config for every M
+#                   divisible by 16, so the grid compiles its space once and then only times (~11 ms a config)
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
 # BATCH_SIZES overrides the batch sizes of the tuning steps (default below: the decode batches and
 # prefill chunks the studies run, 9 of SGLang's 18).
@@ -81,6 +84,9 @@ for step in $STEPS; do
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --batch-sizes "$BATCH_SIZES" ;;
     grid-qwen3-bf16) tune "$step" "$HERE/grid" "${DEADLINE_grid:-400}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
                   --kernel moe --batch-sizes "${GRID_BS:-1,64}" --grid --down-budget 0 ;;
+    grid-qwen3-fp8-oproj) tune "$step" "$HERE/grid" "${DEADLINE_grid:-450}" --model qwen3-30b-a3b --tp-size 1 \
+                  --dtype fp8_w8a8 --block-shape 128,128 --kernel gemm --gemm-shape 2048,4096 \
+                  --batch-sizes "${GRID_BS:-16,32,64,128,512,2048}" --grid ;;
     gpu-tests) l=$(left); [ "$l" -gt 120 ] || { echo "gpu-tests: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                timeout -s INT $(( l - 10 )) env TUNER_GPU_SERVER_TEST=1 python3 -m pytest -q -m gpu \
                   tests/kernels_tests -p no:cacheprovider > "$LOGS/gpu-tests.log" 2>&1
