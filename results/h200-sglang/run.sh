@@ -13,7 +13,8 @@
 # its configuration; VERIFY_USERS=U replays U users. FIRST_WARMUP_S=45 gives a fresh server's first load point that much warm-up; RESUME_ARGS adds
 # other `study resume` options (e.g. --no-pruning). "tiles-ab": the serving A/B of MoE tile configs
 # (`tuner study tiles-ab`, TILES_TRIAL, TILES_USERS, TILES_DIR: the tuned files, default
-# results/kernels/h200/sglang; after verify, before the study).
+# results/kernels/h200/sglang; TILES_VARIANTS: which variants in which order, default "default,tuned";
+# after verify, before the study).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
 # in a later call.
@@ -74,7 +75,7 @@ if [[ " $STEPS " == *" tiles-ab "* ]]; then
   which=(); [ -n "${TILES_TRIAL:-}" ] && which=(--trial "$TILES_TRIAL")
   ab_s=$(( LIMIT - ($(date +%s) - t0) - 25 )); [[ " $STEPS " == *" study "* ]] && ab_s=${TILES_AB_S:-420}
   timeout -s INT "$ab_s" python3 -m tuner study tiles-ab "$STUDY" --storage "$STORE" --users "${TILES_USERS:-16,24}" \
-    "${which[@]}" --tuned-dir "${TILES_DIR:-results/kernels/h200/sglang}" \
+    "${which[@]}" --tuned-dir "${TILES_DIR:-results/kernels/h200/sglang}" --variants "${TILES_VARIANTS:-default,tuned}" \
     -o "$LOGS/tiles-ab.json" --refit-points "$LOGS/tiles-ab" 2>&1 | tee "$LOGS/tiles-ab.log"
   echo "tiles-ab took $(( $(date +%s) - t0 )) s since the call began"
 fi
