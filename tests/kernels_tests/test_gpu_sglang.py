@@ -150,3 +150,26 @@ def test_sglang_server_loads_our_tuned_files(tmp_path):
         proc.wait(60)
     proof = prove_loaded(log, tiles.expected, tiles.our_dirs)
     assert proof.loaded, proof.summary() + "\n" + log.read_text()[-3000:]
+
+
+@pytest.mark.parametrize("M", [2, 64])
+def test_a_stand_in_compile_serves_the_whole_shapes_launch(M, tmp_path, monkeypatch):
+    """A config compiled by a pool process on the fewer-experts stand-in is not compiled again by the
+    timer on the whole shape (fresh Triton cache, so every binary is counted)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    from tuner.kernels.sglang_compile import SGLangCompilePool, compile_stand_in
+    from tuner.kernels.sglang_kernels import SGLangMoE
+    from tuner.kernels.timing import GraphTimer
+
+    shape = MoEShape(num_experts=97, intermediate=256, hidden=512, topk=5, dtype="fp8_w8a8",
+                     block_shape=(128, 128), fused_shared_experts=1)
+    assert compile_stand_in(shape, M).num_experts < shape.num_experts
+    cfg = (TileConfig(16, 64, 128, 1, 4, 3), DownTileConfig(16, 128, 128, 1, 4, 2, USE_TMA=False))
+    with SGLangCompilePool("moe", shape, workers=1) as pool:
+        pool.ensure([(M, cfg)])
+        assert pool.failed(M, cfg) is None
+    timer = GraphTimer(SGLangMoE(shape))
+    timer.measure(M, cfg)
+    assert timer.compiled_here == 0
+    timer.measure(M, (TileConfig(32, 64, 128, 1, 4, 3), DownTileConfig(32, 128, 128, 1, 4, 2, USE_TMA=False)))
+    assert timer.compiled_here > 0  # the count sees a binary the pool did not build

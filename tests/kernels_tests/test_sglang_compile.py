@@ -49,3 +49,31 @@ def test_moe_compiles_each_batch_size(monkeypatch):
     pool.ensure([(16, "a")])
     pool.ensure([(32, "a")])
     assert sorted(compiled) == [(16, "a"), (32, "a")] and pool.reused == 0
+
+
+def _em_class(n, E, block_m):
+    em = sc.sort_length(n, E, block_m)
+    return em == 1, em % 16 == 0
+
+
+@pytest.mark.parametrize("E, topk, shared", [(257, 9, 1), (128, 8, 0), (64, 6, 0), (160, 8, 0), (33, 3, 1),
+                                             (16, 4, 0), (384, 8, 0), (72, 8, 1)])
+def test_a_stand_in_keeps_the_kernels_integer_specialisation(E, topk, shared):
+    for M in (1, 2, 3, 4, 7, 16, 28, 29, 32, 48, 64, 128, 512, 4096):
+        e = sc.stand_in_experts(E, topk, shared, M)
+        assert max(topk, shared + 1) <= e <= E and e % 16 == E % 16
+        n = M * topk
+        assert (n < e + 1) == (n < E + 1)  # the same branch of moe_align_block_size
+        for block_m in (16, 32, 64, 128, 256):
+            assert _em_class(n, e, block_m) == _em_class(n, E, block_m), (M, block_m, e)
+
+
+def test_deepseek_v3s_compile_processes_hold_far_fewer_experts():
+    from tuner.kernels.shapes import MoEShape
+
+    shape = MoEShape(257, 2048, 7168, 9, "fp8_w8a8", (128, 128), fused_shared_experts=1)
+    got = {M: sc.compile_stand_in(shape, M).num_experts for M in (1, 4, 16, 32, 4096)}
+    assert got == {1: 17, 4: 49, 16: 145, 32: 17, 4096: 17}
+    assert sc.moe_stand_in_bytes(shape, [32, 4096]) == 17 * 3 * 2048 * 7168
+    ep = MoEShape(128, 768, 2048, 8, "bf16", ep_size=2)
+    assert sc.compile_stand_in(ep, 64) is ep  # expert parallelism keeps the whole shape

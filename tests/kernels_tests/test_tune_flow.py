@@ -88,9 +88,12 @@ def fake_gpu(monkeypatch, tmp_path):
     timing.time_or_inf = lambda timer, M, cfg, **kw: timer.measure(M, cfg, **kw)
     timing.device_facts = lambda: {"device_name": "NVIDIA H200", "triton_version": "3.6.0", "torch_version": "2.11",
                                    "sm_version": 90, "smem_limit_bytes": 232448}
+    from tuner.kernels import sglang_compile as real_compile  # stdlib-only at import: the CPU pure parts
+
     comp = types.ModuleType("tuner.kernels.sglang_compile")
     comp.SGLangCompilePool = _Pool
     comp.workers_for = lambda *a, **kw: 8
+    comp.moe_stand_in_bytes = real_compile.moe_stand_in_bytes
     kern = types.ModuleType("tuner.kernels.sglang_kernels")
     kern.SGLangMoE = _Problem
     kern.runtime = lambda: rt
@@ -122,7 +125,7 @@ def test_moe_flow_writes_up_and_down_files_and_resumes(fake_gpu, tmp_path):
     assert row["evaluations_joint"] <= 40 and row["evaluations_down"] <= 20
     # each batch size says where its wall time went; every timing is counted (search + re-measurement)
     b = row["wall_breakdown_s"]
-    assert set(b) == {"compile", "eager", "capture", "replay", "other", "measured"}
+    assert set(b) == {"compile", "eager", "capture", "replay", "other", "measured", "compiled_here"}
     assert b["measured"] >= row["evaluations_joint"] + row["evaluations_down"] + 3 * 3
     assert b["other"] <= row["wall_s"] + 0.05
     assert down[1]["USE_TMA"] is True  # the fake rewards TMA on the down GEMM
@@ -135,6 +138,41 @@ def test_moe_flow_writes_up_and_down_files_and_resumes(fake_gpu, tmp_path):
     rep3 = tune_moe(shape, [1024, 2048], out, budget=40, down_budget=20, deadline_s=1e-9, log=lambda m: None)
     assert [r["batch_size"] for r in rep3["rows"]] == [1, 256, 1024]
     assert rep3["batch_sizes_requested"] == [1, 256, 1024, 2048] and not rep3["complete"]
+
+
+def test_an_interrupt_keeps_and_writes_the_finished_batch_sizes(fake_gpu, tmp_path, monkeypatch):
+    from tuner.kernels.sglang_tune import tune_moe
+
+    calls = {"n": 0}
+    real = _Timer.measure
+
+    def measure(self, M, cfg, cutoff_us=None, replays=None):
+        if M == 256:  # the call's SIGINT lands in the middle of the second batch size
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(self, M, cfg, cutoff_us, replays)
+
+    monkeypatch.setattr(_Timer, "measure", measure)
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    out = tmp_path / "out"
+    logs = []
+    rep = tune_moe(shape, [1, 256], out, budget=40, down_budget=20, log=logs.append)
+    assert [r["batch_size"] for r in rep["rows"]] == [1] and not rep["complete"]
+    assert any("interrupted" in m for m in logs)
+    up = read_configs(out / "configs/triton_3_6_0/E=128,N=768,device_name=NVIDIA_H200.json")
+    assert list(up) == [1]  # the file SGLang reads holds the finished batch size
+    assert json.loads((out / "reports" / f"{shape.tag}.json").read_text())["rows"][0]["batch_size"] == 1
+
+
+def test_a_batch_size_that_would_overrun_the_deadline_is_not_started(monkeypatch):
+    from tuner.kernels import sglang_tune as st
+
+    rows = {1: {"wall_s": 200.0}, 4: {"wall_s": 180.0}}
+    assert st._expected_wall_s(rows) == 180.0 and st._expected_wall_s({}) == 0.0
+    now = st.time.monotonic()
+    assert st._past_deadline(now + 100, 180.0)  # 100 s left, the last batch size took 180
+    assert not st._past_deadline(now + 300, 180.0)
+    assert not st._past_deadline(None, 1e9)
 
 
 def test_moe_grid_reports_fraction(fake_gpu, tmp_path):

@@ -10,6 +10,11 @@ depend on M), which Triton specialises by value 1 and by divisibility by 16 alon
 every M of a class, so a config compiled at one M of the class is not compiled again for another
 (``specialization_class``). A process holds one shape's weights, so the pool is sized to the GPU
 memory free.
+
+A MoE compile process need not hold all E experts: the kernel's binary depends on E only through the
+padded sort length that ``moe_align_block_size`` derives from it, so a stand-in with fewer experts
+that keeps that length's specialisation builds the same binary (``compile_stand_in``), and a shape
+with 257 experts compiles on many processes instead of two.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 _problem = None  # per pool process
+_moe_spec: tuple | None = None  # (shape dict, routing) of a MoE pool process; its problem is per stand-in
 
 
 @dataclass
@@ -31,16 +37,69 @@ class CompileResult:
     error: str | None = None
 
 
-def _init(kind: str, shape_dict: dict, routing: str, device_index: int):
+def sort_length(num_tokens_topk: int, num_experts: int, block_m: int) -> int:
+    """``sorted_token_ids.shape[0]`` as SGLang 0.5.17's ``moe_align_block_size`` allocates it
+    (srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py): the kernel's EM argument."""
+    if num_tokens_topk < num_experts + 1:
+        return num_tokens_topk * block_m
+    return num_tokens_topk + (num_experts + 1) * (block_m - 1)
+
+
+def stand_in_experts(num_experts: int, topk: int, fused_shared: int, M: int) -> int:
+    """The fewest experts E' that give the fused-MoE kernel the binary it gets with E at M tokens.
+
+    Triton specialises an integer argument on == 1 and on divisibility by 16; of the kernel's integer
+    arguments only EM (``sort_length``) depends on E. E' = E (mod 16) keeps EM's residue for every
+    BLOCK_SIZE_M, and E' on the same side of M*topk as E keeps the branch ``moe_align_block_size``
+    takes. E' also holds the top-k and the fused shared slots."""
+    n = M * topk
+    floor = max(topk, fused_shared + 1)
+    if n >= num_experts + 1:  # long branch: E' below n too, the smallest with E's residue
+        low = floor
+    else:  # short branch (EM = n * BLOCK_SIZE_M): E' must stay at or above n
+        low = max(floor, n)
+    e = low + ((num_experts - low) % 16)
+    return min(e, num_experts)
+
+
+def compile_stand_in(shape, M: int):
+    """A MoEShape with ``stand_in_experts`` experts (the shape itself where that saves nothing, or
+    under expert parallelism, whose filtered ids are not modelled here)."""
+    from dataclasses import replace
+
+    if shape.ep_size != 1:
+        return shape
+    e = stand_in_experts(shape.num_experts, shape.topk, shape.fused_shared_experts, M)
+    return shape if e == shape.num_experts else replace(shape, num_experts=e)
+
+
+def moe_stand_in_bytes(shape, batch_sizes) -> int:
+    """GPU bytes of the largest stand-in's weights a compile process holds over ``batch_sizes``."""
+    per_expert = 3 * shape.intermediate * shape.hidden * (1 if shape.dtype == "fp8_w8a8" else 2)
+    return max(compile_stand_in(shape, M).num_experts for M in batch_sizes) * per_expert
+
+
+def _moe_problem(M: int):
+    """This process's problem for M: built for M's stand-in, the previous one dropped first."""
     global _problem
+    from tuner.kernels.shapes import MoEShape
+    from tuner.kernels.sglang_kernels import SGLangMoE
+
+    shape_dict, routing = _moe_spec
+    stand_in = compile_stand_in(MoEShape.from_dict(shape_dict), M)
+    if _problem is None or _problem.shape != stand_in:
+        _problem = None
+        _problem = SGLangMoE(stand_in, routing=routing, rotations=1, empty_weights=True)
+    return _problem
+
+
+def _init(kind: str, shape_dict: dict, routing: str, device_index: int):
+    global _problem, _moe_spec
     import torch
 
     torch.cuda.set_device(device_index)
     if kind == "moe":
-        from tuner.kernels.shapes import MoEShape
-        from tuner.kernels.sglang_kernels import SGLangMoE
-
-        _problem = SGLangMoE(MoEShape.from_dict(shape_dict), routing=routing, rotations=1, empty_weights=True)
+        _moe_spec = (shape_dict, routing)
     else:
         from tuner.kernels.gemm_shapes import GemmShape
         from tuner.kernels.sglang_kernels import SGLangBlockGemm
@@ -54,8 +113,9 @@ def _compile(task: tuple) -> CompileResult:
     M, config = task
     t0 = time.perf_counter()
     try:
-        with _problem.using(config):
-            _problem.launch(M, config, 0)
+        problem = _moe_problem(M) if _moe_spec is not None else _problem
+        with problem.using(config):
+            problem.launch(M, config, 0)
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - any failure rules this candidate out
         return CompileResult(task, False, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:300])

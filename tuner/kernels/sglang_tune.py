@@ -119,12 +119,14 @@ def _phase_breakdown(timer, pool, mark: dict, wall_s: float) -> dict:
     out = {k: round(now[k] - mark[k], 2) for k in ("compile", "eager", "capture", "replay")}
     out["other"] = round(max(0.0, wall_s - sum(out.values())), 2)
     out["measured"] = now["measured"] - mark["measured"]
+    out["compiled_here"] = now.get("compiled_here", 0) - mark.get("compiled_here", 0)
     return out
 
 
 def _fmt_breakdown(b: dict) -> str:
-    return (f"compile {b['compile']:.0f}, eager launches {b['eager']:.0f}, capture {b['capture']:.0f}, "
-            f"replays {b['replay']:.0f}, other {b['other']:.0f} s over {b['measured']} timings")
+    return (f"compile {b['compile']:.0f}, eager launches {b['eager']:.0f} ({b.get('compiled_here', 0)} binaries "
+            f"compiled there), capture {b['capture']:.0f}, replays {b['replay']:.0f}, other {b['other']:.0f} s "
+            f"over {b['measured']} timings")
 
 
 def _remeasure(timer, M: int, cands: dict, rounds: int = 3) -> dict[str, float]:
@@ -206,7 +208,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
     import torch
     import triton
 
-    from tuner.kernels.sglang_compile import SGLangCompilePool, workers_for
+    from tuner.kernels.sglang_compile import SGLangCompilePool, moe_stand_in_bytes, workers_for
     from tuner.kernels.sglang_kernels import SGLangMoE, runtime
     from tuner.kernels.timing import GraphTimer, device_facts
 
@@ -236,96 +238,103 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
         f"down {shipped_dn.found.value}; budget {budget} joint + {down_budget if do_down else 0} down"
         f"{' + grid ' + str(len(space)) if grid else ''}; {len(state.rows)} batch size(s) already done")
     problem = SGLangMoE(shape, routing=routing, seed=seed)
-    weight_bytes = problem.w1.numel() * problem.w1.element_size() * 2
+    todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
     act_bytes = max(batch_sizes) * shape.topk * max(2 * shape.intermediate, shape.hidden) * 2 * 3
-    workers = workers_for(weight_bytes + act_bytes)
+    # a compile process holds a stand-in with fewer experts where that builds the same binaries
+    workers = workers_for(moe_stand_in_bytes(shape, todo or batch_sizes) + act_bytes)
     timer = GraphTimer(problem)
     tried: list[dict] = []
-    todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
     prev_joint: list[TileConfig] = []
     prev_down: DownTileConfig | None = None
     if state.rows:
         last = state.rows[max(state.rows)]
         prev_joint = [TileConfig.from_dict(last["joint_config"])]
     stopped = False
-    with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers) as pool:
-        log(f"{workers} compile process(es)")
-        for M in todo:
-            if deadline is not None and time.monotonic() > deadline:
-                stopped = True
-                log(f"deadline reached before batch size {M}; rerun the same command to continue")
-                break
-            tm, mark = time.perf_counter(), _phase_mark(timer, pool)
-            dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
-                                  shape.config_dtype, shape.block_shape)
-            ship = _shipped_pair(shipped_up.nearest(M),
-                                 shipped_dn.nearest(M) if shipped_dn.found in (Found.EXACT, Found.FALLBACK) else None)
-            warm = prev_joint[:4] + ([ship[0]] if ship else []) + [dflt]
-            joint = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
-                                      warm_start=warm, seed=seed + M, batch=max(8, workers))
-            best_up = joint.best
-            down_res = None
-            if do_down:
-                bm = best_up.BLOCK_SIZE_M
-                dspace = down_space(bm, shape.dtype, shape.block_shape, limit, tma=rt.tma_supported)
-                pv = dict(DOWN_PARAM_VALUES)
-                if not rt.tma_supported:
-                    pv["USE_TMA"] = (False,)
-                dwarm = [DownTileConfig.from_tile(best_up)]
-                for cand in ([prev_down] if prev_down else []) + ([ship[1]] if ship and ship[1] else []):
-                    dwarm.append(DownTileConfig(**{**cand.as_dict(), "BLOCK_SIZE_M": bm}))
-                down_res = search_batch_size(
-                    _evaluator(timer, pool, M, wrap=lambda d, up=best_up: (up, d), log_rows=tried),
-                    dspace, down_budget, warm_start=dwarm, seed=seed + 7919 + M, batch=max(8, workers),
-                    param_values=pv, make=lambda p, bm=bm: DownTileConfig(BLOCK_SIZE_M=bm, **p))
-            grid_res = None
-            if grid:
-                grid_res = _grid(timer, pool, M, space, [best_up, dflt] + ([ship[0]] if ship else []),
-                                 deadline, tried)
-            cands = {"default": dflt, "joint": best_up}
-            if ship:
-                cands["shipped"] = ship if ship[1] is not None else ship[0]
-            if down_res is not None:
-                cands["tuned"] = (best_up, down_res.best)
-            if grid_res and grid_res.get("best") is not None:
-                cands["grid_best"] = grid_res["best"]
-            pool.ensure([(M, c) for c in cands.values()])
-            med = _remeasure(timer, M, cands)
-            pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"),
-                       key=lambda k: med[k], default="default")
-            chosen = cands[pick]
-            chosen_up, chosen_down = (chosen if isinstance(chosen, tuple) else (chosen, None))
-            if chosen_down is None:
-                chosen_down = DownTileConfig.from_tile(chosen_up)
-            base_key = "shipped" if "shipped" in cands else "default"
-            row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
-                   "joint_us": med["joint"], "tuned_us": med.get("tuned"), "grid_best_us": med.get("grid_best"),
-                   "chosen": pick, "chosen_us": med[pick], "baseline": base_key,
-                   "speedup_vs_baseline": (med[base_key] / med[pick]) if med[pick] > 0 else None,
-                   "speedup_vs_default": (med["default"] / med[pick]) if med[pick] > 0 else None,
-                   "evaluations_joint": joint.evaluations,
-                   "evaluations_down": down_res.evaluations if down_res else 0,
-                   "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
-                   "down_config": down_res.best.as_dict() if down_res else None,
-                   "shipped_config": _describe(cands["shipped"]) if "shipped" in cands else None,
-                   "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
-                   "wall_s": round(time.perf_counter() - tm, 1),
-                   "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
-            if grid_res:
-                row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
-                           grid_size=grid_res["grid_size"], grid_timed=grid_res["timed"],
-                           grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
-                if med.get("grid_best") and math.isfinite(med["joint"]):
-                    row["joint_fraction_of_grid_best"] = med["grid_best"] / med["joint"]
-            state.add(row)
-            prev_joint = joint.top(4)
-            prev_down = down_res.best if down_res else None
-            problem.drop_batch(M)
-            log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, joint "
-                f"{_fmt(med['joint'])}, tuned {_fmt(med.get('tuned'))}"
-                f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s: "
-                f"{_fmt_breakdown(row['wall_breakdown_s'])})")
-        compile_wall = pool.compile_wall_s
+    compile_wall = 0.0
+    try:
+        with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers) as pool:
+            log(f"{workers} compile process(es)")
+            for M in todo:
+                if _past_deadline(deadline, _expected_wall_s(state.rows)):
+                    stopped = True
+                    log(f"deadline: batch size {M} would not end before it (the last one took "
+                        f"{_expected_wall_s(state.rows):.0f} s); rerun the same command to continue")
+                    break
+                tm, mark = time.perf_counter(), _phase_mark(timer, pool)
+                dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
+                                      shape.config_dtype, shape.block_shape)
+                ship = _shipped_pair(shipped_up.nearest(M),
+                                     shipped_dn.nearest(M) if shipped_dn.found in (Found.EXACT, Found.FALLBACK) else None)
+                warm = prev_joint[:4] + ([ship[0]] if ship else []) + [dflt]
+                joint = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
+                                          warm_start=warm, seed=seed + M, batch=max(8, workers))
+                best_up = joint.best
+                down_res = None
+                if do_down:
+                    bm = best_up.BLOCK_SIZE_M
+                    dspace = down_space(bm, shape.dtype, shape.block_shape, limit, tma=rt.tma_supported)
+                    pv = dict(DOWN_PARAM_VALUES)
+                    if not rt.tma_supported:
+                        pv["USE_TMA"] = (False,)
+                    dwarm = [DownTileConfig.from_tile(best_up)]
+                    for cand in ([prev_down] if prev_down else []) + ([ship[1]] if ship and ship[1] else []):
+                        dwarm.append(DownTileConfig(**{**cand.as_dict(), "BLOCK_SIZE_M": bm}))
+                    down_res = search_batch_size(
+                        _evaluator(timer, pool, M, wrap=lambda d, up=best_up: (up, d), log_rows=tried),
+                        dspace, down_budget, warm_start=dwarm, seed=seed + 7919 + M, batch=max(8, workers),
+                        param_values=pv, make=lambda p, bm=bm: DownTileConfig(BLOCK_SIZE_M=bm, **p))
+                grid_res = None
+                if grid:
+                    grid_res = _grid(timer, pool, M, space, [best_up, dflt] + ([ship[0]] if ship else []),
+                                     deadline, tried)
+                cands = {"default": dflt, "joint": best_up}
+                if ship:
+                    cands["shipped"] = ship if ship[1] is not None else ship[0]
+                if down_res is not None:
+                    cands["tuned"] = (best_up, down_res.best)
+                if grid_res and grid_res.get("best") is not None:
+                    cands["grid_best"] = grid_res["best"]
+                pool.ensure([(M, c) for c in cands.values()])
+                med = _remeasure(timer, M, cands)
+                pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"),
+                           key=lambda k: med[k], default="default")
+                chosen = cands[pick]
+                chosen_up, chosen_down = (chosen if isinstance(chosen, tuple) else (chosen, None))
+                if chosen_down is None:
+                    chosen_down = DownTileConfig.from_tile(chosen_up)
+                base_key = "shipped" if "shipped" in cands else "default"
+                row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
+                       "joint_us": med["joint"], "tuned_us": med.get("tuned"), "grid_best_us": med.get("grid_best"),
+                       "chosen": pick, "chosen_us": med[pick], "baseline": base_key,
+                       "speedup_vs_baseline": (med[base_key] / med[pick]) if med[pick] > 0 else None,
+                       "speedup_vs_default": (med["default"] / med[pick]) if med[pick] > 0 else None,
+                       "evaluations_joint": joint.evaluations,
+                       "evaluations_down": down_res.evaluations if down_res else 0,
+                       "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
+                       "down_config": down_res.best.as_dict() if down_res else None,
+                       "shipped_config": _describe(cands["shipped"]) if "shipped" in cands else None,
+                       "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
+                       "wall_s": round(time.perf_counter() - tm, 1),
+                       "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
+                if grid_res:
+                    row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
+                               grid_size=grid_res["grid_size"], grid_timed=grid_res["timed"],
+                               grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
+                    if med.get("grid_best") and math.isfinite(med["joint"]):
+                        row["joint_fraction_of_grid_best"] = med["grid_best"] / med["joint"]
+                state.add(row)
+                prev_joint = joint.top(4)
+                prev_down = down_res.best if down_res else None
+                problem.drop_batch(M)
+                log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, joint "
+                    f"{_fmt(med['joint'])}, tuned {_fmt(med.get('tuned'))}"
+                    f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s: "
+                    f"{_fmt_breakdown(row['wall_breakdown_s'])})")
+            compile_wall = pool.compile_wall_s
+    except KeyboardInterrupt:  # the call's backstop: keep and write what is finished
+        stopped = True
+        log("interrupted: the finished batch sizes are kept and written; rerun the same command "
+            "to continue")
     if timer.first_failure:
         log(f"first config failure seen: {timer.first_failure}")
     files = _write_moe_files(out_dir, vdir, up_name, down_name, state.rows, do_down)
@@ -388,52 +397,59 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
     tried: list[dict] = []
     prev: list[TileConfig] = []
     stopped = False
-    with SGLangCompilePool("gemm", shape, workers=workers) as pool:
-        for M in [M for M in sorted(set(batch_sizes)) if M not in state.rows]:
-            if deadline is not None and time.monotonic() > deadline:
-                stopped = True
-                log(f"deadline reached before batch size {M}; rerun the same command to continue")
-                break
-            tm, mark = time.perf_counter(), _phase_mark(timer, pool)
-            dflt = gemm_default_config(shape.block_shape)
-            ship_d = shipped.nearest(M)
-            ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
-            res = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
-                                    warm_start=prev[:4] + ([ship] if ship else []) + [dflt], seed=seed + M,
-                                    batch=max(8, workers), param_values=GEMM_PARAM_VALUES)
-            grid_res = _grid(timer, pool, M, space, [res.best, dflt], deadline, tried) if grid else None
-            cands = {"default": dflt, "found": res.best}
-            if ship:
-                cands["shipped"] = ship
-            if grid_res and grid_res.get("best") is not None:
-                cands["grid_best"] = grid_res["best"]
-            pool.ensure([(M, c) for c in cands.values()])
-            med = _remeasure(timer, M, cands)
-            pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"), key=lambda k: med[k],
-                       default="default")
-            base_key = "shipped" if ship else "default"
-            row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
-                   "found_us": med["found"], "grid_best_us": med.get("grid_best"), "chosen": pick,
-                   "chosen_us": med[pick], "baseline": base_key,
-                   "speedup_vs_baseline": med[base_key] / med[pick] if med[pick] > 0 else None,
-                   "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
-                   "evaluations": res.evaluations, "default_config": dflt.as_dict(),
-                   "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
-                   "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
-                   "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
-            if grid_res:
-                row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
-                           grid_size=grid_res["grid_size"],
-                           grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
-                if med.get("grid_best") and math.isfinite(med["found"]):
-                    row["found_fraction_of_grid_best"] = med["grid_best"] / med["found"]
-            state.add(row)
-            prev = res.top(4)
-            problem.drop_batch(M)
-            log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
-                f"{_fmt(med['found'])} us{', grid ' + _fmt(med.get('grid_best')) if grid else ''} -> {pick} "
-                f"({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
-        compile_wall, compile_reused = pool.compile_wall_s, pool.reused
+    compile_wall, compile_reused = 0.0, 0
+    try:
+        with SGLangCompilePool("gemm", shape, workers=workers) as pool:
+            for M in [M for M in sorted(set(batch_sizes)) if M not in state.rows]:
+                if _past_deadline(deadline, _expected_wall_s(state.rows)):
+                    stopped = True
+                    log(f"deadline: batch size {M} would not end before it (the last one took "
+                        f"{_expected_wall_s(state.rows):.0f} s); rerun the same command to continue")
+                    break
+                tm, mark = time.perf_counter(), _phase_mark(timer, pool)
+                dflt = gemm_default_config(shape.block_shape)
+                ship_d = shipped.nearest(M)
+                ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
+                res = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
+                                        warm_start=prev[:4] + ([ship] if ship else []) + [dflt], seed=seed + M,
+                                        batch=max(8, workers), param_values=GEMM_PARAM_VALUES)
+                grid_res = _grid(timer, pool, M, space, [res.best, dflt], deadline, tried) if grid else None
+                cands = {"default": dflt, "found": res.best}
+                if ship:
+                    cands["shipped"] = ship
+                if grid_res and grid_res.get("best") is not None:
+                    cands["grid_best"] = grid_res["best"]
+                pool.ensure([(M, c) for c in cands.values()])
+                med = _remeasure(timer, M, cands)
+                pick = min((k for k in cands if math.isfinite(med[k]) and k != "grid_best"), key=lambda k: med[k],
+                           default="default")
+                base_key = "shipped" if ship else "default"
+                row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
+                       "found_us": med["found"], "grid_best_us": med.get("grid_best"), "chosen": pick,
+                       "chosen_us": med[pick], "baseline": base_key,
+                       "speedup_vs_baseline": med[base_key] / med[pick] if med[pick] > 0 else None,
+                       "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
+                       "evaluations": res.evaluations, "default_config": dflt.as_dict(),
+                       "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
+                       "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
+                       "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
+                if grid_res:
+                    row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
+                               grid_size=grid_res["grid_size"],
+                               grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
+                    if med.get("grid_best") and math.isfinite(med["found"]):
+                        row["found_fraction_of_grid_best"] = med["grid_best"] / med["found"]
+                state.add(row)
+                prev = res.top(4)
+                problem.drop_batch(M)
+                log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
+                    f"{_fmt(med['found'])} us{', grid ' + _fmt(med.get('grid_best')) if grid else ''} -> {pick} "
+                    f"({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
+            compile_wall, compile_reused = pool.compile_wall_s, pool.reused
+    except KeyboardInterrupt:  # the call's backstop: keep and write what is finished
+        stopped = True
+        log("interrupted: the finished batch sizes are kept and written; rerun the same command "
+            "to continue")
     path = out_dir / "gemm_configs" / name
     files = []
     if state.rows:
@@ -449,6 +465,19 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
               "this_call_compiles_reused": compile_reused, "files": files, "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
+
+
+def _expected_wall_s(rows: dict) -> float:
+    """How long the next batch size may take: the wall time of the largest one finished (larger
+    batch sizes compile fewer new configs, so this rarely underestimates); 0 when none is."""
+    if not rows:
+        return 0.0
+    return float(rows[max(rows)].get("wall_s") or 0.0)
+
+
+def _past_deadline(deadline: float | None, expected_s: float) -> bool:
+    """True when a batch size started now, taking ``expected_s``, would end after ``deadline``."""
+    return deadline is not None and time.monotonic() + expected_s > deadline
 
 
 def _fmt(v) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
 import time
 
@@ -27,6 +28,20 @@ class ConfigFailed(Exception):
 def is_resource_error(exc: BaseException) -> bool:
     name = type(exc).__name__
     return name in ("OutOfResources", "CompilationError", "PTXASError") or "out of resource" in str(exc).lower()
+
+
+def triton_cache_dir() -> str:
+    """Where Triton keeps compiled binaries (its own default when TRITON_CACHE_DIR is not set)."""
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
+def _entries(path: str) -> int:
+    """Entries of the cache folder: Triton writes one folder per compiled binary."""
+    try:
+        with os.scandir(path) as it:
+            return sum(1 for _ in it)
+    except OSError:
+        return 0
 
 
 class GraphTimer:
@@ -44,9 +59,13 @@ class GraphTimer:
         # compiled kernel, or compiling what the pool did not), the graph capture, the timed replays
         self.wall_s = {"eager": 0.0, "capture": 0.0, "replay": 0.0}
         self.measured = 0
+        # binaries the eager launches compiled here, not found in the shared on-disk cache: a compile
+        # pool whose processes build other binaries than this one shows up here
+        self.compiled_here = 0
+        self._cache_dir = triton_cache_dir()
 
     def wall_snapshot(self) -> dict:
-        return {**self.wall_s, "measured": self.measured}
+        return {**self.wall_s, "measured": self.measured, "compiled_here": self.compiled_here}
 
     def _using(self, config):
         using = getattr(self.problem, "using", None)
@@ -104,6 +123,7 @@ class GraphTimer:
         self.measured += 1
         t0 = time.perf_counter()
         with self._using(config):
+            cached = _entries(self._cache_dir)
             try:
                 for r in range(rot):  # compile / load and allocate outside the capture
                     p.launch(M, config, r)
@@ -116,6 +136,7 @@ class GraphTimer:
                 raise
             finally:
                 self.wall_s["eager"] += time.perf_counter() - t0
+                self.compiled_here += max(0, _entries(self._cache_dir) - cached)
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
