@@ -1,0 +1,118 @@
+"""Do the compile pool's binaries serve the timer? For one MoE shape, batch size and config: compile
+it in a process the way the pool does (on the stand-in, and on the whole shape), then time it in
+this process on the whole shape, and list the Triton cache entries this process still had to
+build, each against the pool's entry of the same kernel: the first lines where their IR differs.
+
+    python3 results/kernels/h200/sglang/cache_check.py [--shape dsv3|qwen3-fp8] [--M 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import multiprocessing as mp
+import os
+import tempfile
+from pathlib import Path
+
+SHAPES = {
+    "dsv3": dict(num_experts=257, intermediate=2048, hidden=7168, topk=9, dtype="fp8_w8a8",
+                 block_shape=(128, 128), fused_shared_experts=1),
+    "qwen3-fp8": dict(num_experts=128, intermediate=768, hidden=2048, topk=8, dtype="fp8_w8a8",
+                      block_shape=(128, 128)),
+}
+
+
+def _config():
+    from tuner.kernels.space import DownTileConfig, TileConfig
+
+    return (TileConfig(16, 128, 128, 1, 4, 3), DownTileConfig(16, 128, 128, 1, 4, 3, USE_TMA=False))
+
+
+def _compile_in_child(shape_kw: dict, M: int, stand_in: bool, q) -> None:
+    import torch
+
+    from tuner.kernels.sglang_compile import compile_stand_in
+    from tuner.kernels.sglang_kernels import SGLangMoE
+    from tuner.kernels.shapes import MoEShape
+
+    shape = MoEShape(**shape_kw)
+    use = compile_stand_in(shape, M) if stand_in else shape
+    p = SGLangMoE(use, rotations=1, empty_weights=True)
+    cfg = _config()
+    with p.using(cfg):
+        p.launch(M, cfg, 0)
+    torch.cuda.synchronize()
+    q.put(use.num_experts)
+
+
+def _entries(cache: Path) -> dict[str, Path]:
+    return {d.name: d for d in cache.iterdir() if d.is_dir()}
+
+
+def _kernel(entry: Path) -> str:
+    names = [f.stem for f in entry.iterdir() if f.suffix == ".json" and not f.name.startswith("__grp__")]
+    return names[0] if names else "?"
+
+
+def _ir(entry: Path) -> list[str]:
+    for suffix in (".ttir", ".source", ".ttgir"):
+        files = list(entry.glob(f"*{suffix}"))
+        if files:
+            return files[0].read_text(errors="replace").splitlines()
+    return []
+
+
+def _report(title: str, cache: Path, pool_entries: dict[str, Path], mine: dict[str, Path]) -> None:
+    print(f"== {title}: this process built {len(mine)} binaries the pool's process had not")
+    for name, entry in mine.items():
+        k = _kernel(entry)
+        twins = [e for e in pool_entries.values() if _kernel(e) == k]
+        print(f"  {k} ({name[:12]}): {len(twins)} pool entries of the same kernel")
+        for twin in twins[:1]:
+            diff = [ln for ln in difflib.unified_diff(_ir(twin), _ir(entry), "pool", "timer", n=0, lineterm="")]
+            print("    " + "\n    ".join(diff[:12]) if diff else "    IR identical (another key part differs)")
+            meta = [ln for ln in difflib.unified_diff(
+                (twin / f"{k}.json").read_text().split(","), (entry / f"{k}.json").read_text().split(","),
+                "pool", "timer", n=0, lineterm="")]
+            print("    metadata: " + (" | ".join(meta[:10]) if meta else "identical"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="dsv3")
+    ap.add_argument("--M", type=int, default=32)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    for stand_in in (True, False):
+        cache = Path(tempfile.mkdtemp(prefix="triton-check-"))
+        os.environ["TRITON_CACHE_DIR"] = str(cache)
+        q = ctx.Queue()
+        child = ctx.Process(target=_compile_in_child, args=(SHAPES[args.shape], args.M, stand_in, q))
+        child.start()
+        child.join()
+        experts = q.get() if not q.empty() else None
+        pool_entries = _entries(cache)
+        # the timing side, in a fresh process too (this one may hold binaries in memory already)
+        q2 = ctx.Queue()
+        timer = ctx.Process(target=_time_in_child, args=(SHAPES[args.shape], args.M, q2))
+        timer.start()
+        timer.join()
+        compiled_here = q2.get() if not q2.empty() else None
+        mine = {n: e for n, e in _entries(cache).items() if n not in pool_entries}
+        _report(f"{args.shape} M={args.M}, pool process on {experts} experts, timer counted {compiled_here}",
+                cache, pool_entries, mine)
+
+
+def _time_in_child(shape_kw: dict, M: int, q) -> None:
+    from tuner.kernels.shapes import MoEShape
+    from tuner.kernels.sglang_kernels import SGLangMoE
+    from tuner.kernels.timing import GraphTimer
+
+    timer = GraphTimer(SGLangMoE(MoEShape(**shape_kw)))
+    timer.measure(M, _config())
+    q.put(timer.compiled_here)
+
+
+if __name__ == "__main__":
+    main()
