@@ -62,6 +62,7 @@ class GraphTimer:
         # binaries the eager launches compiled here, not found in the shared on-disk cache: a compile
         # pool whose processes build other binaries than this one shows up here
         self.compiled_here = 0
+        self.compiled_here_first: list[tuple] = []  # the first few (M, config) that compiled here
         self._cache_dir = triton_cache_dir()
 
     def wall_snapshot(self) -> dict:
@@ -136,7 +137,10 @@ class GraphTimer:
                 raise
             finally:
                 self.wall_s["eager"] += time.perf_counter() - t0
-                self.compiled_here += max(0, _entries(self._cache_dir) - cached)
+                built = max(0, _entries(self._cache_dir) - cached)
+                self.compiled_here += built
+                if built and len(self.compiled_here_first) < 8:
+                    self.compiled_here_first.append((M, config, built))
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
