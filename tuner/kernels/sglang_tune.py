@@ -323,6 +323,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                     if med.get("grid_best") and math.isfinite(med["joint"]):
                         row["joint_fraction_of_grid_best"] = med["grid_best"] / med["joint"]
                 state.add(row)
+                _log_compiled_here(timer, pool, log)
                 prev_joint = joint.top(4)
                 prev_down = down_res.best if down_res else None
                 problem.drop_batch(M)
@@ -440,6 +441,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                     if med.get("grid_best") and math.isfinite(med["found"]):
                         row["found_fraction_of_grid_best"] = med["grid_best"] / med["found"]
                 state.add(row)
+                _log_compiled_here(timer, pool, log)
                 prev = res.top(4)
                 problem.drop_batch(M)
                 log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
@@ -465,6 +467,18 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
               "this_call_compiles_reused": compile_reused, "files": files, "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
+
+
+def _log_compiled_here(timer, pool, log: Log) -> None:
+    """Name the first configs the timer had to compile although the pool had (what the pool says of them)."""
+    first = getattr(timer, "compiled_here_first", None)
+    if not first:
+        return
+    for M, cfg, built in first[:3]:
+        res = pool.results.get((M, cfg)) if hasattr(pool, "results") else None
+        said = "not asked" if res is None else (f"ok in {res.seconds:.1f} s" if res.ok else f"failed: {res.error}")
+        log(f"  compiled by the timer ({built} entries) at M={M}: {_describe(cfg)}; the pool: {said}")
+    first.clear()
 
 
 def _expected_wall_s(rows: dict) -> float:
