@@ -3,7 +3,11 @@ it in a process the way the pool does (on the stand-in, and on the whole shape),
 this process on the whole shape, and list the Triton cache entries this process still had to
 build, each against the pool's entry of the same kernel: the first lines where their IR differs.
 
-    python3 results/kernels/h200/sglang/cache_check.py [--shape dsv3|qwen3-fp8] [--M 32]
+    python3 results/kernels/h200/sglang/cache_check.py [--shape dsv3|qwen3-fp8] [--M 32] \
+        [--up 16,32,64,32,4,5] [--down 16,32,64,32,4,5,0]
+
+(--up: BLOCK_SIZE_M,N,K,GROUP_SIZE_M,num_warps,num_stages; --down the same and USE_TMA 0/1; without
+--down the up tile serves both GEMMs, as in the joint search.)
 """
 
 from __future__ import annotations
@@ -23,15 +27,28 @@ SHAPES = {
 }
 
 
+_CONFIG = {"up": "16,128,128,1,4,3", "down": "16,128,128,1,4,3,0"}
+
+
 def _config():
     from tuner.kernels.space import DownTileConfig, TileConfig
 
-    return (TileConfig(16, 128, 128, 1, 4, 3), DownTileConfig(16, 128, 128, 1, 4, 3, USE_TMA=False))
+    up = TileConfig(*[int(v) for v in _CONFIG["up"].split(",")])
+    if not _CONFIG["down"]:
+        return up
+    *tile, tma = [int(v) for v in _CONFIG["down"].split(",")]
+    return up, DownTileConfig(*tile, USE_TMA=bool(tma))
+
+
+def _from_env() -> None:
+    if "CACHE_CHECK_CONFIG" in os.environ:
+        _CONFIG["up"], _CONFIG["down"] = os.environ["CACHE_CHECK_CONFIG"].split("|")
 
 
 def _compile_in_child(shape_kw: dict, M: int, stand_in: bool, q) -> None:
     import torch
 
+    _from_env()
     from tuner.kernels.sglang_compile import compile_stand_in
     from tuner.kernels.sglang_kernels import SGLangMoE
     from tuner.kernels.shapes import MoEShape
@@ -82,7 +99,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="dsv3")
     ap.add_argument("--M", type=int, default=32)
+    ap.add_argument("--up", default=_CONFIG["up"])
+    ap.add_argument("--down", default=None, help="empty: the up tile for both GEMMs")
     args = ap.parse_args()
+    _CONFIG["up"] = args.up
+    _CONFIG["down"] = args.down if args.down is not None else ""
+    os.environ["CACHE_CHECK_CONFIG"] = f"{_CONFIG['up']}|{_CONFIG['down']}"  # for the spawned processes
     ctx = mp.get_context("spawn")
     for stand_in in (True, False):
         cache = Path(tempfile.mkdtemp(prefix="triton-check-"))
@@ -105,6 +127,7 @@ def main() -> None:
 
 
 def _time_in_child(shape_kw: dict, M: int, q) -> None:
+    _from_env()
     from tuner.kernels.shapes import MoEShape
     from tuner.kernels.sglang_kernels import SGLangMoE
     from tuner.kernels.timing import GraphTimer
