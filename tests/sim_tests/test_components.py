@@ -196,3 +196,34 @@ backend: simulator
                 "requests"):
         assert key in doc
     assert doc["users"] == 8 and doc["knobs"] == {"router-policy": "cache_aware"} and doc["requests"] > 0
+
+
+def test_tuned_tiles_speed_up_the_block_fp8_linears_by_the_fitted_table():
+    m, gpu = get_model("qwen3-30b-a3b"), get_gpu("h200")
+    flags = {"tp-size": 1, "quantization": "fp8"}
+    ckpt = resolve_checkpoint(m, "fp8")
+    plan = plan_memory(m, gpu, 1, flags)
+    cal = {**load_calibration("h200"), "gemm_tuned_speedup": {1: 1.5, 64: 1.5, 4096: 1.0}}
+
+    def model(tiles, c=cal, mm=m, ck=ckpt):
+        return StepTimeModel(mm, gpu, ck, parse_layout(mm, flags, 1), plan.bytes_per_token, c, gpus_per_node=8,
+                             moe_tiles=tiles)
+
+    default, tuned = model("default"), model("tuned")
+    assert tuned.tile_tuned_gemms == {"qkv_proj", "o_proj"}
+    lm = default.linear_time(16, 16) - default.linear_time(16, 0)  # the lm_head reads no tile file
+    assert tuned.linear_time(16, 16) - tuned.linear_time(16, 0) == pytest.approx(lm)
+    # decode-sized: the block-fp8 linears' time divided by 1.5 (the bf16 router gate unchanged), so a
+    # 3x table saves twice what 1.5x does; a large prefill: the table says no gain
+    tuned3 = model("tuned", {**cal, "gemm_tuned_speedup": {1: 3.0, 64: 3.0, 4096: 1.0}})
+    saved15 = default.linear_time(16, 0) - tuned.linear_time(16, 0)
+    saved3 = default.linear_time(16, 0) - tuned3.linear_time(16, 0)
+    assert saved15 > 0 and saved3 / saved15 == pytest.approx(2.0)
+    assert tuned.linear_time(4096, 0) == pytest.approx(default.linear_time(4096, 0))
+    # bf16 linears read no block-fp8 tile file: nothing changes
+    bf16 = resolve_checkpoint(m, None)
+    b_def = StepTimeModel(m, gpu, bf16, parse_layout(m, {"tp-size": 1}, 1), plan.bytes_per_token, cal,
+                          gpus_per_node=8, moe_tiles="default")
+    b_tun = StepTimeModel(m, gpu, bf16, parse_layout(m, {"tp-size": 1}, 1), plan.bytes_per_token, cal,
+                          gpus_per_node=8, moe_tiles="tuned")
+    assert not b_tun.tile_tuned_gemms and b_tun.linear_time(16, 0) == pytest.approx(b_def.linear_time(16, 0))

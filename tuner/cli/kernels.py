@@ -311,38 +311,91 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
 @click.option("--tuned", "tuned_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Load points of the same workload and user counts with tuned tiles.")
 @click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
-@click.option("--model", default=None, help="Catalog model (its MoE layer count, with --kernel-report).")
+@click.option("--model", default=None, help="Catalog model served (with --kernel-report).")
 @click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="A tune report (OUT/reports/<shape>.json, or an OUT/summary.json with one MoE shape): the MoE "
-                   "share of a step.")
+              help="A tune summary (OUT/summary.json) or one shape's OUT/reports/<shape>.json: the step change "
+                   "is shared out over the model's tuned kernels (fused MoE, block-fp8 GEMMs) by what each saves.")
+@click.option("--tp-size", type=int, default=1, show_default=True, help="The served TP size (the kernels' shapes).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp8_w8a8"]), default=None,
+              help="The served weights (default: the one the report holds for the model).")
+@click.option("--accept-realisation", is_flag=True,
+              help="Write the fit even when serving showed far more or less than the kernels' saving "
+                   "(realisation outside 0.5-1.5).")
 @click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
 @json_option
-def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, dry_run, as_json):
-    """Refit the simulator's MoE tile speedups from a measured serving difference (default vs tuned)."""
-    from tuner.catalog import get_gpu, get_model
+def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
+                      dry_run, as_json):
+    """Refit the simulator's tile speedups from a measured serving difference (default vs tuned).
+
+    Without --kernel-report the whole step change is put on the fused MoE. With it, each kernel gets
+    the share of the change that its measured saving predicts, at the decode batch and at the prefill
+    passes of each load point; the realisation (measured over predicted) scales every tuned batch
+    size's speedup, written to moe_tuned_speedup and gemm_tuned_speedup."""
+    from tuner.catalog import get_gpu
     from tuner.errors import ConfigError
     from tuner.sim import serving_refit as sr
 
     get_gpu(gpu)
-    moe_us = layers = None
+    terms = None
     if kernel_report is not None:
         if model is None:
-            raise ConfigError("--kernel-report needs --model (for its MoE layer count)", key="model")
-        layers = get_model(model).num_moe_layers
-        moe_us = sr.default_moe_us_from_report(kernel_report)
-    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), moe_layers=layers,
-                             moe_us=moe_us)
+            raise ConfigError("--kernel-report needs --model (the served model: its kernels and layer counts)",
+                              key="model")
+        terms = _terms_for(sr, kernel_report, model, tp_size, dtype)
+    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), terms=terms)
+    a = sr.realisation(pairs) if terms else None
+    refused = bool(terms) and not sr.realisation_plausible(a) and not accept_realisation
     path = None
-    if not dry_run:
-        path = sr.write_gpu_calibration(gpu, pairs, f"{default_points} vs {tuned_points}")
+    if not dry_run and not refused:
+        path = sr.write_gpu_calibration(gpu, pairs, f"{default_points} vs {tuned_points}", terms=terms)
+    fitted = sr.attributed_speedups(terms, a) if terms and a is not None else {}
     if as_json:
-        emit_json({"pairs": [p.__dict__ for p in pairs], "written": str(path) if path else None})
-        return
-    click.echo(f"{'users':>6} {'decode_tok':>10} {'tpot_def_ms':>11} {'tpot_tun_ms':>11} {'step':>6} {'moe_f':>6} {'moe_x':>6}")
+        emit_json({"pairs": [p.__dict__ for p in pairs], "realisation": a,
+                   "kernels": [{"kind": t.kind.value, "tag": t.tag, "calls": t.calls} for t in terms or []],
+                   "speedups": fitted, "written": str(path) if path else None,
+                   "refused": refused and not dry_run})
+        raise SystemExit(1 if refused and not dry_run else 0)
+    click.echo(f"{'users':>6} {'decode_tok':>10} {'tpot_def_ms':>11} {'tpot_tun_ms':>11} {'step':>6} {'moe_f':>6} "
+               f"{'moe_x':>6} {'pred_S':>7} {'real':>6}")
     for p in pairs:
+        pred = f"{p.predicted_saved_fraction:>7.4f}" if p.predicted_saved_fraction is not None else f"{'-':>7}"
+        real = f"{p.realisation:>6.2f}" if p.realisation is not None else f"{'-':>6}"
         click.echo(f"{p.users:>6} {p.decode_tokens:>10.1f} {p.tpot_default_s * 1e3:>11.2f} {p.tpot_tuned_s * 1e3:>11.2f} "
-                   f"{p.step_ratio:>6.3f} {p.moe_share:>6.2f} {p.moe_speedup:>6.3f}")
+                   f"{p.step_ratio:>6.3f} {p.moe_share:>6.2f} {p.moe_speedup:>6.3f} {pred} {real}")
+    if terms:
+        click.echo("kernels: " + ", ".join(f"{t.kind.value} {t.tag} x{t.calls}" for t in terms))
+        click.echo(f"realisation (median): {a:.3f}" if a is not None else "realisation: none (nothing saved)")
+        for key, table in fitted.items():
+            click.echo(f"{key}: " + ", ".join(f"{M}: {v:.3f}" for M, v in table.items()))
+    if refused:
+        lo, hi = sr.REALISATION_PLAUSIBLE
+        msg = (f"serving showed {a:.2f}x the saving the tuned kernels' times predict" if a is not None
+               else "the tuned kernels save nothing at the measured batch sizes")
+        click.echo(f"{msg} (outside {lo}-{hi}): the kernels do not explain the change; "
+                   f"{'nothing written' if not dry_run else 'a write would be refused'} "
+                   f"(--accept-realisation writes it)", err=not dry_run)
+        if not dry_run:
+            raise SystemExit(1)
+        return
     click.echo(f"wrote {path}" if path else "dry run: nothing written")
+
+
+def _terms_for(sr, report: Path, model: str, tp_size: int, dtype: str | None):
+    from tuner.errors import ConfigError
+
+    if dtype is not None:
+        return sr.kernel_terms(report, model, tp_size=tp_size, dtype=dtype)
+    found = {}
+    for d in ("bf16", "fp8_w8a8"):
+        try:
+            found[d] = sr.kernel_terms(report, model, tp_size=tp_size, dtype=d)
+        except ConfigError:
+            continue
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        return sr.kernel_terms(report, model, tp_size=tp_size, dtype="bf16")  # raises, naming what it holds
+    raise ConfigError(f"{report} holds {model}'s kernels for both bf16 and fp8_w8a8: pass --dtype", key="dtype")
 
 
 @kernels.command("worth")

@@ -22,12 +22,14 @@ from tuner.planner.memory import prefill_graph_enabled, rules_version
 from tuner.planner.startup import default_attention_backend
 
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
+# tuned-over-untuned speedup tables, {tokens: speedup}: each replaces the one below it whole
+SPEEDUP_TABLES = ("moe_tuned_speedup", "gemm_tuned_speedup")
 
 
 def _merge(base: dict, override: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in (override or {}).items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "moe_tuned_speedup":
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in SPEEDUP_TABLES:
             out[key] = _merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
@@ -103,7 +105,8 @@ def load_calibration(gpu_name: str, override: dict | str | Path | None = None, *
     if override is not None:
         extra = _read(Path(override)) if isinstance(override, (str, Path)) else override
         cal = _merge(cal, extra)
-    cal["moe_tuned_speedup"] = {int(k): float(v) for k, v in (cal.get("moe_tuned_speedup") or {}).items()}
+    for key in SPEEDUP_TABLES:
+        cal[key] = {int(k): float(v) for k, v in (cal.get(key) or {}).items()}
     return cal
 
 
@@ -160,9 +163,10 @@ def _summary_rows(summary: dict, model: str | None = None) -> dict:
     return rows
 
 
-def tuned_speedup(cal: dict[str, Any], tokens: int) -> float | None:
-    """Measured speedup of tuned over default tiles at ``tokens``, log-interpolated; None if unmeasured."""
-    table = cal.get("moe_tuned_speedup") or {}
+def tuned_speedup(cal: dict[str, Any], tokens: int, table_key: str = "moe_tuned_speedup") -> float | None:
+    """Measured speedup of tuned over default tiles at ``tokens``, log-interpolated; None if unmeasured.
+    ``table_key``: the fused MoE's table, or ``gemm_tuned_speedup`` (the block-fp8 linear layers')."""
+    table = cal.get(table_key) or {}
     if not table:
         return None
     keys = sorted(table)

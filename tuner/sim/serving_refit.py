@@ -6,14 +6,23 @@ default tiles, one with tuned tiles. At each user count:
 * the decode batch is the number of requests decoding at once, by Little's law
   ``output tokens/s x TPOT`` (each decoding request yields 1/TPOT tokens per second);
 * the step-time ratio is ``r = P50 TPOT default / P50 TPOT tuned``;
-* only the MoE part of a step changes with the tiles. With its share ``f`` of the default step
-  (``moe_layers x`` the measured default MoE layer time at that batch / P50 TPOT default, from the
-  kernel tune report), ``1/r = (1 - f) + f / s`` gives the MoE speedup ``s = f / (1/r - (1 - f))``.
-  Without a kernel report ``f = 1``: the whole step-time change is put on the MoE, which is the
-  smallest speedup that explains the measurement.
+* without kernel times the whole step-time change is put on the MoE (``s = r``), the smallest
+  speedup that explains the measurement.
 
 The speedups are written into ``moe_tuned_speedup`` of ``calibration/<gpu>.yaml`` (keys: decode
 tokens), as ``calibrate.py`` writes kernel speedups; kernel entries near a serving one are replaced.
+
+**With every tuned kernel of the model** (``kernel_terms``: the fused MoE and, for block-fp8 models,
+the linear layers' GEMMs, from a tune summary; a trial's ``moe-tile-configs: tuned`` ships both
+kinds of file) the step change is shared out by what each kernel saves, not put on the MoE alone:
+
+* per second of serving the server runs ``1 / P50 TPOT`` decode steps of the decode batch and, where
+  the load point says so, ``computed prefill tokens/s / tokens per prefill pass`` prefill passes;
+* each kernel's time and saving per second follow from its tuned and untuned times at those token
+  counts (its layers x calls); their sum ``S`` predicts ``1 - 1/r`` (seconds saved per second);
+* the realisation ``a = (1 - 1/r) / S`` says how much of the kernel saving serving showed; the
+  refit speedup of each kind at each tuned batch size M is ``base / (base - a x saving)``, written to
+  ``moe_tuned_speedup`` and ``gemm_tuned_speedup`` with ``a`` the median over user counts.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import yaml
@@ -29,6 +39,15 @@ from tuner.errors import ConfigError
 from tuner.sim.calibrate import CALIBRATION_DIR, _read, load_calibration
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
+# Serving that shows much more (or much less) than the tuned kernels' own saving is not explained by
+# them (other differences between the two servers, routing unlike the kernels' benchmark): such a
+# realisation is reported, and written only when asked. Two servers of the same tiles differed by
+# ~1% in P50 TPOT on the H200, so the band is wide of noise.
+REALISATION_PLAUSIBLE = (0.5, 1.5)
+
+
+def realisation_plausible(a: float | None) -> bool:
+    return a is not None and REALISATION_PLAUSIBLE[0] <= a <= REALISATION_PLAUSIBLE[1]
 
 
 @dataclass
@@ -40,6 +59,31 @@ class ServingPair:
     step_ratio: float
     moe_share: float
     moe_speedup: float
+    predicted_saved_fraction: float | None = None  # S: kernel seconds saved per second of serving
+    realisation: float | None = None  # a = measured (1 - 1/r) / S
+    prefill_tokens_per_pass: float | None = None  # None: no prefill rate in the load point
+
+
+class KernelKind(str, Enum):
+    MOE = "moe"
+    GEMM = "gemm"
+
+
+@dataclass(frozen=True)
+class KernelTerm:
+    """One tuned kernel of a forward pass: ``calls`` per pass, its untuned and tuned times (us) by M."""
+
+    kind: KernelKind
+    tag: str
+    calls: int
+    base_us: dict[int, float]
+    tuned_us: dict[int, float]
+
+    def base_s(self, tokens: float) -> float:
+        return self.calls * _interp_log(self.base_us, tokens) * 1e-6
+
+    def saving_s(self, tokens: float) -> float:
+        return self.calls * (_interp_log(self.base_us, tokens) - _interp_log(self.tuned_us, tokens)) * 1e-6
 
 
 def load_points(path: str | Path) -> list[dict]:
@@ -80,31 +124,90 @@ def _interp_log(table: dict[int, float], x: float) -> float:
     return table[keys[-1]]
 
 
-def default_moe_us_from_report(report: dict | str | Path) -> dict[int, float]:
-    """{batch size: the baseline (shipped, else default) MoE layer time, us} from a tune report."""
+def _rows_us(report: dict) -> tuple[dict[int, float], dict[int, float]]:
+    """({M: untuned us (shipped, else default)}, {M: chosen us}) of a tune report's rows."""
+    base, tuned = {}, {}
+    for row in report.get("rows", []):
+        b = row.get("shipped_us") or row.get("default_us")
+        c = row.get("chosen_us")
+        if b and c and math.isfinite(b) and math.isfinite(c):
+            base[int(row["batch_size"])] = float(b)
+            tuned[int(row["batch_size"])] = float(c)
+    return base, tuned
+
+
+def kernel_terms(report: dict | str | Path, model: str, *, tp_size: int = 1, dtype: str = "bf16",
+                 where: str = "kernel_report") -> list[KernelTerm]:
+    """The tuned kernels of ``model`` at ``tp_size`` in a tune summary (or one report): its fused MoE
+    shape of ``dtype`` and, for fp8_w8a8, the block-fp8 GEMMs of its linear layers."""
+    from tuner.catalog import get_model
+    from tuner.kernels.gemm_shapes import linear_layers
+    from tuner.kernels.shapes import moe_shape
+
     if not isinstance(report, dict):
-        report = json.loads(Path(report).read_text())
-    reps = report.get("reports", [report])
-    moes = [r for r in reps if r.get("kind") == "moe"]
-    if not moes:
-        raise ConfigError("the tune report has no fused-MoE shape", key="kernel_report")
-    if len(moes) > 1:
-        raise ConfigError(f"the tune summary holds {len(moes)} fused-MoE shapes "
-                          f"({', '.join(str(r.get('tag')) for r in moes)}); pass that shape's reports/<shape>.json",
-                          key="kernel_report")
-    moe = moes[0]
-    out = {}
-    for row in moe["rows"]:
-        us = row.get("shipped_us") or row.get("default_us")
-        if us:
-            out[int(row["batch_size"])] = float(us)
-    if not out:
-        raise ConfigError("the tune report has no timed batch size", key="kernel_report")
-    return out
+        try:
+            report = json.loads(Path(report).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read the tune report ({exc})", file=str(report), key=where) from None
+    reps = {r.get("tag"): r for r in report.get("reports", [report]) if isinstance(r, dict)}
+    fp8 = dtype == "fp8_w8a8"
+    terms = []
+    spec = get_model(model)
+    if spec.is_moe:
+        tag = moe_shape(spec, tp_size, 1, dtype, (128, 128) if fp8 else None).tag
+        if tag in reps:
+            base, tuned = _rows_us(reps[tag])
+            if base:
+                terms.append(KernelTerm(KernelKind.MOE, tag, spec.num_moe_layers, base, tuned))
+    if fp8:
+        calls: dict[str, int] = {}
+        for layer in linear_layers(model, tp_size):
+            calls[layer.shape.tag] = calls.get(layer.shape.tag, 0) + layer.count
+        for tag, n in calls.items():
+            if tag in reps:
+                base, tuned = _rows_us(reps[tag])
+                if base:
+                    terms.append(KernelTerm(KernelKind.GEMM, tag, n, base, tuned))
+    if not terms:
+        raise ConfigError(f"the tune report has no tuned kernel of {model} at TP {tp_size} ({dtype}); it holds "
+                          f"{', '.join(str(t) for t in reps) or 'nothing'}", key=where)
+    return terms
 
 
-def serving_pairs(default_points: list[dict], tuned_points: list[dict], *, moe_layers: int | None = None,
-                  moe_us: dict[int, float] | None = None) -> list[ServingPair]:
+def prefill_rate(point: dict) -> tuple[float, float] | None:
+    """(prefill passes per second, tokens per pass) of a load point, from the prefill tokens the server
+    computed in the window and its own pass counters; None when the point does not carry them."""
+    extra = point.get("extra") or {}
+    reuse = extra.get("prefix_reuse") or {}
+    metrics = extra.get("server_metrics") or {}
+    duration = point.get("duration_s")
+    computed = reuse.get("computed_tokens")
+    tokens = metrics.get("sglang:realtime_tokens_total{mode=prefill_compute}")
+    passes = metrics.get("sglang:cuda_graph_passes_total{mode=prefill_none}")
+    if not duration or computed is None or not tokens or not passes:
+        return None
+    per_pass = float(tokens) / float(passes)
+    return float(computed) / float(duration) / per_pass, per_pass
+
+
+def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float, prefill: tuple[float, float] | None,
+                 kind: KernelKind | None = None) -> tuple[float, float]:
+    """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``."""
+    base = saved = 0.0
+    for t in terms:
+        if kind is not None and t.kind is not kind:
+            continue
+        base += t.base_s(decode) / tpot_s
+        saved += t.saving_s(decode) / tpot_s
+        if prefill is not None:
+            rate, per_pass = prefill
+            base += rate * t.base_s(per_pass)
+            saved += rate * t.saving_s(per_pass)
+    return base, saved
+
+
+def serving_pairs(default_points: list[dict], tuned_points: list[dict], *,
+                  terms: list[KernelTerm] | None = None) -> list[ServingPair]:
     tuned = {int(p["users"]): p for p in tuned_points if p.get("valid", True)}
     pairs = []
     for d in default_points:
@@ -119,21 +222,75 @@ def serving_pairs(default_points: list[dict], tuned_points: list[dict], *, moe_l
         if decode < 0.5:
             continue
         r = td / tt
-        f = 1.0
-        if moe_us and moe_layers:
-            f = min(0.95, max(0.01, moe_layers * _interp_log(moe_us, decode) * 1e-6 / td))
-        denom = 1.0 / r - (1.0 - f)
-        s = SPEEDUP_BOUNDS[1] if denom <= 0 else f / denom
-        s = min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s))
-        pairs.append(ServingPair(u, decode, td, tt, r, f, s))
+        if terms:
+            pairs.append(_attributed_pair(u, decode, td, tt, terms, prefill_rate(d)))
+            continue
+        # no kernel times: the whole step change on the MoE (f = 1), the smallest speedup that fits
+        s = min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], r))
+        pairs.append(ServingPair(u, decode, td, tt, r, 1.0, s))
     if not pairs:
         raise ConfigError("no user count measured validly in both sets (need matching users with p50_tpot_s)",
                           key="load_points")
     return pairs
 
 
-def refit_from_serving(pairs: list[ServingPair], calibration: dict) -> dict:
-    """``calibration`` with ``moe_tuned_speedup`` set from the pairs (nearby kernel entries replaced)."""
+def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: list[KernelTerm],
+                     prefill: tuple[float, float] | None) -> ServingPair:
+    r = td / tt
+    _, saved = _saved_per_s(terms, td, decode, prefill)
+    measured = 1.0 - 1.0 / r
+    a = measured / saved if saved > 0 else None
+    moe_base, moe_saved = _saved_per_s(terms, td, decode, prefill, KernelKind.MOE)
+    share = min(1.0, moe_base)  # MoE seconds per second of serving
+    s = 1.0
+    if a is not None and moe_base > 0:
+        left = moe_base - a * moe_saved
+        s = SPEEDUP_BOUNDS[1] if left <= 0 else moe_base / left
+    s = min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s))
+    return ServingPair(users, decode, td, tt, r, share, s, predicted_saved_fraction=saved, realisation=a,
+                       prefill_tokens_per_pass=prefill[1] if prefill else None)
+
+
+def realisation(pairs: list[ServingPair]) -> float | None:
+    """The median realisation over the pairs that have one."""
+    values = sorted(p.realisation for p in pairs if p.realisation is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int, float]]:
+    """{calibration key: {M: speedup}} at each tuned batch size: ``base / (base - a x saving)`` per kind."""
+    out: dict[str, dict[int, float]] = {}
+    for kind, key in ((KernelKind.MOE, "moe_tuned_speedup"), (KernelKind.GEMM, "gemm_tuned_speedup")):
+        mine = [t for t in terms if t.kind is kind]
+        if not mine:
+            continue
+        sizes = sorted({M for t in mine for M in t.base_us})
+        table = {}
+        for M in sizes:
+            base = sum(t.base_s(M) for t in mine)
+            left = base - a * sum(t.saving_s(M) for t in mine)
+            s = SPEEDUP_BOUNDS[1] if left <= 0 else base / left
+            table[M] = round(min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s)), 4)
+        out[key] = table
+    return out
+
+
+def refit_from_serving(pairs: list[ServingPair], calibration: dict, terms: list[KernelTerm] | None = None) -> dict:
+    """``calibration`` with ``moe_tuned_speedup`` set from the pairs (nearby kernel entries replaced).
+
+    With ``terms``: every tuned batch size's MoE and GEMM speedup from the median realisation."""
+    if terms:
+        a = realisation(pairs)
+        if a is None:
+            raise ConfigError("the tuned kernels save nothing at the measured batch sizes: no realisation to fit",
+                              key="kernel_report")
+        out = dict(calibration)
+        out.update(attributed_speedups(terms, a))
+        out["tile_serving_realisation"] = round(a, 4)
+        return out
     table = {int(k): float(v) for k, v in (calibration.get("moe_tuned_speedup") or {}).items()}
     serving = {max(1, round(p.decode_tokens)): round(p.moe_speedup, 4) for p in pairs}
     kept = {k: v for k, v in table.items() if all(abs(math.log(k / m)) > math.log(1.25) for m in serving)}
@@ -143,14 +300,17 @@ def refit_from_serving(pairs: list[ServingPair], calibration: dict) -> dict:
 
 
 def write_gpu_calibration(gpu: str, pairs: list[ServingPair], source_note: str,
-                          calibration_dir: Path = CALIBRATION_DIR) -> Path:
-    """Rewrite ``calibration/<gpu>.yaml``'s MoE speedups, keeping the file's own comments."""
+                          calibration_dir: Path = CALIBRATION_DIR, terms: list[KernelTerm] | None = None) -> Path:
+    """Rewrite ``calibration/<gpu>.yaml``'s tile speedups, keeping the file's own comments."""
     path = Path(calibration_dir) / f"{gpu}.yaml"
     current = _read(path) if path.exists() else {}
     base = load_calibration(gpu) if calibration_dir == CALIBRATION_DIR else current
     fitted = refit_from_serving(pairs, {**base, "moe_tuned_speedup": current.get("moe_tuned_speedup",
-                                                                                 base.get("moe_tuned_speedup"))})
-    current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
+                                                                                 base.get("moe_tuned_speedup"))},
+                                terms)
+    for key in ("moe_tuned_speedup", "gemm_tuned_speedup", "tile_serving_realisation"):
+        if key in fitted:
+            current[key] = fitted[key]
     header = []
     if path.exists():
         for line in path.read_text().splitlines():

@@ -94,6 +94,7 @@ class StepTimeModel:
         # kernel of its own, then runs the block-scaled GEMM (fixed GPU time per call, fitted)
         self.fp8_call_s = float(ov.get("fp8_block_gemm_s", 0.0))
         self.gemms = []
+        self.tile_tuned_gemms: set[str] = set()  # block-fp8 linears: the tuned tile files cover them
         for g in gemms(model, ckpt, layout):
             bpp = BYTES_PER_PARAM[g.dtype]
             rate = self._rate(g.dtype) * eff["dense"]
@@ -101,6 +102,8 @@ class StepTimeModel:
             read_s = g.n * g.k * bpp / self.bw
             fixed_s = self.fp8_call_s if g.dtype == "fp8_block" else 0.0
             self.gemms.append((g.layers, 2.0 * g.n * g.k, read_s, rate, table, g.per == "logit", g.name, fixed_s))
+            if g.dtype == "fp8_block":
+                self.tile_tuned_gemms.add(g.name)
         self.any_gemm_table = any(t[4] is not None for t in self.gemms)
         token_gemms = [x for x in self.gemms if not x[5]]
         self.read_bound_tokens = min((r * rate / f for _, f, r, rate, *_ in self.gemms if f), default=0.0)
@@ -245,11 +248,14 @@ class StepTimeModel:
         return t
 
     def _linear_time(self, tokens: int, logits: int) -> float:
-        if not self.any_gemm_table and tokens <= self.read_bound_tokens:
+        # tuned tiles of the block-fp8 linears, where serving measured them (calibrate.tuned_speedup)
+        gemm_speedup = (tuned_speedup(self.cal, tokens, "gemm_tuned_speedup")
+                        if self.moe_tiles == "tuned" and self.tile_tuned_gemms else None)
+        if not self.any_gemm_table and tokens <= self.read_bound_tokens and not gemm_speedup:
             self._src["linear"][1] += 1
             return self.linear_read_s + (self.lm_read_s if logits else 0.0)
         t = 0.0
-        for layers, flops, read_s, rate, table, per_logit, _, fixed_s in self.gemms:
+        for layers, flops, read_s, rate, table, per_logit, name, fixed_s in self.gemms:
             n = logits if per_logit else tokens
             if n <= 0:
                 continue
@@ -259,6 +265,8 @@ class StepTimeModel:
                 self._count("linear", None)
             else:
                 self._count("linear", table)
+            if gemm_speedup and name in self.tile_tuned_gemms and not per_logit:
+                v /= gemm_speedup
             t += layers * v
         return t
 
