@@ -124,6 +124,47 @@ def test_fault_crash_after_s_kills_the_server_mid_run():
             proc.wait()
 
 
+@pytest.mark.parametrize("when", ["starting", "serving a stream"])
+def test_sigterm_stops_the_server_promptly(when):
+    import signal
+
+    # the parent ignores SIGTERM while it spawns: the child inherits that disposition through exec
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        proc, port = _launch()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    try:
+        if when == "serving a stream":
+            async def open_stream():
+                s = aiohttp.ClientSession()
+                for _ in range(300):
+                    try:
+                        r = await s.post(f"http://127.0.0.1:{port}/v1/completions",
+                                         json={"prompt": list(range(100, 600)), "max_tokens": 100000, "stream": True})
+                        await r.content.readline()  # a token has come: the request is in flight
+                        return s, r
+                    except aiohttp.ClientError:
+                        await asyncio.sleep(0.1)
+                raise AssertionError("serve-sim never answered")
+
+            loop = asyncio.new_event_loop()
+            session, _ = loop.run_until_complete(open_stream())
+        else:
+            time.sleep(0.3)  # inside its imports
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        assert time.monotonic() - t0 < 5.0  # aiohttp alone would give the stream 60 s
+        if when == "serving a stream":
+            loop.run_until_complete(session.close())
+            loop.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_fault_hang_stops_tokens_and_fails_health():
     async def run():
         server, _ = make_server(time_scale=100.0)

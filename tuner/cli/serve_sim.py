@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import click
@@ -24,6 +26,10 @@ def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault, sgla
     """Serve /v1/completions, /generate, /health, /server_info and /v1/models with simulated timing.
 
     The same simulator core as `tuner simulate` (scheduler, router, step times) runs in real time."""
+    # a stop signal during start-up (imports, planning: seconds) ends the process at once, whatever
+    # disposition it inherited; once serving, aiohttp's own handlers shut down, within SHUTDOWN_S
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     from aiohttp import web
 
     from tuner.catalog import get_gpu, get_model
@@ -60,4 +66,11 @@ def serve_sim(model, hardware, gpus, config, host, port, time_scale, fault, sgla
                        fault=(fault_name, fault_value), time_scale=time_scale)
     click.echo(f"KV tokens per pool {plan.kv_capacity_tokens_per_gpu:,} x {plan.kv_pools} pools; "
                f"listening on http://{host}:{port}", err=True)
-    web.run_app(server.app(), host=host, port=port, print=None)
+    web.run_app(server.app(), host=host, port=port, print=None, shutdown_timeout=SHUTDOWN_S)
+
+
+SHUTDOWN_S = 2.0  # what a stopping server gives its open requests (aiohttp's default: 60 s)
+
+
+def _exit_on_signal(signum, frame):
+    os._exit(128 + signum)
