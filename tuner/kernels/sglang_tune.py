@@ -255,10 +255,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
         with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers) as pool:
             log(f"{workers} compile process(es)")
             for M in todo:
-                if _past_deadline(deadline, _expected_wall_s(state.rows)):
+                if _stop_before(M, deadline, state.rows, log):
                     stopped = True
-                    log(f"deadline: batch size {M} would not end before it (the last one took "
-                        f"{_expected_wall_s(state.rows):.0f} s); rerun the same command to continue")
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
                 dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
@@ -402,10 +400,8 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
     try:
         with SGLangCompilePool("gemm", shape, workers=workers) as pool:
             for M in [M for M in sorted(set(batch_sizes)) if M not in state.rows]:
-                if _past_deadline(deadline, _expected_wall_s(state.rows)):
+                if _stop_before(M, deadline, state.rows, log):
                     stopped = True
-                    log(f"deadline: batch size {M} would not end before it (the last one took "
-                        f"{_expected_wall_s(state.rows):.0f} s); rerun the same command to continue")
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
                 dflt = gemm_default_config(shape.block_shape)
@@ -492,6 +488,16 @@ def _expected_wall_s(rows: dict) -> float:
 def _past_deadline(deadline: float | None, expected_s: float) -> bool:
     """True when a batch size started now, taking ``expected_s``, would end after ``deadline``."""
     return deadline is not None and time.monotonic() + expected_s > deadline
+
+
+def _stop_before(M: int, deadline: float | None, rows: dict, log: Log) -> bool:
+    """Whether batch size M must wait for the next call (said in the log)."""
+    expected = _expected_wall_s(rows)
+    if not _past_deadline(deadline, expected):
+        return False
+    log(f"deadline: batch size {M} would not end before it (the last one took {expected:.0f} s); rerun the "
+        "same command to continue")
+    return True
 
 
 def _fmt(v) -> str:
