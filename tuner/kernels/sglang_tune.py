@@ -314,14 +314,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                        "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
                        "wall_s": round(time.perf_counter() - tm, 1),
                        "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
-                if grid_res:
-                    row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
-                               grid_size=grid_res["grid_size"], grid_timed=grid_res["timed"],
-                               grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
-                    if med.get("grid_best") and math.isfinite(med["joint"]):
-                        row["joint_fraction_of_grid_best"] = med["grid_best"] / med["joint"]
-                state.add(row)
-                _log_compiled_here(timer, pool, log)
+                _keep_row(state, row, grid_res, med, "joint", timer, pool, log)
                 prev_joint = joint.top(4)
                 prev_down = down_res.best if down_res else None
                 problem.drop_batch(M)
@@ -430,14 +423,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                        "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
                        "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
                        "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
-                if grid_res:
-                    row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
-                               grid_size=grid_res["grid_size"],
-                               grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
-                    if med.get("grid_best") and math.isfinite(med["found"]):
-                        row["found_fraction_of_grid_best"] = med["grid_best"] / med["found"]
-                state.add(row)
-                _log_compiled_here(timer, pool, log)
+                _keep_row(state, row, grid_res, med, "found", timer, pool, log)
                 prev = res.top(4)
                 problem.drop_batch(M)
                 log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
@@ -488,6 +474,23 @@ def _expected_wall_s(rows: dict) -> float:
 def _past_deadline(deadline: float | None, expected_s: float) -> bool:
     """True when a batch size started now, taking ``expected_s``, would end after ``deadline``."""
     return deadline is not None and time.monotonic() + expected_s > deadline
+
+
+def _keep_row(state, row: dict, grid_res: dict | None, med: dict, searched: str, timer, pool, log: Log) -> None:
+    """Record a finished batch size (with the grid's figures, if a grid ran) and what the timer compiled."""
+    if grid_res:
+        _add_grid(row, grid_res, med, searched)
+    state.add(row)
+    _log_compiled_here(timer, pool, log)
+
+
+def _add_grid(row: dict, grid_res: dict, med: dict, searched: str) -> None:
+    """The grid's figures on a batch size's row, and the search's pick (``searched``) against its best."""
+    row.update(grid_complete=grid_res["complete"], grid_visited=grid_res["visited"],
+               grid_size=grid_res["grid_size"], grid_timed=grid_res.get("timed"),
+               grid_best_config=grid_res["best"].as_dict() if grid_res.get("best") else None)
+    if med.get("grid_best") and math.isfinite(med[searched]):
+        row[f"{searched}_fraction_of_grid_best"] = med["grid_best"] / med[searched]
 
 
 def _stop_before(M: int, deadline: float | None, rows: dict, log: Log) -> bool:
