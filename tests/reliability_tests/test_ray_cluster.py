@@ -26,6 +26,7 @@ import pytest
 from tests.reliability_tests._util import (
     MARK_ENV, free_port, kill_marked, marked_pids, new_mark, query, run_tuner, spawn_tuner, tuner_env, wait_until, write_study,
 )
+from tuner.lifecycle import TrialStatus
 
 pytestmark = pytest.mark.slow
 
@@ -219,8 +220,13 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
         assert stats["reads"] > 20 and stats["distinct_counts"] > 3, stats  # it read while the trials wrote
         assert dash_reads > 5
         assert peak_running >= 6, f"only {peak_running} trials ran at once"
-        n = query(db_path, "SELECT count(*) FROM tuner_trials WHERE status='complete'")[0][0]
-        assert n >= 8
+        statuses = dict(query(db_path, "SELECT status, count(*) FROM tuner_trials GROUP BY status"))
+        # every trial measured: complete, or pruned once it could not beat the best (how many the
+        # pruner stops depends on the order trials finish in, which the machine's load moves)
+        measured = {s for s in TrialStatus if s.measured}
+        assert sum(statuses.values()) == 12 and set(statuses) <= measured, statuses
+        n = statuses.get(TrialStatus.COMPLETE.value, 0)
+        assert n >= 6, statuses
         print(f"\nSQLite under load: {n} trials, peak {peak_running} running, {stats['reads']} reader loops, "
               f"{dash_reads} dashboard reads, 0 lock errors")
     finally:
