@@ -35,7 +35,10 @@ from pathlib import Path
 
 import yaml
 
+from tuner.catalog import get_model
 from tuner.errors import ConfigError
+from tuner.kernels.gemm_shapes import linear_layers
+from tuner.kernels.shapes import moe_shape
 from tuner.sim.calibrate import CALIBRATION_DIR, _read, load_calibration
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
@@ -140,10 +143,6 @@ def kernel_terms(report: dict | str | Path, model: str, *, tp_size: int = 1, dty
                  where: str = "kernel_report") -> list[KernelTerm]:
     """The tuned kernels of ``model`` at ``tp_size`` in a tune summary (or one report): its fused MoE
     shape of ``dtype`` and, for fp8_w8a8, the block-fp8 GEMMs of its linear layers."""
-    from tuner.catalog import get_model
-    from tuner.kernels.gemm_shapes import linear_layers
-    from tuner.kernels.shapes import moe_shape
-
     if not isinstance(report, dict):
         try:
             report = json.loads(Path(report).read_text())
