@@ -16,7 +16,7 @@ def _point(users, tpot, tput, valid=True):
 
 
 def _moe(base, tuned, calls=48, tag="moe"):
-    return sr.KernelTerm(sr.KernelKind.MOE, tag, calls, base, tuned)
+    return sr.KernelTerm(sr.Kernel.MOE, tag, calls, base, tuned)
 
 
 def test_pairs_invert_the_moe_share():
@@ -39,7 +39,7 @@ def test_pairs_invert_the_moe_share():
 
 def test_the_change_is_shared_out_by_what_each_kernel_saves():
     moe = _moe({16: 100.0}, {16: 90.0})  # 48 x 10 us saved a step
-    gemm = sr.KernelTerm(sr.KernelKind.GEMM, "qkv", 96, {16: 20.0}, {16: 15.0})  # 96 x 5 us saved
+    gemm = sr.KernelTerm(sr.Kernel.GEMM, "qkv", 96, {16: 20.0}, {16: 15.0})  # 96 x 5 us saved
     # one decode step of 16 tokens every 20 ms: kernels save 0.96 ms of it; serving shows 0.96 ms too
     default, tuned = [_point(8, 0.020, 800.0)], [_point(8, 0.02 - 0.00096, 800.0)]
     (p,) = sr.serving_pairs(default, tuned, terms=[moe, gemm])
@@ -82,8 +82,8 @@ def test_kernel_terms_pick_the_models_shapes_from_a_summary():
         rep("gemm", "N2048_K4096_fp8_b128x128", [{"batch_size": 16, "default_us": 20.3, "chosen_us": 12.0}])]}
     terms = sr.kernel_terms(summary, "qwen3-30b-a3b", dtype="fp8_w8a8")
     assert [(t.kind, t.tag, t.calls) for t in terms] == [
-        (sr.KernelKind.MOE, "E128_N768_K2048_fp8_w8a8_b128x128", 48),
-        (sr.KernelKind.GEMM, "N5120_K2048_fp8_b128x128", 48), (sr.KernelKind.GEMM, "N2048_K4096_fp8_b128x128", 48)]
+        (sr.Kernel.MOE, "E128_N768_K2048_fp8_w8a8_b128x128", 48),
+        (sr.Kernel.GEMM, "N5120_K2048_fp8_b128x128", 48), (sr.Kernel.GEMM, "N2048_K4096_fp8_b128x128", 48)]
     assert terms[0].base_us == {16: 109.5}  # SGLang's shipped file is the bar where there is one
     bf16 = sr.kernel_terms(summary, "qwen3-30b-a3b", dtype="bf16")
     assert [t.tag for t in bf16] == ["E128_N768_K2048_bf16"]  # bf16 linears read no block-fp8 tile file
@@ -95,7 +95,7 @@ def test_refit_with_kernels_writes_both_tables_and_the_realisation(tmp_path):
     path = tmp_path / "h200.yaml"
     path.write_text("# notes\nmoe_tuned_speedup:\n  1: 1.6\n  64: 1.3\n")
     moe = _moe({1: 30.0, 64: 100.0}, {1: 25.0, 64: 95.0})
-    gemm = sr.KernelTerm(sr.KernelKind.GEMM, "o", 48, {1: 20.0, 64: 20.0}, {1: 12.0, 64: 16.0})
+    gemm = sr.KernelTerm(sr.Kernel.GEMM, "o", 48, {1: 20.0, 64: 20.0}, {1: 12.0, 64: 16.0})
     pairs = sr.serving_pairs([_point(8, 0.02, 400.0)], [_point(8, 0.0198, 404.0)], terms=[moe, gemm])
     sr.write_gpu_calibration("h200", pairs, "a vs b", calibration_dir=tmp_path, terms=[moe, gemm])
     doc = yaml.safe_load(path.read_text())

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import yaml
@@ -39,6 +38,7 @@ from tuner.catalog import get_model
 from tuner.errors import ConfigError
 from tuner.kernels.gemm_shapes import linear_layers
 from tuner.kernels.shapes import moe_shape
+from tuner.kernels.targets import Kernel
 from tuner.sim.calibrate import CALIBRATION_DIR, _read, load_calibration
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
@@ -67,16 +67,11 @@ class ServingPair:
     prefill_tokens_per_pass: float | None = None  # None: no prefill rate in the load point
 
 
-class KernelKind(str, Enum):
-    MOE = "moe"
-    GEMM = "gemm"
-
-
 @dataclass(frozen=True)
 class KernelTerm:
     """One tuned kernel of a forward pass: ``calls`` per pass, its untuned and tuned times (us) by M."""
 
-    kind: KernelKind
+    kind: Kernel
     tag: str
     calls: int
     base_us: dict[int, float]
@@ -157,7 +152,7 @@ def kernel_terms(report: dict | str | Path, model: str, *, tp_size: int = 1, dty
         if tag in reps:
             base, tuned = _rows_us(reps[tag])
             if base:
-                terms.append(KernelTerm(KernelKind.MOE, tag, spec.num_moe_layers, base, tuned))
+                terms.append(KernelTerm(Kernel.MOE, tag, spec.num_moe_layers, base, tuned))
     if fp8:
         calls: dict[str, int] = {}
         for layer in linear_layers(model, tp_size):
@@ -166,7 +161,7 @@ def kernel_terms(report: dict | str | Path, model: str, *, tp_size: int = 1, dty
             if tag in reps:
                 base, tuned = _rows_us(reps[tag])
                 if base:
-                    terms.append(KernelTerm(KernelKind.GEMM, tag, n, base, tuned))
+                    terms.append(KernelTerm(Kernel.GEMM, tag, n, base, tuned))
     if not terms:
         raise ConfigError(f"the tune report has no tuned kernel of {model} at TP {tp_size} ({dtype}); it holds "
                           f"{', '.join(str(t) for t in reps) or 'nothing'}", key=where)
@@ -190,7 +185,7 @@ def prefill_rate(point: dict) -> tuple[float, float] | None:
 
 
 def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float, prefill: tuple[float, float] | None,
-                 kind: KernelKind | None = None) -> tuple[float, float]:
+                 kind: Kernel | None = None) -> tuple[float, float]:
     """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``."""
     base = saved = 0.0
     for t in terms:
@@ -239,7 +234,7 @@ def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: lis
     _, saved = _saved_per_s(terms, td, decode, prefill)
     measured = 1.0 - 1.0 / r
     a = measured / saved if saved > 0 else None
-    moe_base, moe_saved = _saved_per_s(terms, td, decode, prefill, KernelKind.MOE)
+    moe_base, moe_saved = _saved_per_s(terms, td, decode, prefill, Kernel.MOE)
     share = min(1.0, moe_base)  # MoE seconds per second of serving
     s = 1.0
     if a is not None and moe_base > 0:
@@ -262,7 +257,7 @@ def realisation(pairs: list[ServingPair]) -> float | None:
 def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int, float]]:
     """{calibration key: {M: speedup}} at each tuned batch size: ``base / (base - a x saving)`` per kind."""
     out: dict[str, dict[int, float]] = {}
-    for kind, key in ((KernelKind.MOE, "moe_tuned_speedup"), (KernelKind.GEMM, "gemm_tuned_speedup")):
+    for kind, key in ((Kernel.MOE, "moe_tuned_speedup"), (Kernel.GEMM, "gemm_tuned_speedup")):
         mine = [t for t in terms if t.kind is kind]
         if not mine:
             continue
