@@ -456,7 +456,7 @@ def _log_compiled_here(timer, pool, log: Log) -> None:
     first = getattr(timer, "compiled_here_first", None)
     if not first:
         return
-    for M, cfg, built in first[:3]:
+    for M, cfg, built in first:
         res = pool.results.get((M, cfg)) if hasattr(pool, "results") else None
         said = "not asked" if res is None else (f"ok in {res.seconds:.1f} s" if res.ok else f"failed: {res.error}")
         log(f"  compiled by the timer ({built} entries) at M={M}: {_describe(cfg)}; the pool: {said}")

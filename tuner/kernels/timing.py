@@ -30,6 +30,9 @@ def is_resource_error(exc: BaseException) -> bool:
     return name in ("OutOfResources", "CompilationError", "PTXASError") or "out of resource" in str(exc).lower()
 
 
+COMPILED_HERE_NAMED = 3  # (M, config) pairs a batch size keeps of what the timer compiled itself
+
+
 def triton_cache_dir() -> str:
     """Where Triton keeps compiled binaries (its own default when TRITON_CACHE_DIR is not set)."""
     return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
@@ -139,7 +142,7 @@ class GraphTimer:
                 self.wall_s["eager"] += time.perf_counter() - t0
                 built = max(0, _entries(self._cache_dir) - cached)
                 self.compiled_here += built
-                if built and len(self.compiled_here_first) < 8:
+                if built and len(self.compiled_here_first) < COMPILED_HERE_NAMED:
                     self.compiled_here_first.append((M, config, built))
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,12 +221,17 @@ def serving_pairs(default_points: list[dict], tuned_points: list[dict], *,
             pairs.append(_attributed_pair(u, decode, td, tt, terms, prefill_rate(d)))
             continue
         # no kernel times: the whole step change on the MoE (f = 1), the smallest speedup that fits
-        s = min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], r))
-        pairs.append(ServingPair(u, decode, td, tt, r, 1.0, s))
+        pairs.append(ServingPair(u, decode, td, tt, r, 1.0, _speedup(td, tt)))
     if not pairs:
         raise ConfigError("no user count measured validly in both sets (need matching users with p50_tpot_s)",
                           key="load_points")
     return pairs
+
+
+def _speedup(before_s: float, after_s: float) -> float:
+    """before / after within SPEEDUP_BOUNDS (nothing left after: the upper bound)."""
+    s = SPEEDUP_BOUNDS[1] if after_s <= 0 else before_s / after_s
+    return min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s))
 
 
 def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: list[KernelTerm],
@@ -236,22 +242,15 @@ def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: lis
     a = measured / saved if saved > 0 else None
     moe_base, moe_saved = _saved_per_s(terms, td, decode, prefill, Kernel.MOE)
     share = min(1.0, moe_base)  # MoE seconds per second of serving
-    s = 1.0
-    if a is not None and moe_base > 0:
-        left = moe_base - a * moe_saved
-        s = SPEEDUP_BOUNDS[1] if left <= 0 else moe_base / left
-    s = min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s))
+    s = _speedup(moe_base, moe_base - a * moe_saved) if a is not None and moe_base > 0 else 1.0
     return ServingPair(users, decode, td, tt, r, share, s, predicted_saved_fraction=saved, realisation=a,
                        prefill_tokens_per_pass=prefill[1] if prefill else None)
 
 
 def realisation(pairs: list[ServingPair]) -> float | None:
     """The median realisation over the pairs that have one."""
-    values = sorted(p.realisation for p in pairs if p.realisation is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+    values = [p.realisation for p in pairs if p.realisation is not None]
+    return statistics.median(values) if values else None
 
 
 def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int, float]]:
@@ -265,9 +264,7 @@ def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int
         table = {}
         for M in sizes:
             base = sum(t.base_s(M) for t in mine)
-            left = base - a * sum(t.saving_s(M) for t in mine)
-            s = SPEEDUP_BOUNDS[1] if left <= 0 else base / left
-            table[M] = round(min(SPEEDUP_BOUNDS[1], max(SPEEDUP_BOUNDS[0], s)), 4)
+            table[M] = round(_speedup(base, base - a * sum(t.saving_s(M) for t in mine)), 4)
         out[key] = table
     return out
 
