@@ -12,6 +12,15 @@ replaces SGLang's own directory, so a ``tuned`` trial's directory gets SGLang's 
 first (when the package is installed here) and the tuned files over them: shapes nobody tuned
 keep the shipped tiles instead of falling back to ``get_default_config``.
 
+A tuned file replaces the shipped file of its name, and SGLang takes the entry at the key nearest to
+the batch size M: a tuned file with keys 1, 4, 16 only would run every 2048-token prefill chunk with
+the M=16 tiles, slower than SGLang's own file for reasons that have nothing to do with tuning. So the
+file written is the tuned configs *merged over* what SGLang would have read without it
+(``tuner.kernels.sglang_env``'s look-up): tuned entries at the tuned keys, the shipped entries at the
+other keys. An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
+file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
+name the tuned file is copied unchanged.
+
 The fp8 block GEMM's files (``N=…,K=…,device_name=…,dtype=fp8_w8a8,block_shape=[128, 128].json``) have
 no environment variable in any SGLang version: ``get_w8a8_block_fp8_configs`` reads the ``configs/``
 directory beside its own module (``os.path.realpath(__file__)``). A tuned trial therefore gets a
@@ -27,16 +36,17 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import moe_config_filename, read_configs
+from tuner.kernels.configfile import moe_config_filename, nearest_config, read_configs, write_configs
 from tuner.kernels.gemm_shapes import gemm_shapes
 from tuner.kernels.shapes import moe_shape
-from tuner.kernels.sglang_env import installed_sglang, sglang_at
+from tuner.kernels.sglang_env import (Found, Lookup, installed_sglang, sglang_at, shipped_down_configs,
+                                      shipped_moe_configs)
 from tuner.kernels.sglang_layout import MOE_CONFIG_SUBDIR, gemm_config_filename, parse_gemm_config_filename
 
 log = logging.getLogger(__name__)
@@ -159,43 +169,122 @@ def _tuned_files(source: Path, default_version_dir: str) -> list[tuple[str, Path
     return [(v, found[(v, n)]) for v, n in sorted(found)]
 
 
-def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
-                          triton_version: str | None = None, include_shipped: bool = True,
-                          required: Iterable[MoEConfigKey] = ()) -> tuple[Path, list[str]]:
-    """Build ``<trial_dir>/moe/configs/triton_X_Y_Z/*.json``; return (dir for the env var, files).
+def _twin_names(name: str) -> tuple[str, str]:
+    """(up file name, ``_down`` file name) of the shape ``name`` belongs to."""
+    up = name.removesuffix("_down.json") + ".json" if name.endswith("_down.json") else name
+    return up, up.removesuffix(".json") + "_down.json"
 
-    ``required`` keys missing from the tuned files are logged (SGLang then uses shipped or default
-    tiles for them), so a "tuned" trial that tunes nothing is visible in the log.
+
+@dataclass
+class _Merged:
+    configs: dict[int, dict]  # what the trial's file holds
+    filled: list[int]  # keys the tuned file lacked, filled as _merge_over_shipped says
+    shipped: Lookup  # where they came from
+
+
+def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: dict[int, dict] | None,
+                        tuned_down: dict[int, dict] | None) -> dict[str, _Merged]:
+    """The tuned up and/or ``_down`` file of one shape merged over SGLang's shipped files (file name ->
+    merged); {} when SGLang ships no up file of that name (nothing to merge over, copy unchanged).
+
+    Both files get the keys tuned up | tuned down | shipped up. The up file fills from the shipped up
+    (the merged up's nearest entry at a key only the tuned ``_down`` has); the ``_down`` file fills from
+    ``shipped_down_configs`` (a shipped ``_down``, else the shipped up reused) with the BLOCK_SIZE_M of
+    the up entry at that key, since both GEMMs of a batch run one BLOCK_SIZE_M. Only tuned files are
+    written: when only one of the pair is tuned, its twin stays what SGLang reads anyway (the shipped
+    file, or the merged up itself when no ``_down`` exists), each filled from its own shipped look-up.
     """
+    down_name = _twin_names(up_name)[1]
+    ship_up = shipped_moe_configs(shipped_root, up_name, vdir)
+    if ship_up.found is Found.NONE:
+        return {}  # a shipped _down without its up file is not something SGLang ships
+    ship_down = shipped_down_configs(shipped_root, up_name, down_name, vdir)
+    keys = sorted(set(tuned_up or ()) | set(tuned_down or ()) | set(ship_up.configs))
+    up_entries = dict(sorted({**ship_up.configs, **(tuned_up or {})}.items()))  # SGLang's up file, merged
+    up_at = {k: nearest_config(up_entries, k) for k in keys}
+    out: dict[str, _Merged] = {}
+    if tuned_up is not None:
+        out[up_name] = _Merged(up_at, [k for k in keys if k not in tuned_up], ship_up)
+    if tuned_down is not None:
+        down = {k: tuned_down[k] if k in tuned_down else
+                {**ship_down.nearest(k), "BLOCK_SIZE_M": up_at[k]["BLOCK_SIZE_M"]} for k in keys}
+        out[down_name] = _Merged(down, [k for k in keys if k not in tuned_down], ship_down)
+    return out
+
+
+def _build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None,
+                         include_shipped: bool, required: Iterable[MoEConfigKey],
+                         shipped_root: Path | None) -> tuple[Path, list[str], dict[str, list[int]]]:
+    """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled from the
+    shipped file."""
     source = Path(tuned_source)
     if not source.is_dir():
         raise ConfigError(f"tuned MoE config directory {str(source)!r} does not exist",
                           key="backend_options.moe_config_dir")
+    vdefault = version_dir(triton_version or installed_triton_version() or "3.6.0")
+    # read every tuned file first: a corrupt one is refused here, before anything is written
+    tuned = {(vname, path.name): (path, read_configs(path)) for vname, path in _tuned_files(source, vdefault)}
+    if not tuned:
+        raise ConfigError(f"no MoE tile config files (E=...,N=...,device_name=....json) under {str(source)!r}",
+                          key="backend_options.moe_config_dir")
+    if not include_shipped:
+        shipped_root = None
+    elif shipped_root is None:
+        installed = installed_sglang_config_root()
+        shipped_root = installed.parent if installed is not None else None
+    elif not (shipped_root / "configs").is_dir():
+        raise ValueError(f"{shipped_root} holds no configs/ directory of shipped MoE tile files")
     root = Path(trial_dir) / "moe"
     configs = root / "configs"
     if root.exists():
         shutil.rmtree(root)
     configs.mkdir(parents=True)
-    shipped = installed_sglang_config_root() if include_shipped else None
-    if shipped is not None:
-        for vdir in shipped.iterdir():
+    merged: dict[tuple[str, str], _Merged] = {}
+    if shipped_root is not None:
+        for vdir in sorted((shipped_root / "configs").iterdir()):
             if vdir.is_dir() and _VERSION_DIR_RE.match(vdir.name):
                 shutil.copytree(vdir, configs / vdir.name, dirs_exist_ok=True)
-    vdefault = version_dir(triton_version or installed_triton_version() or "3.6.0")
+        for vname, up_name in sorted({(v, _twin_names(n)[0]) for v, n in tuned}):
+            up, down = (tuned.get((vname, n), (None, None))[1] for n in _twin_names(up_name))
+            for name, m in _merge_over_shipped(shipped_root, vname, up_name, up, down).items():
+                merged[(vname, name)] = m
     written: list[str] = []
-    for vname, path in _tuned_files(source, vdefault):
-        read_configs(path)  # refuse a corrupt file here, not inside the server
-        dest = configs / vname / path.name
+    from_shipped: dict[str, list[int]] = {}
+    for (vname, name), (path, tile_configs) in sorted(tuned.items()):
+        dest = configs / vname / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
-        written.append(str(dest.relative_to(root)))
-    if not written:
-        raise ConfigError(f"no MoE tile config files (E=...,N=...,device_name=....json) under {str(source)!r}",
-                          key="backend_options.moe_config_dir")
+        rel = str(dest.relative_to(root))
+        m = merged.get((vname, name))
+        if m is not None and m.filled:
+            write_configs(dest, m.configs)
+            from_shipped[rel] = m.filled
+            log.info("%s: %d tuned key(s), %d kept from SGLang's %s (%s)", rel, len(tile_configs),
+                     len(m.filled), m.shipped.path, m.shipped.found.value)
+        else:
+            shutil.copyfile(path, dest)  # nothing shipped to merge over, or the tuned file covers it all
+        written.append(rel)
     names = {Path(w).name for w in written}
     missing = [k.file_name for k in required if k.file_name not in names]
     if missing:
         log.warning("tuned MoE configs lack %s; SGLang uses shipped/default tiles for them", missing)
+    return root, written, from_shipped
+
+
+def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
+                          triton_version: str | None = None, include_shipped: bool = True,
+                          required: Iterable[MoEConfigKey] = (),
+                          shipped_root: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Build ``<trial_dir>/moe/configs/triton_X_Y_Z/*.json``; return (dir for the env var, files).
+
+    With ``include_shipped``, SGLang's shipped files are copied first and each tuned file is merged
+    over the shipped one (see the module doc). ``shipped_root`` is the folder holding SGLang's
+    ``configs/`` (default: the installed package's; unused without ``include_shipped``).
+    ``required`` keys missing from the tuned files are logged (SGLang then uses shipped or default
+    tiles for them), so a "tuned" trial that tunes nothing is visible in the log.
+    """
+    root, written, _ = _build_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
+                                            include_shipped=include_shipped, required=required,
+                                            shipped_root=Path(shipped_root) if shipped_root else None)
     return root, written
 
 
@@ -295,6 +384,8 @@ class TrialTileFiles:
     moe_files: list[str]  # relative to moe_dir
     gemm_files: list[str]  # relative to gemm_site
     expected: list[str]  # file names the server log must show loaded (see tuner.kernels.logproof)
+    #: merged MoE file (relative to moe_dir) -> the keys it lacked, filled from SGLang's shipped file
+    merged_from_shipped: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def our_dirs(self) -> list[Path]:
@@ -308,18 +399,21 @@ def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, 
                                triton_version: str | None = None, include_shipped: bool = True,
                                required: Iterable[MoEConfigKey] | None = None,
                                required_gemm: Iterable[str] | None = None,
-                               sglang_package: str | Path | None = None) -> TrialTileFiles:
+                               sglang_package: str | Path | None = None,
+                               shipped_root: str | Path | None = None) -> TrialTileFiles:
     """MoE config dir and (if GEMM files were tuned) the GEMM overlay of one tuned trial.
 
     ``required`` / ``required_gemm`` (``trial_config_keys`` / ``trial_gemm_file_names``) are the files
     this trial's model reads; those of them that were tuned are what the server log must show loaded.
     None means not known (every tuned file is expected); an empty list means the model reads none
     (a bf16 model reads no fp8 GEMM file, so it gets no GEMM overlay and expects none).
+    ``shipped_root``: as in ``prepare_trial_moe_dir``.
     """
     required = None if required is None else list(required)
     required_gemm = None if required_gemm is None else list(required_gemm)
-    moe_dir, moe_files = prepare_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
-                                               include_shipped=include_shipped, required=required or ())
+    moe_dir, moe_files, from_shipped = _build_trial_moe_dir(
+        trial_dir, tuned_source, triton_version=triton_version, include_shipped=include_shipped,
+        required=required or (), shipped_root=Path(shipped_root) if shipped_root else None)
     site, gemm_files = None, []
     if required_gemm is None or required_gemm:
         site, gemm_files = prepare_trial_gemm_overlay(trial_dir, tuned_source, sglang_package=sglang_package)
@@ -331,7 +425,7 @@ def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, 
         moe_names = [n for n in moe_names if n in wanted]
     if required_gemm is not None:
         gemm_names = [n for n in gemm_names if n in set(required_gemm)]
-    return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names)
+    return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names, from_shipped)
 
 
 def trial_gemm_file_names(model, gpu, weight_format: str, *, tp_size: int, attn_tp_size: int | None = None,

@@ -464,6 +464,7 @@ def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir
         files["gemm_config_site"] = str(tiles.gemm_site)
     facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
     facts["tile_files_expected"] = tiles.expected
+    facts["tile_keys_from_shipped"] = tiles.merged_from_shipped
     facts["tile_files_required"] = [k.file_name for k in required] + list(required_gemm)
     user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")
     return tiles.env(inherited_pythonpath=user_pythonpath or os.environ.get("PYTHONPATH"))
