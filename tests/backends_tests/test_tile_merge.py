@@ -159,3 +159,21 @@ def test_the_plan_records_the_keys_kept_from_shipped(tmp_path, monkeypatch):
     assert plan.facts["tile_keys_from_shipped"] == {f"configs/triton_3_6_0/{name}": [2, 8, 2048, 4096]}
     assert read_configs(Path(plan.files["moe_config_dir"]) / "configs/triton_3_6_0" / name) == \
         {**_shipped_entries(), **TUNED_UP}
+
+
+def test_merge_only_fills_the_tuned_file_without_copying_sglangs_other_files(tmp_path):
+    # what `tuner study export` builds: the model's own files, merged, and nothing else of SGLang's
+    shipped = _shipped_root(tmp_path, {f"triton_3_6_0/{UP}": _shipped_entries()})
+    src = _tuned_dir(tmp_path, {UP: TUNED_UP, DOWN: TUNED_DOWN})
+    root, written, filled = moe_configs.build_trial_moe_dir(
+        tmp_path / "export", src, triton_version="3.6.0", include_shipped=False, merge_shipped=True,
+        required=(), shipped_root=shipped)
+    names = sorted(p.name for p in (root / "configs/triton_3_6_0").iterdir())
+    assert names == sorted([UP, DOWN])  # the other shipped shape is not copied
+    assert sorted(read_configs(_trial_file(root, UP))) == list(SHIPPED_KEYS)
+    assert filled[f"configs/triton_3_6_0/{UP}"] == [2, 8, 2048, 4096]
+    # without the merge the file is the tuned one, keys 1, 4, 16 only
+    root2, _, filled2 = moe_configs.build_trial_moe_dir(
+        tmp_path / "plain", src, triton_version="3.6.0", include_shipped=False, merge_shipped=False,
+        required=(), shipped_root=shipped)
+    assert sorted(read_configs(_trial_file(root2, UP))) == list(TUNED_KEYS) and filled2 == {}

@@ -3,9 +3,11 @@ for SGLANG_MOE_CONFIG_DIR, the fp8 block GEMM files with where the target SGLang
 
 from __future__ import annotations
 
+import os
+
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 from tuner.kernels.configfile import read_configs, write_configs
 
 CFG = {1: {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
@@ -65,3 +67,29 @@ def test_a_corrupt_tuned_gemm_file_is_refused_not_shipped(tmp_path):
                 cwd=tmp_path)
     assert r.returncode == 2 and GEMM in r.stderr
     assert not (tmp_path / "best-gemm").exists() and not (tmp_path / "best-moe").exists() and not out.exists()
+
+
+def _fake_sglang(tmp_path, shipped: dict[int, dict]):
+    """An importable (never imported) sglang package that ships ``UP`` with ``shipped`` entries."""
+    site = tmp_path / "site"
+    pkg = site / "sglang"
+    (pkg / "_version.py").parent.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text('__version__ = "0.5.17"\n')
+    write_configs(pkg / "srt/layers/moe/moe_runner/triton_utils/configs/triton_3_6_0" / UP, shipped)
+    return site
+
+
+def test_export_merges_the_tuned_file_over_sglangs_shipped_one_where_sglang_is_installed(tmp_path):
+    storage = _tuned_study(tmp_path)
+    big = {**CFG[1], "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128}
+    site = _fake_sglang(tmp_path, {1: big, 2048: big})
+    out = tmp_path / "best.yaml"
+    r = run_cli(["study", "export", "tiles", "--storage", storage, "-o", str(out), "--sglang-version", "0.5.17"],
+                cwd=tmp_path, env={"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])})
+    assert r.returncode == 0, r.stderr[-2000:]
+    merged = read_configs(tmp_path / "best-moe/moe/configs/triton_3_6_0" / UP)
+    assert merged == {1: CFG[1], 2048: big}  # tuned at 1, SGLang's own at the batch size not tuned
+    assert "2048 (not tuned)" in r.stdout + r.stderr
+    # no other file of SGLang's is copied beside the export
+    assert sorted(p.name for p in (tmp_path / "best-moe/moe/configs/triton_3_6_0").iterdir()) == [UP]

@@ -212,11 +212,14 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     return out
 
 
-def _build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None,
+def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None,
                          include_shipped: bool, required: Iterable[MoEConfigKey],
-                         shipped_root: Path | None) -> tuple[Path, list[str], dict[str, list[int]]]:
+                         shipped_root: Path | None, merge_shipped: bool | None = None,
+                         ) -> tuple[Path, list[str], dict[str, list[int]]]:
     """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled from the
-    shipped file."""
+    shipped file. ``merge_shipped`` (default: ``include_shipped``) merges the tuned files over the
+    shipped ones without copying SGLang's other files (an export: only the model's shape is read)."""
+    merge_shipped = include_shipped if merge_shipped is None else merge_shipped
     source = Path(tuned_source)
     if not source.is_dir():
         raise ConfigError(f"tuned MoE config directory {str(source)!r} does not exist",
@@ -227,7 +230,7 @@ def _build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, tri
     if not tuned:
         raise ConfigError(f"no MoE tile config files (E=...,N=...,device_name=....json) under {str(source)!r}",
                           key="backend_options.moe_config_dir")
-    if not include_shipped:
+    if not (include_shipped or merge_shipped):
         shipped_root = None
     elif shipped_root is None:
         installed = installed_sglang_config_root()
@@ -240,10 +243,11 @@ def _build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, tri
         shutil.rmtree(root)
     configs.mkdir(parents=True)
     merged: dict[tuple[str, str], _Merged] = {}
-    if shipped_root is not None:
+    if shipped_root is not None and include_shipped:
         for vdir in sorted((shipped_root / "configs").iterdir()):
             if vdir.is_dir() and _VERSION_DIR_RE.match(vdir.name):
                 shutil.copytree(vdir, configs / vdir.name, dirs_exist_ok=True)
+    if shipped_root is not None and merge_shipped:
         for vname, up_name in sorted({(v, _twin_names(n)[0]) for v, n in tuned}):
             up, down = (tuned.get((vname, n), (None, None))[1] for n in _twin_names(up_name))
             for name, m in _merge_over_shipped(shipped_root, vname, up_name, up, down).items():
@@ -273,18 +277,21 @@ def _build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, tri
 def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
                           triton_version: str | None = None, include_shipped: bool = True,
                           required: Iterable[MoEConfigKey] = (),
-                          shipped_root: str | Path | None = None) -> tuple[Path, list[str]]:
+                          shipped_root: str | Path | None = None,
+                          merge_shipped: bool | None = None) -> tuple[Path, list[str]]:
     """Build ``<trial_dir>/moe/configs/triton_X_Y_Z/*.json``; return (dir for the env var, files).
 
     With ``include_shipped``, SGLang's shipped files are copied first and each tuned file is merged
     over the shipped one (see the module doc). ``shipped_root`` is the folder holding SGLang's
     ``configs/`` (default: the installed package's; unused without ``include_shipped``).
+    ``merge_shipped=True`` with ``include_shipped=False`` merges without copying the other files.
     ``required`` keys missing from the tuned files are logged (SGLang then uses shipped or default
     tiles for them), so a "tuned" trial that tunes nothing is visible in the log.
     """
-    root, written, _ = _build_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
+    root, written, _ = build_trial_moe_dir(trial_dir, tuned_source, triton_version=triton_version,
                                             include_shipped=include_shipped, required=required,
-                                            shipped_root=Path(shipped_root) if shipped_root else None)
+                                            shipped_root=Path(shipped_root) if shipped_root else None,
+                                            merge_shipped=merge_shipped)
     return root, written
 
 
@@ -411,7 +418,7 @@ def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, 
     """
     required = None if required is None else list(required)
     required_gemm = None if required_gemm is None else list(required_gemm)
-    moe_dir, moe_files, from_shipped = _build_trial_moe_dir(
+    moe_dir, moe_files, from_shipped = build_trial_moe_dir(
         trial_dir, tuned_source, triton_version=triton_version, include_shipped=include_shipped,
         required=required or (), shipped_root=Path(shipped_root) if shipped_root else None)
     site, gemm_files = None, []

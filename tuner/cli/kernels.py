@@ -311,7 +311,10 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
 @click.option("--tuned", "tuned_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Load points of the same workload and user counts with tuned tiles.")
 @click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
-@click.option("--model", default=None, help="Catalog model served (with --kernel-report).")
+@click.option("--model", default=None,
+              help="The served model (with --kernel-report): a catalog name, or a directory holding its "
+                   "config.json. A study with model overrides (fewer layers) needs the directory: a tile A/B "
+                   "run folder's model/ (the kernels' layer counts come from it).")
 @click.option("--kernel-report", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A tune summary (OUT/summary.json) or one shape's OUT/reports/<shape>.json: the step change "
                    "is shared out over the model's tuned kernels (fused MoE, block-fp8 GEMMs) by what each saves.")

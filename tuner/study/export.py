@@ -16,7 +16,8 @@ import yaml
 
 import tuner
 from tuner import safewrite
-from tuner.backends.moe_configs import prepare_trial_moe_dir, tuned_gemm_files, tuned_source_dir
+from tuner.backends.moe_configs import (build_trial_moe_dir, installed_sglang_config_root, tuned_gemm_files,
+                                        tuned_source_dir)
 from tuner.backends.router import plan_topology
 from tuner.backends.sglang import (
     checkpoint_for, config_to_argv, config_yaml_dict, pinned_server_flags, render_config_yaml,
@@ -135,10 +136,19 @@ def export_study(storage: str, name: str, *, output: str | None = None,
         for f in gemm_files:
             read_configs(f)  # a corrupt file is refused before anything is copied
         if output and source.is_dir():
-            moe_root, written = prepare_trial_moe_dir(Path(output).parent / (Path(output).stem + "-moe"), source,
-                                                      include_shipped=False)
+            # merged over SGLang's shipped file where this machine has SGLang: at batch sizes the tune
+            # did not time, SGLang's own entry stands instead of the nearest tuned one
+            moe_root, written, filled = build_trial_moe_dir(
+                Path(output).parent / (Path(output).stem + "-moe"), source, triton_version=None,
+                include_shipped=False, merge_shipped=True, required=(), shipped_root=None)
             moe_dir = moe_root.resolve()
             notes.append(f"copied {len(written)} tuned MoE tile file(s) to {moe_root}")
+            for rel, keys in filled.items():
+                notes.append(f"{rel}: kept SGLang's shipped entries at batch sizes {', '.join(map(str, keys))} "
+                             f"(not tuned)")
+            if installed_sglang_config_root() is None:
+                notes.append("SGLang is not installed here: the tuned files are copied as they are (SGLang "
+                             "serves a batch size they lack with their nearest tuned entry)")
         else:
             moe_dir = source.resolve()
             if not source.is_dir():
