@@ -75,6 +75,21 @@ def test_proof_when_our_files_are_loaded(tmp_path):
     assert [w.kind for w in proof.other_warnings] == ["gemm_default"]
 
 
+def test_a_gzipped_log_file_is_read_as_its_text(tmp_path):
+    # committed server logs are gzipped; reading the bytes as text would find no file loaded
+    import gzip
+
+    ours, site = tmp_path / "moe", tmp_path / "sglang-site"
+    log = tmp_path / "sglang0.log.gz"
+    with gzip.open(log, "wt") as f:
+        f.write(_tuned_log(ours, site))
+    assert prove_loaded(log, [UP, DOWN, GEMM], [ours, site]).loaded
+    bad = tmp_path / "broken.log.gz"
+    bad.write_bytes(gzip.compress(_tuned_log(ours, site).encode())[:40])
+    with pytest.raises(ConfigError):
+        prove_loaded(bad, [UP], [ours])
+
+
 def test_no_proof_when_sglang_fell_back_or_used_defaults(tmp_path):
     ours = tmp_path / "moe"
     wanted = ours / "configs" / "triton_3_6_0" / UP

@@ -8,6 +8,7 @@ names that file inside our directory, and no default or fallback warning is left
 
 from __future__ import annotations
 
+import gzip
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,8 +70,10 @@ def prove_loaded(log: str | Path, expected_files: list[str], our_dirs: list[str 
     if isinstance(log, Path) or (isinstance(log, str) and "\n" not in log and len(log) < 4096 and Path(log).is_file()):
         path = Path(log)
         try:
-            text = path.read_text(errors="replace")
-        except OSError as exc:
+            # committed server logs are gzipped
+            text = (gzip.open(path, "rt", errors="replace").read() if path.suffix == ".gz"
+                    else path.read_text(errors="replace"))
+        except (OSError, EOFError) as exc:
             raise ConfigError(f"cannot read server log ({exc})", file=str(path)) from None
     else:
         text = str(log)

@@ -156,28 +156,34 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
             run.error = str(exc)
             say(f"{variant} tiles: did not start ({run.error})")
             continue
-        run.log_path = deployment.log_path
-        try:
-            for u in users:
-                m = deployment.measure(u)
-                run.load_points.append(m.to_dict())
-                if on_point:
-                    on_point(ab)
-                say(f"{variant} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
-                    f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
-            ready = (deployment.telemetry().get("ready_after_s") or {})
-            run.server_ready_s = next(iter(ready.values()), None)
-        except TrialError as exc:  # the server died or hung mid-replay: keep what was measured
-            run.error = str(exc)
-            say(f"{variant} tiles: stopped ({run.error})")
-        finally:
-            deployment.close()
-        if variant == "tuned":
+        _serve_variant(ab, run, deployment, users, say, on_point)
+    return ab
+
+
+def _serve_variant(ab: TilesAB, run: VariantRun, deployment, users: list[int], say, on_point) -> None:
+    """Measure one started variant at every user count, then close it and (tuned) prove from its log
+    that SGLang loaded our files: also when interrupted, so what was measured keeps its proof."""
+    run.log_path = deployment.log_path
+    try:
+        for u in users:
+            m = deployment.measure(u)
+            run.load_points.append(m.to_dict())
+            if on_point:
+                on_point(ab)
+            say(f"{run.tiles} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
+                f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
+        ready = (deployment.telemetry().get("ready_after_s") or {})
+        run.server_ready_s = next(iter(ready.values()), None)
+    except TrialError as exc:  # the server died or hung mid-replay: keep what was measured
+        run.error = str(exc)
+        say(f"{run.tiles} tiles: stopped ({run.error})")
+    finally:
+        deployment.close()
+        if run.tiles == "tuned":
             run.tiles_loaded, run.tiles_proof = _prove(deployment)
             say(f"tuned tiles: {run.tiles_proof}")
         if on_point:
             on_point(ab)
-    return ab
 
 
 def _ms(v: float | None) -> str:

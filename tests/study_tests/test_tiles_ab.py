@@ -1,0 +1,77 @@
+"""The tile A/B's per-variant loop: an interrupted tuned variant keeps its load points and its proof.
+
+The whole command runs against a real (simulated) server in
+tests/backends_tests/test_sglang_study.py; this covers what a real GPU call showed: the call's limit
+(SIGINT) cut the tuned variant after its first point, and the proof that SGLang had loaded our
+files was never made, although its log held it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tuner.study.tiles_ab import TilesAB, VariantRun, _serve_variant
+
+UP = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+
+
+@dataclass
+class _Point:
+    users: int
+    p90_tpot_s: float = 0.02
+    p90_ttft_s: float = 0.3
+    throughput_tokens_per_s: float = 400.0
+
+    def to_dict(self) -> dict:
+        return {"users": self.users, "p90_tpot_s": self.p90_tpot_s, "valid": True}
+
+
+class _Deployment:
+    """Stands in for a started server: its log names our file; the second load point is interrupted."""
+
+    def __init__(self, tmp_path: Path, interrupt_at: int):
+        moe = tmp_path / "moe"
+        self.log_path = str(tmp_path / "sglang0.log")
+        Path(self.log_path).write_text(
+            f"[2026-12-03 17:31:06] Using MoE kernel config from {moe}/configs/triton_3_6_0/{UP}.\n")
+        self.plan = SimpleNamespace(facts={"tile_files_expected": [UP]}, files={"moe_config_dir": str(moe)})
+        self.interrupt_at, self.closed = interrupt_at, False
+
+    def measure(self, users: int) -> _Point:
+        if users == self.interrupt_at:
+            raise KeyboardInterrupt
+        return _Point(users)
+
+    def telemetry(self) -> dict:
+        return {"ready_after_s": {"0": 66.0}}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_interrupted_tuned_variant_keeps_its_point_and_its_proof(tmp_path):
+    ab = TilesAB(study="s", trial_number=5, users=[8, 16])
+    run = VariantRun(tiles="tuned", load_points=[], server_ready_s=None, log_path=None)
+    ab.variants.append(run)
+    seen: list[dict] = []
+    deployment = _Deployment(tmp_path, interrupt_at=16)
+    with pytest.raises(KeyboardInterrupt):
+        _serve_variant(ab, run, deployment, [8, 16], say=lambda msg: None,
+                       on_point=lambda a: seen.append(a.to_dict()))
+    assert deployment.closed
+    assert [p["users"] for p in run.load_points] == [8]
+    assert run.tiles_loaded is True and ab.proven
+    # the last document the caller was given (what the call brings back) holds the proof
+    assert seen[-1]["tuned_tiles_proven_loaded"] is True
+
+
+def test_a_default_variant_is_not_proven_and_a_finished_one_records_its_ready_time(tmp_path):
+    ab = TilesAB(study="s", trial_number=5, users=[8])
+    run = VariantRun(tiles="default", load_points=[], server_ready_s=None, log_path=None)
+    ab.variants.append(run)
+    _serve_variant(ab, run, _Deployment(tmp_path, interrupt_at=-1), [8], say=lambda msg: None, on_point=None)
+    assert run.tiles_loaded is None and run.server_ready_s == 66.0 and not ab.proven
