@@ -137,6 +137,17 @@ def test_probe_files_are_read_and_bad_ones_name_file_and_key(tmp_path, capsys):
     assert code == 2 and "b.json" in err and "points[0].measured.p90_ttft_s" in err
 
 
+def test_the_report_names_every_point_whole(tmp_path):
+    # labels of tile A/B probes run past 36 characters; a cut one named another point ("...@1" for "...@16")
+    d = tmp_path / "probes"
+    d.mkdir()
+    (d / "a.json").write_text(json.dumps(_probe(name="h200-sglang-dsv3-tiles-ab-default", points=[
+        {**_probe()["points"][0], "users": 16}])))
+    text = format_report(run_fidelity([tmp_path]))
+    (row,) = [line for line in text.splitlines() if line.startswith("h200-sglang-dsv3-tiles-ab-default@")]
+    assert row.split()[0] == "h200-sglang-dsv3-tiles-ab-default@16"
+
+
 def test_extra_server_args_become_flags():
     assert extra_args_to_flags(["--attention-backend", "triton", "--disable-radix-cache", "--page-size=16"]) == {
         "attention-backend": "triton", "disable-radix-cache": True, "page-size": "16"}

@@ -301,16 +301,17 @@ def format_report(doc: dict) -> str:
     cols = (("p50_ttft_s", "P50 TTFT s", "s"), ("p90_ttft_s", "P90 TTFT s", "s"), ("p90_tpot_s", "P90 TPOT ms", "ms"),
             ("throughput_tokens_per_s", "tok/s", "tok"), ("prefix_cache_hit_rate", "hit", "r"))
     lines = []
-    head = f"{'point':<36}" + "".join(f"{name:>22}" for _, name, _ in cols) + f"{'SLO pred/meas':>15}"
+    w = max([36] + [len(pt["label"]) + 2 for pt in doc["points"]])  # labels are never cut: they name the point
+    head = f"{'point':<{w}}" + "".join(f"{name:>22}" for _, name, _ in cols) + f"{'SLO pred/meas':>15}"
     lines.append(head)
-    lines.append(" " * 36 + "".join(f"{'pred / meas':>22}" for _ in cols))
+    lines.append(" " * w + "".join(f"{'pred / meas':>22}" for _ in cols))
     for pt in doc["points"]:
         cells = []
         for k, _, kind in cols:
             cells.append(f"{f(pt['predicted'].get(k), kind) + ' / ' + f(pt['measured'].get(k), kind):>22}")
         verdict = lambda v: "-" if v is None else ("met" if v else "miss")
         mark = "  ! " + ",".join(pt["off_target"]) if pt["off_target"] else ""
-        lines.append(f"{pt['label'][:35]:<36}" + "".join(cells)
+        lines.append(f"{pt['label']:<{w}}" + "".join(cells)
                      + f"{verdict(pt['predicted'].get('meets_slo')) + '/' + verdict(pt['measured'].get('meets_slo')):>15}"
                      + mark)
         if pt["error"]:
@@ -355,11 +356,11 @@ def format_report(doc: dict) -> str:
     if staged:
         lines.append("")
         lines.append("SGLang's own stages, mean per request over the whole load point (its /metrics), pred / meas:")
-        lines.append(f"{'point':<36}{'queue ms':>18}{'prefill forward ms':>22}{'TTFT ms':>18}  server")
+        lines.append(f"{'point':<{w}}{'queue ms':>18}{'prefill forward ms':>22}{'TTFT ms':>18}  server")
         for pt in staged:
             m_, p_ = pt["stages"]["measured"], pt["stages"]["predicted"]
             cell = lambda k: f"{p_[k] * 1e3:.0f} / {m_[k] * 1e3:.0f}"
-            lines.append(f"{pt['label'][:35]:<36}{cell('queue_s'):>18}{cell('prefill_forward_s'):>22}"
+            lines.append(f"{pt['label']:<{w}}{cell('queue_s'):>18}{cell('prefill_forward_s'):>22}"
                          f"{cell('ttft_s'):>18}  {'fresh' if pt.get('fresh_server') else 'warm'}")
         lines.append("(the simulator's queue is arrival to batch; SGLang's starts when the scheduler receives "
                      "the request, and its TTFT adds the HTTP and tokenizer path)")
