@@ -267,8 +267,10 @@ def summary_table(report: dict) -> list[str]:
     lines = [f"{report['kind']} {report['tag']} ({report.get('device_name', '?')}, SGLang "
              f"{report.get('sglang_version', '?')}): {'complete' if report.get('complete') else 'INCOMPLETE'}", head]
     for r in report["rows"]:
-        search = r.get("joint_us") if moe else r.get("found_us")
-        frac = r.get("joint_fraction_of_grid_best") if moe else r.get("found_fraction_of_grid_best")
+        # the best of the search's re-timed leaders where the report has them (older reports: its pick)
+        search = r.get("search_best_us") or (r.get("joint_us") if moe else r.get("found_us"))
+        frac = r.get("search_fraction_of_grid_best") or (
+            r.get("joint_fraction_of_grid_best") if moe else r.get("found_fraction_of_grid_best"))
         evals = (r.get("evaluations_joint", 0) + r.get("evaluations_down", 0)) if moe else r.get("evaluations", 0)
         sp = r.get("speedup_vs_baseline")
         lines.append(f"{r['batch_size']:>6} {f(r.get('default_us')):>9} {f(r.get('shipped_us')):>9} "
