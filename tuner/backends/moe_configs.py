@@ -17,7 +17,8 @@ the batch size M: a tuned file with keys 1, 4, 16 only would run every 2048-toke
 the M=16 tiles, slower than SGLang's own file for reasons that have nothing to do with tuning. So the
 file written is the tuned configs *merged over* what SGLang would have read without it
 (``tuner.kernels.sglang_env``'s look-up): tuned entries at the tuned keys, the shipped entries at the
-other keys. An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
+other keys (a file of another Triton version, SGLang's fallback, only beyond the tuned keys' range).
+An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
 file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
 name the tuned file is copied unchanged.
 
@@ -199,8 +200,15 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     if ship_up.found is Found.NONE:
         return {}  # a shipped _down without its up file is not something SGLang ships
     ship_down = shipped_down_configs(shipped_root, up_name, down_name, vdir)
-    keys = sorted(set(tuned_up or ()) | set(tuned_down or ()) | set(ship_up.configs))
-    up_entries = dict(sorted({**ship_up.configs, **(tuned_up or {})}.items()))  # SGLang's up file, merged
+    tuned_keys = set(tuned_up or ()) | set(tuned_down or ())
+    shipped_up = ship_up.configs
+    if ship_up.found is Found.FALLBACK and tuned_keys:
+        # another Triton version's file (SGLang itself calls it sub-optimal; our fp8 tunes beat it at
+        # every batch size timed): it fills only beyond the tuned range, where no tuned entry is near
+        lo, hi = min(tuned_keys), max(tuned_keys)
+        shipped_up = {k: v for k, v in shipped_up.items() if k < lo or k > hi}
+    keys = sorted(tuned_keys | set(shipped_up))
+    up_entries = dict(sorted({**shipped_up, **(tuned_up or {})}.items()))  # SGLang's up file, merged
     up_at = {k: nearest_config(up_entries, k) for k in keys}
     out: dict[str, _Merged] = {}
     if tuned_up is not None:
