@@ -157,3 +157,20 @@ def test_cli_shape_json():
     doc = json.loads(r.output)
     assert (doc["num_experts"], doc["intermediate"], doc["hidden"], doc["grid_size"]) == (257, 256, 6144, 1280)
     assert doc["default_budget"] == 128
+
+
+def test_timing_rotations_shrink_only_where_one_call_outgrows_the_l2():
+    from tuner.kernels.shapes import moe_shape
+
+    l2 = 50 * 2**20  # the H200's
+    qwen = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
+    dsv3 = moe_shape("deepseek-v3", 1, 1, "fp8_w8a8", (128, 128))
+    # one Qwen3 fp8 expert is 4.7 MB: at M=1 its 8 experts (38 MB) would stay in L2 between calls
+    assert qwen.expert_weight_bytes == 3 * 768 * 2048
+    assert qwen.touched_weight_bytes(1) == 8 * qwen.expert_weight_bytes
+    assert [qwen.timing_rotations(M, l2) for M in (1, 2, 4, 4096)] == [8, 8, 2, 2]
+    # every expert touched at large M, never more than all of them
+    assert qwen.touched_weight_bytes(4096) <= 128 * qwen.expert_weight_bytes
+    # DeepSeek-V3's 42 MB experts: even one token's 9 outgrow the L2
+    assert dsv3.timing_rotations(1, l2) == 2 and dsv3.touched_weight_bytes(1) == 9 * dsv3.expert_weight_bytes
+    assert qwen.timing_rotations(4096, 1 << 50) == 8  # an L2 that holds everything keeps every draw

@@ -45,6 +45,22 @@ def test_sglang_moe_matches_torch(shape, M):
         assert bool((ids[:, -1] >= shape.routed_experts).all())
 
 
+def test_two_routing_draws_time_a_large_call_as_eight_do():
+    # past twice the L2 per call the timer cycles 2 routing draws, not 8 (shorter replays): the
+    # figure must not move with it
+    from tuner.kernels.sglang_kernels import SGLangMoE
+    from tuner.kernels.timing import GraphTimer
+
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
+    few, full = SGLangMoE(shape), SGLangMoE(shape)
+    full.l2_bytes = 1 << 50  # as if the L2 held everything: all 8 draws
+    assert (few.rotations_for(64), full.rotations_for(64)) == (2, 8)
+    cfg = TileConfig(16, 128, 128, 1, 4, 3)
+    t_few = sorted(GraphTimer(few).measure(64, cfg, replays=20) for _ in range(3))[1]
+    t_full = sorted(GraphTimer(full).measure(64, cfg, replays=20) for _ in range(3))[1]
+    assert abs(t_few / t_full - 1) < 0.03, (t_few, t_full)
+
+
 def test_sglang_gemm_matches_torch():
     from tuner.kernels.sglang_kernels import SGLangBlockGemm, reference_gemm
 

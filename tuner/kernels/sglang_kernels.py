@@ -155,6 +155,12 @@ class SGLangMoE:
             top_k=shape.topk, num_fused_shared_experts=shape.fused_shared_experts,
             params_dtype=torch.bfloat16, inplace=True)
         self._batch: dict[int, dict] = {}
+        props = torch.cuda.get_device_properties(self.device)
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+    def rotations_for(self, M: int) -> int:
+        """Routing draws timed at M (``MoEShape.timing_rotations``), at most ``rotations``."""
+        return min(self.rotations, self.shape.timing_rotations(M, self.l2_bytes, most=self.rotations))
 
     # -- inputs --------------------------------------------------------------------------------------
     def _routing(self, M: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,7 +184,7 @@ class SGLangMoE:
         gen = torch.Generator(device=self.device).manual_seed(1000 + M)
         x0 = torch.randn(M, self.shape.hidden, generator=gen, device=self.device).to(torch.bfloat16)
         rots = []
-        for _ in range(self.rotations):
+        for _ in range(self.rotations_for(M)):
             w, ids = self._routing(M, gen)
             router_logits = torch.empty((M, self.shape.num_experts), device=self.device, dtype=torch.float32)
             topk = (self.rt.TopKOutput(w, ids, router_logits) if self.rt.TopKOutput else (w, ids, router_logits))

@@ -73,6 +73,23 @@ class MoEShape:
         return self.num_experts - self.fused_shared_experts
 
     @property
+    def expert_weight_bytes(self) -> int:
+        """One expert's gate/up and down weights (fp8: 1 byte an element, bf16: 2)."""
+        return 3 * self.intermediate * self.hidden * (1 if self.dtype == "fp8_w8a8" else 2)
+
+    def touched_weight_bytes(self, M: int) -> float:
+        """Expected expert weights one call reads at M tokens under uniform routing: the routed
+        experts hit at least once (each token picks routed_topk of them) plus the fused shared ones."""
+        miss = (1 - self.routed_topk / self.routed_experts) ** M
+        return (self.routed_experts * (1 - miss) + self.fused_shared_experts) * self.expert_weight_bytes
+
+    def timing_rotations(self, M: int, l2_bytes: int, most: int = 8) -> int:
+        """Routing draws a timing cycles through: ``most`` while one call's weights could stay in L2
+        for the next (small M), 2 once a call reads at least twice the L2 (large M, where more draws
+        only lengthen every replay: DeepSeek-V3's M=4096 spent 100 s replaying 8 draws)."""
+        return 2 if self.touched_weight_bytes(M) >= 2 * l2_bytes else most
+
+    @property
     def tag(self) -> str:
         """A short file-name-safe label: E_N_K_dtype."""
         bs = f"_b{self.block_shape[0]}x{self.block_shape[1]}" if self.block_shape else ""

@@ -2,7 +2,7 @@
 
 A *problem* (our own kernel's ``own_kernel.MoEProblem``, SGLang's ``sglang_kernels.SGLangMoE`` or
 ``SGLangBlockGemm``) offers ``rotations`` input draws and ``launch(M, config, rotation)``; it may offer
-``using(config)`` (a context that makes the library pick ``config``), ``baseline(M, rotation)`` (work
+``rotations_for(M)`` (fewer draws where one call already reads more than the L2 holds), ``using(config)`` (a context that makes the library pick ``config``), ``baseline(M, rotation)`` (work
 inside each launch that is not the kernel, timed alone and subtracted) and ``is_config_failure(exc)``.
 
 All rotations are captured back to back in one CUDA graph (no launch gaps; each rotation touches other
@@ -92,6 +92,11 @@ class GraphTimer:
                 break
         return times
 
+    def _rotations(self, M: int) -> int:
+        """Draws timed at M: the problem's ``rotations_for(M)`` where it has one."""
+        per_m = getattr(self.problem, "rotations_for", None)
+        return per_m(M) if per_m else self.problem.rotations
+
     def baseline_us(self, M: int) -> float:
         """Time of the problem's non-kernel work per call (0 if it has none)."""
         if M in self._baseline_us:
@@ -100,7 +105,7 @@ class GraphTimer:
         if base is None:
             self._baseline_us[M] = 0.0
             return 0.0
-        rot = self.problem.rotations
+        rot = self._rotations(M)
         for r in range(rot):
             base(M, r)
         torch.cuda.synchronize()
@@ -123,7 +128,7 @@ class GraphTimer:
         Raises ConfigFailed if the config cannot compile or launch.
         """
         p = self.problem
-        rot = p.rotations
+        rot = self._rotations(M)
         self.measured += 1
         t0 = time.perf_counter()
         with self._using(config):
