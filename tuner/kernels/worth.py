@@ -7,7 +7,9 @@ Only where the measurements say it can matter:
   file's entry at the nearest key (``min(keys, key=lambda k: abs(k - M))``), so a file tuned only at
   M = 1..16 serves 64..8192-token prefill chunks with its M = 16 tiles, which may well be slower than
   SGLang's shipped file. Every M of the trial's range must be within ``MAX_KEY_RATIO`` of the key
-  that serves it;
+  that serves it, unless the tune found SGLang's shipped file for this Triton version: a trial's
+  file is merged over that one (``tuner.backends.moe_configs``), so the batch sizes not tuned keep
+  SGLang's own entries;
 * its tune report measured a gain over what SGLang would use anyway (its shipped file, else its
   default) of at least ``min_gain`` at some batch size of that range.
 
@@ -124,7 +126,8 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     if batch_range is not None:
         keys = sorted(read_configs(path))
         gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)
-        if gap is not None:
+        merged_over_shipped = any((rep.get("shipped_up") or {}).get("found") == "exact" for rep in reports)
+        if gap is not None and not merged_over_shipped:
             M, key = gap
             incomplete = [rep for rep in reports if rep.get("complete") is False]
             todo = sorted({int(b) for rep in incomplete for b in rep.get("batch_sizes_requested") or []} - set(keys))
