@@ -323,7 +323,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                 base_key = "shipped" if "shipped" in cands else "default"
                 row = {"batch_size": M, "default_us": med["default"], "shipped_us": med.get("shipped"),
                        "joint_us": med["joint"], "search_best": searched, "search_best_us": med[searched],
-                       "tuned_us": med.get("tuned"), "grid_best_us": med.get("grid_best"),
+                       "search_best_config": cands[searched].as_dict(), "tuned_us": med.get("tuned"), "grid_best_us": med.get("grid_best"),
                        "chosen": pick, "chosen_us": med[pick], "baseline": base_key,
                        "speedup_vs_baseline": (med[base_key] / med[pick]) if med[pick] > 0 else None,
                        "speedup_vs_default": (med["default"] / med[pick]) if med[pick] > 0 else None,
