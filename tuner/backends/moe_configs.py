@@ -220,10 +220,10 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     return out
 
 
-def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None,
-                         include_shipped: bool, required: Iterable[MoEConfigKey],
-                         shipped_root: Path | None, merge_shipped: bool | None = None,
-                         ) -> tuple[Path, list[str], dict[str, list[int]]]:
+def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None = None,
+                        include_shipped: bool = True, required: Iterable[MoEConfigKey] = (),
+                        shipped_root: Path | None = None, merge_shipped: bool | None = None,
+                        ) -> tuple[Path, list[str], dict[str, list[int]]]:
     """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled from the
     shipped file. ``merge_shipped`` (default: ``include_shipped``) merges the tuned files over the
     shipped ones without copying SGLang's other files (an export: only the model's shape is read)."""

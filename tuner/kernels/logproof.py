@@ -70,9 +70,11 @@ def prove_loaded(log: str | Path, expected_files: list[str], our_dirs: list[str 
     if isinstance(log, Path) or (isinstance(log, str) and "\n" not in log and len(log) < 4096 and Path(log).is_file()):
         path = Path(log)
         try:
-            # committed server logs are gzipped
-            text = (gzip.open(path, "rt", errors="replace").read() if path.suffix == ".gz"
-                    else path.read_text(errors="replace"))
+            if path.suffix == ".gz":  # committed server logs are gzipped
+                with gzip.open(path, "rt", errors="replace") as f:
+                    text = f.read()
+            else:
+                text = path.read_text(errors="replace")
         except (OSError, EOFError) as exc:
             raise ConfigError(f"cannot read server log ({exc})", file=str(path)) from None
     else:

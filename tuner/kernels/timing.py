@@ -2,7 +2,8 @@
 
 A *problem* (our own kernel's ``own_kernel.MoEProblem``, SGLang's ``sglang_kernels.SGLangMoE`` or
 ``SGLangBlockGemm``) offers ``rotations`` input draws and ``launch(M, config, rotation)``; it may offer
-``rotations_for(M)`` (fewer draws where one call already reads more than the L2 holds), ``using(config)`` (a context that makes the library pick ``config``), ``baseline(M, rotation)`` (work
+``rotations_for(M)`` (fewer draws where one call already reads more than the L2 holds),
+``using(config)`` (a context that makes the library pick ``config``), ``baseline(M, rotation)`` (work
 inside each launch that is not the kernel, timed alone and subtracted) and ``is_config_failure(exc)``.
 
 All rotations are captured back to back in one CUDA graph (no launch gaps; each rotation touches other

@@ -139,8 +139,7 @@ def export_study(storage: str, name: str, *, output: str | None = None,
             # merged over SGLang's shipped file where this machine has SGLang: at batch sizes the tune
             # did not time, SGLang's own entry stands instead of the nearest tuned one
             moe_root, written, filled = build_trial_moe_dir(
-                Path(output).parent / (Path(output).stem + "-moe"), source, triton_version=None,
-                include_shipped=False, merge_shipped=True, required=(), shipped_root=None)
+                Path(output).parent / (Path(output).stem + "-moe"), source, include_shipped=False, merge_shipped=True)
             moe_dir = moe_root.resolve()
             notes.append(f"copied {len(written)} tuned MoE tile file(s) to {moe_root}")
             for rel, keys in filled.items():
