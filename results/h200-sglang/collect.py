@@ -26,6 +26,14 @@ def _keep(data: bytes, dest: Path) -> None:
         dest.write_bytes(data)
 
 
+def _differs_from_kept(dest: Path, data: bytes) -> bool:
+    """Whether results/ already holds this file (a log gzipped) with other content."""
+    if dest.suffix == ".log":
+        kept = Path(str(dest) + ".gz")
+        return kept.exists() and gzip.decompress(kept.read_bytes()) != data
+    return dest.exists() and dest.read_bytes() != data
+
+
 def main(out_dir: str, call: str) -> None:
     src = Path(out_dir)
     calls = HERE / "calls" / call
@@ -56,9 +64,13 @@ def main(out_dir: str, call: str) -> None:
                 rel = Path(m.name)
                 if rel.name.endswith(".pids.json"):
                     continue
-                dest = HERE / "runs" / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
                 data = tar.extractfile(m).read()
+                dest = HERE / "runs" / rel
+                if _differs_from_kept(dest, data):
+                    # an earlier call's file of the same trial and variant (a repeated A/B): keep both
+                    dest = calls / "runs" / rel
+                    print(f"kept beside the earlier call's file: {dest.relative_to(HERE)}")
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 if rel.suffix == ".log":
                     with gzip.open(str(dest) + ".gz", "wb", compresslevel=9) as g:
                         g.write(data)
