@@ -418,6 +418,11 @@ def test_tiles_ab_serves_default_then_tuned_tiles_and_proves_ours_were_loaded(tm
     assert "tiles-ab/tuned" in tuned["log_path"] and "tiles-ab/default" in default["log_path"]
     assert [row["users"] for row in doc["comparison"]] == [4, 8]
     assert all(row["tuned_over_default"]["p90_tpot_s"] > 0 for row in doc["comparison"])
+    # each ratio with its window noise, from the two points' request files (the same sessions: paired)
+    for row in doc["comparison"]:
+        paired = row["intervals"]["paired_tpot"]
+        assert paired["requests"][0] >= 10 and paired["low"] <= paired["ratio"] <= paired["high"]
+        assert paired["verdict"] in ("faster", "slower", "within noise")
     # both variants replayed the same sessions (same seeds): the same prompts were sent
     assert [p["requests"] > 0 for p in default["load_points"]] == [True, True]
     refit = run_cli(["kernels", "refit-serving", "--default", doc["refit_points"]["default"], "--tuned",

@@ -534,8 +534,10 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
     """Serving A/B of MoE tile configs on this machine's GPUs: serve trial N's configuration of NAME
     with SGLang's own tiles, then with the tuned ones (`moe-tile-configs`), each on a fresh server, at
     the same user counts and seeds; print P90 TPOT, P90 TTFT and output throughput side by side.
-    The tuned run counts only where its server log shows SGLang loading our files. Exit 0 when both
-    variants measured every user count and the tuned files were proven loaded, 1 otherwise."""
+    The tuned run counts only where its server log shows SGLang loading our files. Each ratio comes
+    with a 90% interval of the windows' own noise and a verdict (`tuner workload compare-windows`,
+    which also folds in the spread between servers from A/A pairs). Exit 0 when both variants
+    measured every user count and the tuned files were proven loaded, 1 otherwise."""
     import json
 
     from tuner import safewrite
@@ -576,6 +578,10 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
                                       if x is not None)
                 click.echo(f"{row['users']:>6} {v:<8}{ms(p['p90_tpot_s']):>12}{ms(p['p90_ttft_s']):>12}"
                            f"{(p['throughput_tokens_per_s'] or 0):>9.0f}  {ratio}")
+            for r in ((row.get("intervals") or {}).get("ratios") or []) + \
+                    [x for x in [(row.get("intervals") or {}).get("paired_tpot")] if x]:
+                click.echo(f"{'':>6} {'':<8}tuned/default {r['metric']:<12} {r['ratio']:.3f} "
+                           f"[{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} (90%, this window's noise)")
         for v in ab.variants:
             if v.tiles == "tuned":
                 click.echo(f"tuned tiles: {'proven loaded' if v.tiles_loaded else 'NOT proven loaded'}: {v.tiles_proof}")

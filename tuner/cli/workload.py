@@ -175,3 +175,48 @@ def export(profile, output, sessions, seed):
 
     n = write_session_log(load_profile(profile), output, sessions=sessions, seed=seed)
     click.echo(f"wrote {n} requests of {sessions} sessions to {output}")
+
+
+@workload.command("compare-windows")
+@click.argument("a_file", metavar="A", type=click.Path(path_type=Path))
+@click.argument("b_file", metavar="B", type=click.Path(path_type=Path))
+@click.option("--aa", "same", nargs=2, multiple=True, type=click.Path(path_type=Path), metavar="X Y",
+              help="Two windows of ONE configuration on two servers (an A/A pair, e.g. the default "
+                   "variant of two calls): their difference beyond their own noise is the "
+                   "between-servers spread, folded into every interval. Repeatable.")
+@click.option("--resamples", type=click.IntRange(200, 20000), default=2000, show_default=True,
+              help="Session bootstrap resamples per window.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap.")
+@json_option
+def compare_windows_cmd(a_file, b_file, same, resamples, seed, as_json):
+    """Is window B faster than window A beyond the noise? (an A/B of two servers)
+
+    A and B are the request files of two load points at the same user count and seeds
+    (loadpoint-NN-Uu.requests.jsonl.gz beside a trial's logs, e.g. the default and tuned
+    variants of `tuner study tiles-ab`). For P50/P90 TPOT and TTFT it prints B/A with a 90%
+    interval from a bootstrap over whole sessions, and for the requests present in both windows
+    the median per-request TPOT ratio. A verdict is "faster" or "slower" only where the whole
+    interval is below or above 1.
+
+    A window's interval holds only its own sampling noise; two servers of one configuration differ
+    by more (another process, another machine). Give A/A pairs with --aa to fold that in.
+    """
+    from tuner.workload.ab import LEVEL, compare_windows, read_requests, server_spread
+
+    kwargs = {"seed": seed, "resamples": resamples}
+    spread = server_spread([compare_windows(read_requests(x), read_requests(y), **kwargs) for x, y in same])
+    result = compare_windows(read_requests(a_file), read_requests(b_file), server_sd=spread, **kwargs)
+    if as_json:
+        emit_json({"a": str(a_file), "b": str(b_file), "level": LEVEL, "aa_pairs": len(same),
+                   "server_sd": spread, **result.to_dict()})
+        return
+    click.echo(f"B/A  (A: {a_file}, B: {b_file}); {LEVEL:.0%} intervals, session bootstrap"
+               + (f", between-servers spread from {len(same)} A/A pair(s)" if same else
+                  ", window noise only (no --aa)"))
+    click.echo(f"  {'statistic':<12} {'B/A':>7}  {'interval':<17} {'requests A/B':>13}  verdict")
+    for r in result.intervals:
+        click.echo(f"  {r.metric:<12} {r.ratio:>7.3f}  [{r.low:.3f}, {r.high:.3f}]  "
+                   f"{r.samples[0]:>6}/{r.samples[1]:<6}  {r.verdict.value}"
+                   + (f"  (server sd {r.server_sd:.1%})" if r.server_sd else ""))
+    if result.paired_tpot is None:
+        click.echo("  (no paired TPOT: fewer than 10 requests of the same session and turn in both)")

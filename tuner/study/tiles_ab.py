@@ -30,6 +30,7 @@ from tuner.study.executor import deploy_here
 from tuner.study.export import _pick
 from tuner.study.runner import load_existing
 from tuner.study.summary import study_summary
+from tuner.workload.ab import compare_windows, read_requests
 
 VARIANTS: tuple[str, ...] = SGLANG_KNOBS["moe-tile-configs"].choices  # default (SGLang's own), tuned
 
@@ -51,6 +52,7 @@ class TilesAB:
     trial_number: int
     users: list[int]
     variants: list[VariantRun] = field(default_factory=list)
+    _intervals: dict[int, dict] = field(default_factory=dict, repr=False)  # per user count, once both exist
 
     def comparison(self) -> list[dict]:
         """Per user count: each variant's P90 TPOT, P90 TTFT and output throughput, and tuned / default."""
@@ -66,8 +68,21 @@ class TilesAB:
                 ratio = lambda k: (t[k] / d[k]) if d.get(k) and t.get(k) is not None else None
                 row["tuned_over_default"] = {k: ratio(k) for k in ("p90_tpot_s", "p90_ttft_s",
                                                                    "throughput_tokens_per_s")}
+                row["intervals"] = self._window_intervals(u)
             rows.append(row)
         return rows
+
+    def _window_intervals(self, users: int) -> dict | None:
+        """Tuned over default with each window's own noise (``tuner.workload.ab``), from the two
+        load points' request files; None where either file is missing. The difference between two
+        servers of one configuration is not in it: ``tuner workload compare-windows --aa`` adds it."""
+        if users not in self._intervals:
+            files = {v.tiles: _requests_file(v, users) for v in self.variants}
+            if not (files.get("default") and files.get("tuned")):
+                return None
+            self._intervals[users] = compare_windows(read_requests(files["default"]),
+                                                     read_requests(files["tuned"])).to_dict()
+        return self._intervals[users]
 
     @property
     def proven(self) -> bool:
@@ -78,6 +93,16 @@ class TilesAB:
         return {"study": self.study, "trial_number": self.trial_number, "users": self.users,
                 "variants": [asdict(v) for v in self.variants], "comparison": self.comparison(),
                 "tuned_tiles_proven_loaded": self.proven}
+
+
+def _requests_file(run: VariantRun, users: int) -> Path | None:
+    """The request file of ``run``'s load point at ``users``, beside its server log."""
+    point = next((p for p in run.load_points if p.get("users") == users), None)
+    name = ((point or {}).get("extra") or {}).get("requests_file")
+    if not (name and run.log_path):
+        return None
+    path = Path(run.log_path).parent / name
+    return path if path.is_file() else None
 
 
 def parse_users(text: str) -> list[int]:
