@@ -75,3 +75,49 @@ def test_a_default_variant_is_not_proven_and_a_finished_one_records_its_ready_ti
     ab.variants.append(run)
     _serve_variant(ab, run, _Deployment(tmp_path, interrupt_at=-1), [8], say=lambda msg: None, on_point=None)
     assert run.tiles_loaded is None and run.server_ready_s == 66.0 and not ab.proven
+
+
+def test_an_ab_becomes_probe_files_the_fidelity_benchmark_reads_as_its_study_would(tmp_path):
+    """A committed A/B (call 30, DeepSeek-shaped, random weights) as probe files: the study's
+    configuration, random-weight routing, seeds and fresh-server marks as the study's own points get."""
+    import json
+
+    from tuner.catalog.hf import ModelRef
+    from tuner.sim.measured import points_from_database, points_from_probe
+    from tuner.study.export import _pick
+    from tuner.study.runner import load_existing
+    from tuner.study.summary import study_summary
+    from tuner.study.tiles_ab import probe_documents, write_probes
+
+    here = Path(__file__).resolve().parents[2] / "results" / "h200-sglang"
+    storage = f"sqlite:///{here / 'h200-sglang-dsv3.db'}"
+    ab = json.loads((here / "calls/30-dsv3-tiles-ab-16-users/tiles-ab.json").read_text())
+    spec = load_existing(storage, ab["study"], notes=[])
+    trial = _pick(study_summary(storage, ab["study"]), ab["trial_number"])
+    paths = write_probes(probe_documents(ab, spec, trial), tmp_path)
+    assert sorted(paths) == ["default", "tuned"]
+    study_point = next(p for p in points_from_database(here / "h200-sglang-dsv3.db") if p.trial == 5)
+    for tiles, path in paths.items():
+        (point,) = points_from_probe(Path(path))
+        assert isinstance(point.model, ModelRef) and point.model.overrides == {"num_hidden_layers": 8}
+        assert point.flags == study_point.flags and point.flags["load-format"] == "dummy"
+        assert point.knobs["moe-tile-configs"] == tiles
+        assert point.seed == spec.seed + 5 and point.fresh_server  # its server's first point, no kernel warm-up
+        assert point.users == 16 and point.measured["p90_tpot_s"] == ab["comparison"][0][tiles]["p90_tpot_s"]
+        assert point.workload.name == study_point.workload.name
+
+
+def test_a_probe_with_a_bad_model_mapping_names_the_key(tmp_path):
+    import json
+
+    from tuner.errors import ConfigError
+    from tuner.sim.measured import points_from_probe
+
+    path = tmp_path / "x.probe.json"
+    path.write_text(json.dumps({"format": "tuner-probe/1", "model": {"nme": "qwen3-30b-a3b"}, "gpu": "h200",
+                                "flags": {}, "slo": {"p90_ttft_s": 1, "p90_tpot_s": 0.05},
+                                "workload": "coding-agent-40k",
+                                "points": [{"users": 4, "duration_s": 40, "measured": {"p90_ttft_s": 1, "p90_tpot_s": 0.02}}]}))
+    with pytest.raises(ConfigError) as err:
+        points_from_probe(path)
+    assert err.value.key == "model" and str(path) in str(err.value)

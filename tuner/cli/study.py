@@ -528,9 +528,12 @@ def export(name, output, trial_number, sglang_version, storage):
 @click.option("--tuned-dir", default=None, type=click.Path(file_okay=False),
               help="Tuned tile directory (what `tuner kernels tune -o` wrote) for the tuned variant; default: "
                    "the study's backend_options.moe_config_dir as stored when it was created, else results/kernels/<gpu>.")
+@click.option("--probes", "probe_dir", default=None, type=click.Path(file_okay=False),
+              help="Write DIR/default.probe.json and DIR/tuned.probe.json: the measured points as probe files "
+                   "for `tuner bench fidelity --results DIR` (out-of-sample checks of the simulator).")
 @storage_option
 @json_option
-def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tuned_dir, storage, as_json):
+def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tuned_dir, probe_dir, storage, as_json):
     """Serving A/B of MoE tile configs on this machine's GPUs: serve trial N's configuration of NAME
     with SGLang's own tiles, then with the tuned ones (`moe-tile-configs`), each on a fresh server, at
     the same user counts and seeds; print P90 TPOT, P90 TTFT and output throughput side by side.
@@ -541,7 +544,7 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
     import json
 
     from tuner import safewrite
-    from tuner.study.tiles_ab import parse_users, tiles_ab, write_refit_points
+    from tuner.study.tiles_ab import parse_users, probe_documents, tiles_ab, write_probes, write_refit_points
 
     users = parse_users(users_text)
     chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
@@ -554,6 +557,8 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
             data["refit_points"] = write_refit_points(ab, refit_dir)
         if output:
             safewrite.write_text(output, json.dumps(data, indent=1) + "\n")
+        if probe_dir:
+            write_probes(probe_documents(data, ab.spec, ab.trial), probe_dir)
         return data
 
     ab = tiles_ab(storage, name, users=users, trial_number=trial_number, variants=chosen, progress=say,

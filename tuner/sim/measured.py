@@ -12,7 +12,7 @@ Sources (found under the given results directories):
 
 Probe format (``tuner-probe/1``)::
 
-    {"format": "tuner-probe/1", "name": "...", "model": "qwen3-30b-a3b", "gpu": "h200",
+    {"format": "tuner-probe/1", "name": "...", "model": "qwen3-30b-a3b" | {"name": ..., "overrides": {...}}, "gpu": "h200",
      "gpus": 1, "nodes": 1, "host_memory_gb": 2048, "sglang_version": "0.5.17",
      "flags": {"tp-size": 1, "attention-backend": "triton", ...}, "knobs": {},
      "workload": "coding-agent" | {inline workload profile},
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
+from tuner.catalog.hf import ModelRef
 from tuner.config.load import results_study
 from tuner.errors import ConfigError
 from tuner.storage import repo
@@ -255,7 +256,12 @@ def points_from_probe(path: Path) -> list[LoadPoint]:
         raise ConfigError(f"cannot read probe: {exc}", file=str(path)) from None
     if not isinstance(doc, dict) or doc.get("format") != PROBE_FORMAT:
         raise ConfigError(f"not a probe file: expected format {PROBE_FORMAT!r}", file=str(path), key="format")
-    model = _req(doc, "model", str, path)
+    model = _req(doc, "model", (str, dict), path)
+    if isinstance(model, dict):  # as a study names it: {name, overrides[, hf_config]}
+        try:
+            model = ModelRef.model_validate(model)
+        except ValueError as exc:
+            raise ConfigError(f"invalid model: {exc}", file=str(path), key="model") from None
     gpu = _req(doc, "gpu", str, path)
     flags = _req(doc, "flags", dict, path)
     slo = _req(doc, "slo", dict, path)

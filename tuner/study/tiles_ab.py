@@ -29,6 +29,8 @@ from tuner.kernels.logproof import prove_loaded
 from tuner.study.executor import deploy_here
 from tuner.study.export import _pick
 from tuner.study.runner import load_existing
+from tuner.sim.measured import METRICS, PROBE_FORMAT, extra_args_to_flags
+from tuner.sim.routing import random_weight_flags
 from tuner.study.summary import study_summary
 from tuner.workload.ab import compare_windows, read_requests
 
@@ -52,6 +54,8 @@ class TilesAB:
     trial_number: int
     users: list[int]
     variants: list[VariantRun] = field(default_factory=list)
+    spec: Any = field(default=None, repr=False)  # the study as served (probe files are made from it)
+    trial: dict = field(default_factory=dict, repr=False)
     _intervals: dict[int, dict] = field(default_factory=dict, repr=False)  # per user count, once both exist
 
     def comparison(self) -> list[dict]:
@@ -169,7 +173,7 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
                               f"`tuner kernels tune`, or set backend_options.moe_config_dir)", key=key)
         _check_tuned_files(spec, trial, source, key)
     say = progress or (lambda msg: None)
-    ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users))
+    ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users), spec=spec, trial=trial)
     for variant in variants:
         request = _request(spec, trial, variant, workdir, name)
         say(f"{variant} tiles: starting SGLang with trial {trial['number']}'s configuration")
@@ -213,6 +217,67 @@ def _serve_variant(ab: TilesAB, run: VariantRun, deployment, users: list[int], s
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> dict[str, dict]:
+    """Each variant's valid load points as a ``tuner-probe/1`` document (``tuner.sim.measured``), by
+    variant: measured after the simulator's last fit, they are the fidelity benchmark's out-of-sample
+    points (``tuner bench fidelity --results DIR``). ``ab`` is ``TilesAB.to_dict()`` (live, or read back
+    from a committed ``-o`` file); ``spec`` and ``trial`` the study's, as ``tiles_ab`` served them."""
+    model = spec.model.model_dump(exclude_none=True) if hasattr(spec.model, "model_dump") else spec.model
+    extra_flags = {**extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or []),
+                   **random_weight_flags(spec.backend_options)}
+    docs = {}
+    for v in ab["variants"]:
+        points = []
+        for i, p in enumerate(v["load_points"]):  # one server per variant: the i-th point it measured
+            extra = p.get("extra") or {}
+            if not p.get("valid"):
+                continue
+            points.append({
+                "users": p["users"], "duration_s": p["duration_s"],
+                "warmup_s": extra.get("warmup_s", spec.measurement.warmup_s),
+                "seed": spec.seed + int(trial["number"]) + 1009 * i,
+                "fresh_server": i == 0 and not extra.get("kernel_warmup"),
+                "measured": {k: p.get(k) for k in METRICS},
+                "server_metrics": dict(extra.get("server_metrics") or {})})
+        if not points:
+            continue
+        docs[v["tiles"]] = {
+            "format": PROBE_FORMAT, "name": f"{ab['study']}-tiles-ab-{v['tiles']}",
+            "description": description or (f"trial {trial['number']} of {ab['study']} served again with "
+                                           f"{v['tiles']} MoE tiles (tuner study tiles-ab)"),
+            "model": model, "gpu": spec.hardware.gpu, "gpus": spec.hardware.gpus_per_node,
+            "nodes": spec.hardware.nodes, "host_memory_gb": spec.hardware.host_memory_gb,
+            "sglang_version": _server_version(v.get("log_path")) or (spec.backend_options or {}).get("sglang_version"),
+            "flags": {**extra_flags, **dict(trial.get("flags") or {})},
+            "knobs": {**dict(trial.get("knobs") or {}), "moe-tile-configs": v["tiles"]},
+            "workload": spec.workload_profile().model_dump(mode="json"),
+            "slo": {"p90_ttft_s": spec.slo.p90_ttft_s, "p90_tpot_s": spec.slo.p90_tpot_s},
+            "points": points}
+    return docs
+
+
+def _server_version(log_path: str | None) -> str | None:
+    """SGLang's version from the ``/server_info`` snapshot beside a server log."""
+    info = Path(log_path).with_name(Path(log_path).stem + ".server_info.json") if log_path else None
+    try:
+        version = json.loads(info.read_text()).get("version") if info and info.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(version).split("-")[0] if version else None
+
+
+def write_probes(docs: dict[str, dict], directory: str | Path) -> dict[str, str]:
+    """``DIR/<variant>.probe.json`` for each document of ``probe_documents``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for tiles, doc in docs.items():
+        path = d / f"{tiles}.probe.json"
+        safewrite.write_text(path, json.dumps(doc, indent=1) + "\n")
+        out[tiles] = str(path)
+    return out
 
 
 def write_refit_points(ab: TilesAB, directory: str | Path) -> dict[str, str]:
