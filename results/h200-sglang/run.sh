@@ -71,12 +71,13 @@ fi
 if [[ " $STEPS " == *" tiles-ab "* ]]; then
   # serving A/B of MoE tile configs (`tuner study tiles-ab`): trial TILES_TRIAL's configuration (default:
   # the best) with SGLang's own tiles, then with the tuned ones, at TILES_USERS (default 16,24); the
-  # load points land in $LOGS/tiles-ab/ for `tuner kernels refit-serving`
+  # load points land in $LOGS/tiles-ab/ for `tuner kernels refit-serving`, and as probe files
+  # (<variant>.probe.json) for `tuner bench fidelity`
   which=(); [ -n "${TILES_TRIAL:-}" ] && which=(--trial "$TILES_TRIAL")
   ab_s=$(( LIMIT - ($(date +%s) - t0) - 25 )); [[ " $STEPS " == *" study "* ]] && ab_s=${TILES_AB_S:-420}
   timeout -s INT "$ab_s" python3 -m tuner study tiles-ab "$STUDY" --storage "$STORE" --users "${TILES_USERS:-16,24}" \
     "${which[@]}" --tuned-dir "${TILES_DIR:-results/kernels/h200/sglang}" --variants "${TILES_VARIANTS:-default,tuned}" \
-    -o "$LOGS/tiles-ab.json" --refit-points "$LOGS/tiles-ab" 2>&1 | tee "$LOGS/tiles-ab.log"
+    -o "$LOGS/tiles-ab.json" --refit-points "$LOGS/tiles-ab" --probes "$LOGS/tiles-ab" 2>&1 | tee "$LOGS/tiles-ab.log"
   echo "tiles-ab took $(( $(date +%s) - t0 )) s since the call began"
 fi
 [[ " $STEPS " == *" study "* ]] || STUDY_SKIP=1
