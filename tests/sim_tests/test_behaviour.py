@@ -38,9 +38,10 @@ def test_tp8_misses_ttft_through_reprefill_while_dp_attention_meets_ttft(tp8, dp
     assert tp8.extra["reprefill_tokens"] > 20 * dp8.extra["reprefill_tokens"]
     assert tp8.prefix_cache_hit_rate < 0.5 < dp8.prefix_cache_hit_rate
     assert dp8.p90_ttft_s < SLO_TTFT / 10, dp8.p90_ttft_s
-    # TPOT sits at the 50 ms target (47-52 ms over seeds): every rank's prefill chunk stalls the
-    # decode of all attention-DP ranks; TP8 is far beyond it
-    assert dp8.p90_tpot_s < 1.1 * SLO_TPOT < tp8.p90_tpot_s, (dp8.p90_tpot_s, tp8.p90_tpot_s)
+    # TPOT sits at the 50 ms target (50-56 ms over seeds 0-2 with the tile speedups SGLang's own
+    # kernels measured; 47-52 ms with the 1.3-1.6x of the earlier look-alike kernel): every rank's
+    # prefill chunk stalls the decode of all attention-DP ranks; TP8 is far beyond it
+    assert dp8.p90_tpot_s < 1.15 * SLO_TPOT < 2 * SLO_TPOT < tp8.p90_tpot_s, (dp8.p90_tpot_s, tp8.p90_tpot_s)
 
 
 def test_b200_dp_attention_serves_more_users_than_h200():
@@ -73,14 +74,17 @@ def test_fp8_checkpoint_under_dp_attention_leaves_little_kv_on_h200():
     assert fp8.kv_capacity_tokens_total < fp4.kv_capacity_tokens_total / 4
 
 
-def test_tuned_moe_tiles_help_on_h200_and_change_little_on_b200():
+def test_tuned_moe_tiles_gain_on_h200_only_what_sglangs_own_kernels_measured():
     def tpot(gpu, tiles):
         return sim(gpu, DP8, {"router-policy": "cache_aware", "moe-tile-configs": tiles},
                    users=100, duration_s=120).p50_tpot_s
 
-    # H200's speedups come from the committed kernel measurements (results/kernels/h200/summary.json:
-    # 1.3-1.6x on the MoE GEMMs up to 256 tokens); the MoE share of a decode step makes it ~10% of TPOT
-    assert tpot("h200", "tuned") < 0.95 * tpot("h200", "default")
+    # H200's speedups are SGLang's own fused-MoE kernels tuned against what it runs itself
+    # (results/kernels/h200/sglang/: 1.00-1.24x a call); GLM-5.1's shape was not tuned, so it gets
+    # their median (1.01-1.08x): a few percent of TPOT at most, where the earlier look-alike
+    # kernel's 1.3-1.6x made it ~10%
+    h200_tuned, h200_default = tpot("h200", "tuned"), tpot("h200", "default")
+    assert 0.93 * h200_default < h200_tuned < 1.01 * h200_default
     assert tpot("b200", "tuned") > 0.9 * tpot("b200", "default")
 
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -121,6 +122,55 @@ def test_refit_cli_writes_calibration(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["calibration", "refit", "--summary", str(summary), "--gpu", "h200"])
     assert r.exit_code == 0, r.output
     assert load_calibration("h200")["moe_tuned_speedup"] == {16: 1.5}
+
+
+SGLANG_KERNELS = Path(__file__).resolve().parents[2] / "results/kernels/h200/sglang/summary.json"
+
+
+def test_refit_from_sglang_kernel_reports_writes_each_shapes_table_and_their_median(tmp_path, monkeypatch):
+    import tuner.sim.calibrate as calmod
+
+    src = tmp_path / "cal"
+    src.mkdir()
+    (src / "default.yaml").write_text((calmod.CALIBRATION_DIR / "default.yaml").read_text())
+    monkeypatch.setattr(calmod, "CALIBRATION_DIR", src)
+    from tuner.cli import cli
+
+    r = CliRunner().invoke(cli, ["calibration", "refit", "--summary", str(SGLANG_KERNELS), "--gpu", "h200"])
+    assert r.exit_code == 0, r.output
+    cal = load_calibration("h200")
+    reports = {x["tag"]: x for x in json.loads(SGLANG_KERNELS.read_text())["reports"] if x["kind"] == "moe"}
+    assert set(cal["moe_tuned_speedup_by_shape"]) == set(reports)  # the GEMM reports are not MoE tables
+    for tag, report in reports.items():  # tuned over what SGLang itself runs (shipped file, else default)
+        assert cal["moe_tuned_speedup_by_shape"][tag] == {
+            row["batch_size"]: pytest.approx(row["speedup_vs_baseline"], abs=1e-4) for row in report["rows"]}
+    m1 = sorted(t.get(1) for t in cal["moe_tuned_speedup_by_shape"].values())
+    assert cal["moe_tuned_speedup"][1] == m1[1]  # unmeasured shapes: the median of the measured ones
+
+
+def _h200_model(model, flags, tiles, cal):
+    m, gpu, n = get_model(model), get_gpu("h200"), flags["tp-size"]
+    plan = plan_memory(m, gpu, n, flags)
+    return StepTimeModel(m, gpu, resolve_checkpoint(m, flags.get("quantization")), parse_layout(m, flags, n),
+                         plan.bytes_per_token, cal, gpus_per_node=n, moe_tiles=tiles)
+
+
+def test_a_tuned_shape_runs_its_own_measured_speedup_and_an_unmeasured_one_the_median():
+    cal = load_calibration("h200")
+    cal["moe_tuned_speedup_by_shape"] = {"E128_N768_K2048_bf16": {1: 1.01, 64: 1.01},
+                                         "E257_N2048_K7168_fp8_w8a8_b128x128": {1: 1.5, 64: 1.25}}
+    cal["moe_tuned_speedup"] = {1: 1.2, 64: 1.2}
+    cases = [("qwen3-30b-a3b", {"tp-size": 1}, "E128_N768_K2048_bf16", 1.01),
+             ("deepseek-v3", {"tp-size": 8, "quantization": "fp8"}, None, 1.2),  # moe-TP 8: a shape not tuned
+             ("qwen3-30b-a3b", {"tp-size": 1, "quantization": "fp8"}, "E128_N768_K2048_fp8_w8a8_b128x128", 1.2)]
+    for model, flags, tag, speedup in cases:
+        tuned, default = (_h200_model(model, flags, t, cal) for t in ("tuned", "default"))
+        assert tuned.moe_kernel_tag == (tag or tuned.moe_kernel_tag)
+        roof = lambda sm: sm.moe_time(64) - sm.moe_fixed_s
+        assert roof(default) / roof(tuned) == pytest.approx(speedup, rel=1e-6), (model, flags)
+    assert _h200_model("deepseek-v3", {"tp-size": 8, "quantization": "fp8"}, "tuned", cal).moe_kernel_tag \
+        == "E257_N256_K7168_fp8_w8a8_b128x128"  # moe-TP 8 slices N; the fused shared expert is the 257th
+    assert model_for("h200", FP4_DP8, tiles="tuned").moe_kernel_tag is None  # NVFP4 runs no Triton fused MoE
 
 
 def test_cache_aware_router_keeps_sessions_and_balances_new_ones():

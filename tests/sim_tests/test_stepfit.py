@@ -179,7 +179,7 @@ def test_every_fp8_block_linear_call_costs_its_fixed_time_and_bf16_none():
     assert extra == pytest.approx(4 * 48 * 2e-5, rel=1e-6)
     assert _decode_gpu({}, with_cost) == pytest.approx(_decode_gpu({}, cal))  # bf16 weights: no such call
     # tuned expert tiles speed up the GEMMs, not the input quantization beside them
-    tuned = {**with_cost, "moe_tuned_speedup": {1: 2.0, 4096: 2.0}}
+    tuned = {**with_cost, "moe_tuned_speedup": {1: 2.0, 4096: 2.0}, "moe_tuned_speedup_by_shape": {}}
     t = _synthetic_trial(tuned, n_windows=0)
     t.flags = {**FLAGS, "quantization": "fp8"}
     t.knobs = {"moe-tile-configs": "tuned"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import statistics
 import math
 from pathlib import Path
 from typing import Any
@@ -163,10 +164,19 @@ def _summary_rows(summary: dict, model: str | None = None) -> dict:
     return rows
 
 
-def tuned_speedup(cal: dict[str, Any], tokens: int, table_key: str = "moe_tuned_speedup") -> float | None:
+def tuned_speedup(cal: dict[str, Any], tokens: int, table_key: str = "moe_tuned_speedup",
+                  shape_tag: str | None = None) -> float | None:
     """Measured speedup of tuned over default tiles at ``tokens``, log-interpolated; None if unmeasured.
-    ``table_key``: the fused MoE's table, or ``gemm_tuned_speedup`` (the block-fp8 linear layers')."""
-    table = cal.get(table_key) or {}
+    ``table_key``: the fused MoE's table, or ``gemm_tuned_speedup`` (the block-fp8 linear layers').
+    ``shape_tag`` (``MoEShape.tag``): that shape's own table (``<table_key>_by_shape``) where the
+    kernels were tuned for it, else the table of all shapes."""
+    table = (cal.get(f"{table_key}_by_shape") or {}).get(shape_tag) if shape_tag else None
+    return interpolated_speedup(table or cal.get(table_key) or {}, tokens)
+
+
+def interpolated_speedup(table: dict, tokens: int) -> float | None:
+    """A speedup table (batch size -> speedup) at ``tokens``: log-interpolated, flat beyond its ends."""
+    table = {int(k): float(v) for k, v in (table or {}).items()}
     if not table:
         return None
     keys = sorted(table)
@@ -181,11 +191,46 @@ def tuned_speedup(cal: dict[str, Any], tokens: int, table_key: str = "moe_tuned_
     return None
 
 
+def speedups_by_shape(summary: dict, kind: str = "moe") -> dict[str, dict[int, float]]:
+    """Per tuned shape (``MoEShape.tag``), the tuned tiles' speedup over what SGLang itself runs
+    (its shipped file where it has one, else its default config) at each batch size, from a
+    ``tuner kernels tune --impl sglang`` summary (``{"reports": [{"kind", "tag", "rows": [...]}]}``)."""
+    out: dict[str, dict[int, float]] = {}
+    for report in summary.get("reports") or []:
+        if not isinstance(report, dict) or report.get("kind") != kind or not report.get("tag"):
+            continue
+        table = {}
+        for row in report.get("rows") or []:
+            speedup = row.get("speedup_vs_baseline") if isinstance(row, dict) else None
+            if isinstance(speedup, (int, float)) and speedup > 0 and isinstance(row.get("batch_size"), int):
+                table[row["batch_size"]] = round(float(speedup), 4)
+        if table:
+            out[str(report["tag"])] = dict(sorted(table.items()))
+    return out
+
+
+def pooled_speedups(by_shape: dict[str, dict[int, float]]) -> dict[int, float]:
+    """One table for shapes no tuning measured: at each batch size, the median over measured shapes
+    (each shape's table interpolated there)."""
+    sizes = sorted({m for table in by_shape.values() for m in table})
+    return {m: round(statistics.median(interpolated_speedup(t, m) for t in by_shape.values()), 4) for m in sizes}
+
+
 def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
-    """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes)."""
+    """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes).
+    A summary of SGLang's own kernels (``reports``) gives each tuned shape its table
+    (``moe_tuned_speedup_by_shape``) and the rest their median; an older flat summary one table."""
     path = safewrite.check_target(CALIBRATION_DIR / f"{gpu}.yaml")  # before reading it: no link, no device
     current = _read(path) if path.exists() else {}
-    fitted = refit(summary, load_calibration(gpu))
+    with open(summary) as f:
+        doc = json.load(f)
+    by_shape = speedups_by_shape(doc) if isinstance(doc, dict) else {}
+    if by_shape:
+        fitted = {"moe_tuned_speedup": pooled_speedups(by_shape)}
+        current["moe_tuned_speedup_by_shape"] = by_shape
+    else:
+        fitted = refit(doc, load_calibration(gpu))
+        current.pop("moe_tuned_speedup_by_shape", None)
     current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
     header = []
     if path.exists():  # keep the file's own explanation, note the refit below it

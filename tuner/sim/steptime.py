@@ -29,6 +29,9 @@ from tuner.planner.memory import prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
 
+from tuner.errors import ConfigError
+from tuner.kernels.shapes import moe_shape as kernel_moe_shape
+
 from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 from .opshapes import attention_shape, gemms, moe_shape
@@ -169,6 +172,7 @@ class StepTimeModel:
         # ---- routed experts ---------------------------------------------------------------
         self.moe = model.is_moe
         self.moe_table = None
+        self.moe_kernel_tag = None
         if self.moe:
             e, k, h = model.n_routed_experts, model.experts_per_token, model.hidden_size
             inter = model.moe_intermediate_size / layout.moe_tp
@@ -188,6 +192,7 @@ class StepTimeModel:
             # both expert GEMMs quantize their input first (gate_up's tokens, down's activations)
             self.moe_fixed_s = 2 * self.moe_layers * self.fp8_call_s if self.moe_fp8_block else 0.0
             shape = moe_shape(model, ckpt, layout)
+            self.moe_kernel_tag = _kernel_tag(model, layout, routed_fmt)
             self.moe_table = find("moe", shape.key, moe_runner_backend=self.moe_backend,
                                   variant="tuned" if moe_tiles == "tuned" else "default")
         self.sm_count = gpu.sm_count
@@ -419,7 +424,7 @@ class StepTimeModel:
             flops = 2 * slots * nk * self.moe_layers
             nbytes = active_local * nk * self.moe_bpp * self.moe_layers
             bm, bn = default_tile(tokens, e // ep, self.moe_fp8_block)
-            if self.moe_tiles == "tuned" and tuned_speedup(self.cal, tokens) is None:
+            if self.moe_tiles == "tuned" and tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag) is None:
                 balance = (flops / self.moe_rate) / max(nbytes / self.bw, 1e-12)
                 bm, bn = best_tile(max(1, round(rows)), max(1, round(active_local)), n, self.sm_count,
                                    self.sm_share, round(balance, 2))
@@ -429,7 +434,7 @@ class StepTimeModel:
                 compute += active_local * nk * self.moe_layers / self.moe_dequant_rate
             total += max(compute, nbytes / (self.bw * b_eff))
         if self.moe_tiles == "tuned":
-            measured = tuned_speedup(self.cal, tokens)
+            measured = tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag)
             if measured:
                 total /= measured
         return total + self.moe_fixed_s
@@ -486,3 +491,21 @@ class StepTimeModel:
         overall = "roofline" if values <= {"roofline"} else "profile" if values == {"profile"} else "mixed"
         return {"overall": overall, "ops": ops, "communication": "analytic",
                 "profiles": sorted(self._files), "attention_backend": self.attention_backend}
+
+
+# the Triton fused-MoE dtypes a weight format runs (tuner kernels tune --dtype / --block-shape)
+_KERNEL_DTYPES = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
+
+
+def _kernel_tag(model: ModelDescription, layout: ParallelLayout, routed_fmt: str) -> str | None:
+    """The fused-MoE shape one GPU runs, as the kernel tuner names it (``MoEShape.tag``: SGLang's
+    local experts, fused shared experts and moe-TP slice): the key of its own tuned-speedup table.
+    None where the weights run no Triton fused MoE."""
+    dtype = _KERNEL_DTYPES.get(routed_fmt)
+    if dtype is None:
+        return None
+    try:
+        return kernel_moe_shape(model, layout.tp, layout.ep, dtype[0], dtype[1]).tag
+    except ConfigError:
+        return None
+
