@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -56,9 +57,12 @@ def test_two_routing_draws_time_a_large_call_as_eight_do():
     full.l2_bytes = 1 << 50  # as if the L2 held everything: all 8 draws
     assert (few.rotations_for(64), full.rotations_for(64)) == (2, 8)
     cfg = TileConfig(16, 128, 128, 1, 4, 3)
-    t_few = sorted(GraphTimer(few).measure(64, cfg, replays=20) for _ in range(3))[1]
-    t_full = sorted(GraphTimer(full).measure(64, cfg, replays=20) for _ in range(3))[1]
-    assert abs(t_few / t_full - 1) < 0.03, (t_few, t_full)
+    # interleaved rounds, each its own ratio: the GPU's clock drifts between timings taken one
+    # after the other (3.9% apart on the H200 when the 3 of each ran in sequence, call 13)
+    timers = GraphTimer(few), GraphTimer(full)
+    rounds = [[t.measure(64, cfg, replays=20) for t in timers] for _ in range(5)]
+    ratio = statistics.median(a / b for a, b in rounds)
+    assert abs(ratio - 1) < 0.03, rounds
 
 
 def test_sglang_gemm_matches_torch():
