@@ -121,3 +121,42 @@ def test_a_probe_with_a_bad_model_mapping_names_the_key(tmp_path):
     with pytest.raises(ConfigError) as err:
         points_from_probe(path)
     assert err.value.key == "model" and str(path) in str(err.value)
+
+
+def _window_run(tmp_path, name: str, tiles: str, repeat: int, records) -> VariantRun:
+    """A served variant whose one load point (16 users) left its request file beside its log."""
+    import dataclasses
+    import gzip
+    import json
+
+    d = tmp_path / name
+    d.mkdir()
+    with gzip.open(d / "loadpoint-00-16u.requests.jsonl.gz", "wt") as f:
+        for r in records:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    point = {"users": 16, "p90_tpot_s": 0.02, "p90_ttft_s": 0.3, "throughput_tokens_per_s": 400.0, "valid": True,
+             "extra": {"requests_file": "loadpoint-00-16u.requests.jsonl.gz"}}
+    return VariantRun(tiles=tiles, load_points=[point], server_ready_s=60.0, log_path=str(d / "sglang0.log"),
+                      repeat=repeat)
+
+
+def test_a_variant_served_twice_is_an_aa_pair_whose_spread_widens_the_ab(tmp_path):
+    from tests.workload_tests.test_ab import window
+
+    default, tuned = _window_run(tmp_path, "d", "default", 1, window(1)), \
+        _window_run(tmp_path, "t", "tuned", 1, window(1, tpot_scale=0.95, noise_seed=7))
+    # the second default server is 6% slower than the first: a servers' spread the windows do not show
+    again = _window_run(tmp_path, "d2", "default", 2, window(1, tpot_scale=1.06, noise_seed=9))
+    assert again.name == "default-2"
+    plain = TilesAB(study="s", trial_number=0, users=[16], variants=[default, tuned])
+    aa = TilesAB(study="s", trial_number=0, users=[16], variants=[default, tuned, again])
+    (row0,), (row1,) = plain.comparison(), aa.comparison()
+    assert "same_tiles" not in row0 and plain.server_spread() == {}
+    pair = row1["same_tiles"]["default-2/default"]["paired_tpot"]
+    assert pair["ratio"] == pytest.approx(1.06, rel=0.02) and pair["verdict"] == "slower"
+    assert aa.server_spread()["paired_tpot"] > 0.03
+    before, after = row0["intervals"]["paired_tpot"], row1["intervals"]["paired_tpot"]
+    assert before["verdict"] == "faster" and after["ratio"] == before["ratio"]
+    assert after["low"] < before["low"] and after["high"] > before["high"] and after["verdict"] == "within noise"
+    # tuned / default is still the first server of each
+    assert row1["tuned_over_default"] == row0["tuned_over_default"]

@@ -521,7 +521,9 @@ def export(name, output, trial_number, sglang_version, storage):
 @click.option("--trial", "trial_number", type=int, default=None,
               help="The trial whose configuration is served (default: the best).")
 @click.option("--variants", default="default,tuned", show_default=True,
-              help="Tile variants, in the order they are served (default: SGLang's own; tuned: the study's tuned files).")
+              help="Tile variants, in the order they are served (default: SGLang's own; tuned: the study's tuned "
+                   "files). A variant named twice gets a second server: an A/A pair, whose difference is folded "
+                   "into the tuned/default intervals (e.g. default,tuned,default).")
 @click.option("-o", "--output", default=None, help="Also write the result as JSON here.")
 @click.option("--refit-points", "refit_dir", default=None, type=click.Path(file_okay=False),
               help="Write DIR/default.json and DIR/tuned.json for `tuner kernels refit-serving`.")
@@ -583,15 +585,17 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
                                       if x is not None)
                 click.echo(f"{row['users']:>6} {v:<8}{ms(p['p90_tpot_s']):>12}{ms(p['p90_ttft_s']):>12}"
                            f"{(p['throughput_tokens_per_s'] or 0):>9.0f}  {ratio}")
-            for r in ((row.get("intervals") or {}).get("ratios") or []) + \
-                    [x for x in [(row.get("intervals") or {}).get("paired_tpot")] if x]:
-                click.echo(f"{'':>6} {'':<8}tuned/default {r['metric']:<12} {r['ratio']:.3f} "
-                           f"[{r['low']:.3f}, {r['high']:.3f}] {r['verdict']} (90%, this window's noise)")
+            noise = "its windows' noise and the servers' spread" if data["server_spread"] else "its windows' noise"
+            for pair, c in [("tuned/default", row.get("intervals")), *(row.get("same_tiles") or {}).items()]:
+                for r in ((c or {}).get("ratios") or []) + [x for x in [(c or {}).get("paired_tpot")] if x]:
+                    click.echo(f"{'':>6} {pair:<15}{r['metric']:<12} {r['ratio']:.3f} [{r['low']:.3f}, "
+                               f"{r['high']:.3f}] {r['verdict']}"
+                               + (f" (90%, {noise})" if pair == "tuned/default" else " (A/A)"))
         for v in ab.variants:
             if v.tiles == "tuned":
-                click.echo(f"tuned tiles: {'proven loaded' if v.tiles_loaded else 'NOT proven loaded'}: {v.tiles_proof}")
+                click.echo(f"{v.name} tiles: {'proven loaded' if v.tiles_loaded else 'NOT proven loaded'}: {v.tiles_proof}")
             if v.error:
-                click.echo(f"{v.tiles}: {v.error}")
+                click.echo(f"{v.name}: {v.error}")
     raise SystemExit(0 if complete and ("tuned" not in chosen or ab.proven) else 1)
 
 

@@ -32,7 +32,7 @@ from tuner.study.runner import load_existing
 from tuner.sim.measured import METRICS, PROBE_FORMAT, extra_args_to_flags
 from tuner.sim.routing import random_weight_flags
 from tuner.study.summary import study_summary
-from tuner.workload.ab import compare_windows, read_requests
+from tuner.workload.ab import WindowComparison, compare_windows, read_requests, server_spread
 
 VARIANTS: tuple[str, ...] = SGLANG_KNOBS["moe-tile-configs"].choices  # default (SGLang's own), tuned
 
@@ -46,6 +46,11 @@ class VariantRun:
     tiles_loaded: bool | None = None  # tuned: the log shows our files loaded (None for default)
     tiles_proof: str = ""
     error: str | None = None  # the deployment failed (start-up or a replay); its points so far are kept
+    repeat: int = 1  # the n-th server of these tiles in this A/B (an A/A pair: the same tiles twice)
+
+    @property
+    def name(self) -> str:
+        return self.tiles if self.repeat == 1 else f"{self.tiles}-{self.repeat}"
 
 
 @dataclass
@@ -56,11 +61,20 @@ class TilesAB:
     variants: list[VariantRun] = field(default_factory=list)
     spec: Any = field(default=None, repr=False)  # the study as served (probe files are made from it)
     trial: dict = field(default_factory=dict, repr=False)
-    _intervals: dict[int, dict] = field(default_factory=dict, repr=False)  # per user count, once both exist
+    # (users, run A, run B) -> B over A with the windows' own noise, once both request files exist
+    _windows: dict[tuple[int, str, str], WindowComparison | None] = field(default_factory=dict, repr=False)
 
     def comparison(self) -> list[dict]:
-        """Per user count: each variant's P90 TPOT, P90 TTFT and output throughput, and tuned / default."""
-        by = {v.tiles: {p["users"]: p for p in v.load_points} for v in self.variants}
+        """Per user count: each variant's P90 TPOT, P90 TTFT and output throughput, and tuned / default
+        (the first server of each), each ratio with a 90% interval. Where one tiles variant was served
+        twice (``same_tiles``: an A/A pair), the two servers' difference beyond their windows is the
+        between-servers spread, folded into every tuned / default interval."""
+        first: dict[str, VariantRun] = {}
+        for v in self.variants:
+            first.setdefault(v.tiles, v)
+        by = {tiles: {p["users"]: p for p in v.load_points} for tiles, v in first.items()}
+        same = self._same_tiles()
+        spread = server_spread(c for per_user in same.values() for c in per_user.values() if c)
         rows = []
         for u in self.users:
             d, t = by.get("default", {}).get(u), by.get("tuned", {}).get(u)
@@ -72,21 +86,37 @@ class TilesAB:
                 ratio = lambda k: (t[k] / d[k]) if d.get(k) and t.get(k) is not None else None
                 row["tuned_over_default"] = {k: ratio(k) for k in ("p90_tpot_s", "p90_ttft_s",
                                                                    "throughput_tokens_per_s")}
-                row["intervals"] = self._window_intervals(u)
+                c = self._window(u, first["default"], first["tuned"])
+                row["intervals"] = None if c is None else c.widened(spread).to_dict()
+            if any(u in per_user for per_user in same.values()):
+                row["same_tiles"] = {pair: (c.to_dict() if c else None)
+                                     for pair, per_user in same.items() for uu, c in per_user.items() if uu == u}
             rows.append(row)
         return rows
 
-    def _window_intervals(self, users: int) -> dict | None:
-        """Tuned over default with each window's own noise (``tuner.workload.ab``), from the two
-        load points' request files; None where either file is missing. The difference between two
-        servers of one configuration is not in it: ``tuner workload compare-windows --aa`` adds it."""
-        if users not in self._intervals:
-            files = {v.tiles: _requests_file(v, users) for v in self.variants}
-            if not (files.get("default") and files.get("tuned")):
-                return None
-            self._intervals[users] = compare_windows(read_requests(files["default"]),
-                                                     read_requests(files["tuned"])).to_dict()
-        return self._intervals[users]
+    def server_spread(self) -> dict[str, float]:
+        """The between-servers spread of this A/B's own A/A pairs (empty without one)."""
+        return server_spread(c for per_user in self._same_tiles().values() for c in per_user.values() if c)
+
+    def _same_tiles(self) -> dict[str, dict[int, WindowComparison | None]]:
+        """Every later server of a tiles variant against its first, per user count both measured."""
+        out: dict[str, dict[int, WindowComparison | None]] = {}
+        for v in self.variants:
+            base = next(x for x in self.variants if x.tiles == v.tiles)
+            if v is base:
+                continue
+            both = {p["users"] for p in v.load_points} & {p["users"] for p in base.load_points}
+            out[f"{v.name}/{base.name}"] = {u: self._window(u, base, v) for u in self.users if u in both}
+        return out
+
+    def _window(self, users: int, a: VariantRun, b: VariantRun) -> WindowComparison | None:
+        """B over A at ``users`` with the windows' own noise (``tuner.workload.ab``), from the two
+        load points' request files; None where either file is missing."""
+        key = (users, a.name, b.name)
+        if key not in self._windows:
+            fa, fb = _requests_file(a, users), _requests_file(b, users)
+            self._windows[key] = compare_windows(read_requests(fa), read_requests(fb)) if fa and fb else None
+        return self._windows[key]
 
     @property
     def proven(self) -> bool:
@@ -96,7 +126,7 @@ class TilesAB:
     def to_dict(self) -> dict:
         return {"study": self.study, "trial_number": self.trial_number, "users": self.users,
                 "variants": [asdict(v) for v in self.variants], "comparison": self.comparison(),
-                "tuned_tiles_proven_loaded": self.proven}
+                "server_spread": self.server_spread(), "tuned_tiles_proven_loaded": self.proven}
 
 
 def _requests_file(run: VariantRun, users: int) -> Path | None:
@@ -130,10 +160,10 @@ def _prove(deployment) -> tuple[bool, str]:
     return proof.loaded, proof.summary()
 
 
-def _request(spec, trial: dict, variant: str, workdir: str, name: str) -> TrialRequest:
+def _request(spec, trial: dict, variant: str, workdir: str, name: str, run_name: str | None = None) -> TrialRequest:
     knobs = {**dict(trial.get("knobs") or {}), "moe-tile-configs": variant}
     return TrialRequest(study=spec, trial_number=int(trial["number"]), flags=dict(trial["flags"]),
-                        knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{variant}",
+                        knobs=knobs, workdir=f"{Path(workdir).resolve()}/{name}-tiles-ab/{run_name or variant}",
                         seed=spec.seed + int(trial["number"]))
 
 
@@ -175,15 +205,16 @@ def tiles_ab(storage: str, name: str, *, users: list[int], trial_number: int | N
     say = progress or (lambda msg: None)
     ab = TilesAB(study=name, trial_number=int(trial["number"]), users=list(users), spec=spec, trial=trial)
     for variant in variants:
-        request = _request(spec, trial, variant, workdir, name)
-        say(f"{variant} tiles: starting SGLang with trial {trial['number']}'s configuration")
-        run = VariantRun(tiles=variant, load_points=[], server_ready_s=None, log_path=None)
+        run = VariantRun(tiles=variant, load_points=[], server_ready_s=None, log_path=None,
+                         repeat=1 + sum(v.tiles == variant for v in ab.variants))
+        request = _request(spec, trial, variant, workdir, name, run.name)
+        say(f"{run.name} tiles: starting SGLang with trial {trial['number']}'s configuration")
         ab.variants.append(run)
         try:
             deployment = deploy_here(LiveEvaluator(SGLangBackend()), request)
         except TrialError as exc:  # the server did not start: this variant's result (bad input is raised)
             run.error = str(exc)
-            say(f"{variant} tiles: did not start ({run.error})")
+            say(f"{run.name} tiles: did not start ({run.error})")
             continue
         _serve_variant(ab, run, deployment, users, say, on_point)
     return ab
@@ -199,13 +230,13 @@ def _serve_variant(ab: TilesAB, run: VariantRun, deployment, users: list[int], s
             run.load_points.append(m.to_dict())
             if on_point:
                 on_point(ab)
-            say(f"{run.tiles} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
+            say(f"{run.name} tiles at {u} users: P90 TPOT {_ms(m.p90_tpot_s)}, P90 TTFT {_ms(m.p90_ttft_s)}, "
                 f"{m.throughput_tokens_per_s or 0:.0f} tok/s")
         ready = (deployment.telemetry().get("ready_after_s") or {})
         run.server_ready_s = next(iter(ready.values()), None)
     except TrialError as exc:  # the server died or hung mid-replay: keep what was measured
         run.error = str(exc)
-        say(f"{run.tiles} tiles: stopped ({run.error})")
+        say(f"{run.name} tiles: stopped ({run.error})")
     finally:
         deployment.close()
         if run.tiles == "tuned":
@@ -221,7 +252,7 @@ def _ms(v: float | None) -> str:
 
 def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> dict[str, dict]:
     """Each variant's valid load points as a ``tuner-probe/1`` document (``tuner.sim.measured``), by
-    variant: measured after the simulator's last fit, they are the fidelity benchmark's out-of-sample
+    run (``default``, ``tuned``, ``default-2`` for a second server of the same tiles): measured after the simulator's last fit, they are the fidelity benchmark's out-of-sample
     points (``tuner bench fidelity --results DIR``). ``ab`` is ``TilesAB.to_dict()`` (live, or read back
     from a committed ``-o`` file); ``spec`` and ``trial`` the study's, as ``tiles_ab`` served them."""
     model = spec.model.model_dump(exclude_none=True) if hasattr(spec.model, "model_dump") else spec.model
@@ -243,8 +274,9 @@ def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> di
                 "server_metrics": dict(extra.get("server_metrics") or {})})
         if not points:
             continue
-        docs[v["tiles"]] = {
-            "format": PROBE_FORMAT, "name": f"{ab['study']}-tiles-ab-{v['tiles']}",
+        run = v["tiles"] if v.get("repeat", 1) == 1 else f"{v['tiles']}-{v['repeat']}"
+        docs[run] = {
+            "format": PROBE_FORMAT, "name": f"{ab['study']}-tiles-ab-{run}",
             "description": description or (f"trial {trial['number']} of {ab['study']} served again with "
                                            f"{v['tiles']} MoE tiles (tuner study tiles-ab)"),
             "model": model, "gpu": spec.hardware.gpu, "gpus": spec.hardware.gpus_per_node,
@@ -269,24 +301,24 @@ def _server_version(log_path: str | None) -> str | None:
 
 
 def write_probes(docs: dict[str, dict], directory: str | Path) -> dict[str, str]:
-    """``DIR/<variant>.probe.json`` for each document of ``probe_documents``."""
+    """``DIR/<run>.probe.json`` for each document of ``probe_documents``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out = {}
-    for tiles, doc in docs.items():
-        path = d / f"{tiles}.probe.json"
+    for run, doc in docs.items():
+        path = d / f"{run}.probe.json"
         safewrite.write_text(path, json.dumps(doc, indent=1) + "\n")
-        out[tiles] = str(path)
+        out[run] = str(path)
     return out
 
 
 def write_refit_points(ab: TilesAB, directory: str | Path) -> dict[str, str]:
-    """One ``{variant}.json`` per variant ({"load_points": [...]}) for ``tuner kernels refit-serving``."""
+    """One ``{run}.json`` per server (``default``, ``tuned``, ``default-2``...) ({"load_points": [...]}) for ``tuner kernels refit-serving``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out = {}
     for v in ab.variants:
-        path = d / f"{v.tiles}.json"
+        path = d / f"{v.name}.json"
         safewrite.write_text(path, json.dumps({"load_points": v.load_points}, indent=1) + "\n")
-        out[v.tiles] = str(path)
+        out[v.name] = str(path)
     return out
