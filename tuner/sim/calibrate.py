@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 

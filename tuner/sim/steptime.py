@@ -24,13 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
+from tuner.errors import ConfigError
+from tuner.kernels.shapes import moe_shape as kernel_moe_shape
 from tuner.planner.parallel import ParallelLayout
 from tuner.planner.memory import prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
-
-from tuner.errors import ConfigError
-from tuner.kernels.shapes import moe_shape as kernel_moe_shape
 
 from .calibrate import tuned_speedup
 from .moe_tiles import best_tile, default_tile, tile_efficiency
@@ -508,4 +507,3 @@ def _kernel_tag(model: ModelDescription, layout: ParallelLayout, routed_fmt: str
         return kernel_moe_shape(model, layout.tp, layout.ep, dtype[0], dtype[1]).tag
     except ConfigError:
         return None
-

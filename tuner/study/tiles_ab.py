@@ -50,7 +50,12 @@ class VariantRun:
 
     @property
     def name(self) -> str:
-        return self.tiles if self.repeat == 1 else f"{self.tiles}-{self.repeat}"
+        return run_name(self.tiles, self.repeat)
+
+
+def run_name(tiles: str, repeat: int = 1) -> str:
+    """``default``, ``tuned``; ``default-2`` for the second server of the same tiles."""
+    return tiles if repeat == 1 else f"{tiles}-{repeat}"
 
 
 @dataclass
@@ -73,8 +78,7 @@ class TilesAB:
         for v in self.variants:
             first.setdefault(v.tiles, v)
         by = {tiles: {p["users"]: p for p in v.load_points} for tiles, v in first.items()}
-        same = self._same_tiles()
-        spread = server_spread(c for per_user in same.values() for c in per_user.values() if c)
+        same, spread = self._same_tiles(), self.server_spread()
         rows = []
         for u in self.users:
             d, t = by.get("default", {}).get(u), by.get("tuned", {}).get(u)
@@ -88,9 +92,9 @@ class TilesAB:
                                                                    "throughput_tokens_per_s")}
                 c = self._window(u, first["default"], first["tuned"])
                 row["intervals"] = None if c is None else c.widened(spread).to_dict()
-            if any(u in per_user for per_user in same.values()):
-                row["same_tiles"] = {pair: (c.to_dict() if c else None)
-                                     for pair, per_user in same.items() for uu, c in per_user.items() if uu == u}
+            pairs = {pair: per_user[u] for pair, per_user in same.items() if u in per_user}
+            if pairs:
+                row["same_tiles"] = {pair: c.to_dict() if c else None for pair, c in pairs.items()}
             rows.append(row)
         return rows
 
@@ -251,10 +255,11 @@ def _ms(v: float | None) -> str:
 
 
 def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> dict[str, dict]:
-    """Each variant's valid load points as a ``tuner-probe/1`` document (``tuner.sim.measured``), by
-    run (``default``, ``tuned``, ``default-2`` for a second server of the same tiles): measured after the simulator's last fit, they are the fidelity benchmark's out-of-sample
-    points (``tuner bench fidelity --results DIR``). ``ab`` is ``TilesAB.to_dict()`` (live, or read back
-    from a committed ``-o`` file); ``spec`` and ``trial`` the study's, as ``tiles_ab`` served them."""
+    """Each server's valid load points as a ``tuner-probe/1`` document (``tuner.sim.measured``), by run
+    name (``run_name``): measured after the simulator's last fit, they are the fidelity benchmark's
+    out-of-sample points (``tuner bench fidelity --results DIR``). ``ab`` is ``TilesAB.to_dict()``
+    (live, or read back from a committed ``-o`` file); ``spec`` and ``trial`` the study's, as
+    ``tiles_ab`` served them."""
     model = spec.model.model_dump(exclude_none=True) if hasattr(spec.model, "model_dump") else spec.model
     extra_flags = {**extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or []),
                    **random_weight_flags(spec.backend_options)}
@@ -274,7 +279,7 @@ def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> di
                 "server_metrics": dict(extra.get("server_metrics") or {})})
         if not points:
             continue
-        run = v["tiles"] if v.get("repeat", 1) == 1 else f"{v['tiles']}-{v['repeat']}"
+        run = run_name(v["tiles"], v.get("repeat", 1))
         docs[run] = {
             "format": PROBE_FORMAT, "name": f"{ab['study']}-tiles-ab-{run}",
             "description": description or (f"trial {trial['number']} of {ab['study']} served again with "
@@ -313,7 +318,8 @@ def write_probes(docs: dict[str, dict], directory: str | Path) -> dict[str, str]
 
 
 def write_refit_points(ab: TilesAB, directory: str | Path) -> dict[str, str]:
-    """One ``{run}.json`` per server (``default``, ``tuned``, ``default-2``...) ({"load_points": [...]}) for ``tuner kernels refit-serving``."""
+    """One ``{run}.json`` per server (``run_name``; ``{"load_points": [...]}``) for ``tuner kernels
+    refit-serving``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out = {}
