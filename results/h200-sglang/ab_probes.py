@@ -40,11 +40,7 @@ def main(call_dirs: list[str]) -> None:
         trial = _pick(study_summary(storage, ab["study"]), ab["trial_number"])
         for v in ab["variants"]:
             v["log_path"] = _committed(v.get("log_path"), call)
-        docs = probe_documents(ab, spec, trial, description=(
-            f"{call.name}: trial {ab['trial_number']} of {ab['study']} served again with {{}} MoE tiles "
-            "(tuner study tiles-ab)"))
-        for doc in docs.values():
-            doc["description"] = doc["description"].format(doc["knobs"]["moe-tile-configs"])
+        docs = probe_documents(ab, spec, trial, origin=call.name)
         for tiles, path in write_probes(docs, call).items():
             print(f"{tiles}: {Path(path).relative_to(HERE)}")
 

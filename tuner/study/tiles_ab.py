@@ -254,12 +254,12 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f} ms"
 
 
-def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> dict[str, dict]:
+def probe_documents(ab: dict, spec, trial: dict, *, origin: str = "") -> dict[str, dict]:
     """Each server's valid load points as a ``tuner-probe/1`` document (``tuner.sim.measured``), by run
     name (``run_name``): measured after the simulator's last fit, they are the fidelity benchmark's
     out-of-sample points (``tuner bench fidelity --results DIR``). ``ab`` is ``TilesAB.to_dict()``
     (live, or read back from a committed ``-o`` file); ``spec`` and ``trial`` the study's, as
-    ``tiles_ab`` served them."""
+    ``tiles_ab`` served them; ``origin`` (e.g. the device call) leads each description."""
     model = spec.model.model_dump(exclude_none=True) if hasattr(spec.model, "model_dump") else spec.model
     extra_flags = {**extra_args_to_flags((spec.backend_options or {}).get("extra_server_args") or []),
                    **random_weight_flags(spec.backend_options)}
@@ -282,8 +282,9 @@ def probe_documents(ab: dict, spec, trial: dict, *, description: str = "") -> di
         run = run_name(v["tiles"], v.get("repeat", 1))
         docs[run] = {
             "format": PROBE_FORMAT, "name": f"{ab['study']}-tiles-ab-{run}",
-            "description": description or (f"trial {trial['number']} of {ab['study']} served again with "
-                                           f"{v['tiles']} MoE tiles (tuner study tiles-ab)"),
+            "description": (f"{origin}: " if origin else "") + (
+                f"trial {trial['number']} of {ab['study']} served again with {v['tiles']} MoE tiles "
+                "(tuner study tiles-ab)"),
             "model": model, "gpu": spec.hardware.gpu, "gpus": spec.hardware.gpus_per_node,
             "nodes": spec.hardware.nodes, "host_memory_gb": spec.hardware.host_memory_gb,
             "sglang_version": _server_version(v.get("log_path")) or (spec.backend_options or {}).get("sglang_version"),

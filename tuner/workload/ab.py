@@ -156,7 +156,9 @@ class _Grouped:
         else:
             lens = self.lengths[picks]
             ends = np.cumsum(lens)
-            data = self.flat[np.arange(ends[-1] if len(ends) else 0) + np.repeat(self.starts[picks] - (ends - lens), lens)]
+            # each picked session's values: its start, plus the position within its run of the output
+            offsets = np.repeat(self.starts[picks] - (ends - lens), lens)
+            data = self.flat[np.arange(ends[-1] if len(ends) else 0) + offsets]
         return _percentiles(data, qs) if data.size else None
 
 
