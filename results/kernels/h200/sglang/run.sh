@@ -26,6 +26,7 @@
 #                   GRID_BS default 16,32,64,128,512,2048: Triton builds one binary per config for every M
 #                   divisible by 16, so the grid compiles its space once and then only times (~11 ms a config)
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
+#                   (GPU_TESTS_K selects tests by pytest's -k expression)
 # BATCH_SIZES overrides the batch sizes of the tuning steps (default below: the decode batches and
 # prefill chunks the studies run, 9 of SGLang's 18).
 set -uo pipefail
@@ -89,7 +90,7 @@ for step in $STEPS; do
                   --batch-sizes "${GRID_BS:-16,32,64,128,512,2048}" --grid ;;
     gpu-tests) l=$(left); [ "$l" -gt 120 ] || { echo "gpu-tests: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                timeout -s INT $(( l - 10 )) env TUNER_GPU_SERVER_TEST=1 python3 -m pytest -q -m gpu \
-                  tests/kernels_tests -p no:cacheprovider > "$LOGS/gpu-tests.log" 2>&1
+                  tests/kernels_tests -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} > "$LOGS/gpu-tests.log" 2>&1
                echo "gpu-tests: rc $?" | tee -a "$LOGS/steps.log"; tail -15 "$LOGS/gpu-tests.log" ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
   esac
