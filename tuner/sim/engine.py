@@ -204,7 +204,10 @@ class ReplicaEngine:
         self.kernels = kernels
 
     def has_work(self) -> bool:
-        return any(r.busy() for r in self.ranks)
+        for r in self.ranks:  # Rank.busy() inlined: asked before every event
+            if r.running or r.waiting or r.chunked:
+                return True
+        return False
 
     # ---- admission (PrefillAdder) -----------------------------------------------------------
     def _order(self, rank: Rank, cutoff: float) -> list[Req]:
@@ -569,9 +572,14 @@ class ReplicaEngine:
             self.stats.window.decode_steps += k
             self.stats.window.decode_step_s += k * dt
         for rank in decoded:
-            rank.cache.ensure_free(len(rank.running) * k)
+            cache = rank.cache
+            need = len(rank.running) * k
+            if need > cache.capacity - cache.tree_tokens - cache.alloc_tokens:  # ensure_free's fast path
+                cache.ensure_free(need)
             self._decode(rank, k, dt, t0)
-            rank.ratio.decay_steps(k - 1 if rank.retracted else k)
+            ratio = rank.ratio
+            if ratio.current != ratio.min:  # at its floor the decay leaves it there
+                ratio.decay_steps(k - 1 if rank.retracted else k)
         self.clock = t0 + k * dt
         self.last_step_start, self.last_step_end = self.clock - dt, self.clock
         return k * dt
@@ -585,9 +593,15 @@ class ReplicaEngine:
             if not rank.running:
                 continue
             if mixed or not w.prefill_tokens:
-                if self._check_decode_mem(rank):  # evicts the shortfall of this one step
-                    w.decode_reqs = len(rank.running)
-                    w.decode_ctx_tokens = rank.ctx_off + w.decode_reqs * rank.steps
+                cache = rank.cache
+                if len(rank.running) <= cache.capacity - cache.tree_tokens - cache.alloc_tokens:
+                    rank.retracted = False  # _check_decode_mem's fast path: a slot each is free
+                    ok = True
+                else:
+                    ok = self._check_decode_mem(rank)  # evicts the shortfall of this one step
+                if ok:
+                    n = w.decode_reqs = len(rank.running)
+                    w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
                     decoding.append(rank)
                 elif rank.running:
                     stalled.append(rank)
@@ -617,7 +631,7 @@ class ReplicaEngine:
             rank.stall_s += dt
         for rank in decoding:
             self._decode(rank, 1, dt, t0)
-            if not mixed and not rank.retracted:
+            if not mixed and not rank.retracted and rank.ratio.current != rank.ratio.min:
                 rank.ratio.decay_steps(1)
         for rank in self.ranks:
             if not rank.prefilling:
@@ -641,36 +655,39 @@ class ReplicaEngine:
         return dt
 
     def _decode(self, rank: Rank, k: int, dt: float, t0: float) -> None:
+        # the innermost per-rank work of every step: attributes read once into locals
         n = len(rank.running)
+        start = rank.steps
+        stall_s = rank.stall_s
         lo, hi = self.window
         if lo <= t0 <= hi and n:
-            itl = self.stats.itl
+            stats = self.stats
+            itl = stats.itl
             key = int(dt * 1e4 + 0.5)  # 0.1 ms buckets
             if k > 1:
                 itl[key] = itl.get(key, 0) + n * (k - 1)
-            first = int((dt + rank.stall_s) * 1e4 + 0.5) if rank.stall_s else key
+            first = int((dt + stall_s) * 1e4 + 0.5) if stall_s else key
             itl[first] = itl.get(first, 0) + n
-            win = self.stats.window
+            win = stats.window
             win.tokens += n * k
             win.token_s += n * k * dt
-            win.stall_token_s += n * rank.stall_s
+            win.stall_token_s += n * stall_s
             rw = rank.window
             rw.steps += k
             rw.batch += n * k
-            rw.ctx += k * (rank.ctx_sum() + n * (k - 1) / 2)
+            rw.ctx += k * (rank.ctx_off + n * start + n * (k - 1) / 2)  # ctx_sum() inlined
         rank.stall_s = 0.0
-        start = rank.steps
         if self.on_token is not None:
             t = t0 + dt
             for req in rank.running.values():
                 if start < req.finish_step:
                     self.on_token(req, t)
         rank.cache.alloc_tokens += n * k
-        rank.steps += k
+        steps = rank.steps = start + k
         heap = rank.heap
-        while heap and heap[0][0] <= rank.steps:
+        while heap and heap[0][0] <= steps:
             _, _, req = heapq.heappop(heap)
-            if not req.active or req.release_step > rank.steps:
+            if not req.active or req.release_step > steps:
                 continue  # retracted earlier (and possibly running again)
             t_last = t0 + (req.finish_step - start) * dt
             self._release(rank, req)

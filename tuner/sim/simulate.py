@@ -65,13 +65,25 @@ def scheduler_rules(plan, layout, flags: dict, sglang_version: str | None = None
         hierarchical_cache=plan.hierarchical_cache)
 
 
+_SESSIONS: dict = {}  # (profile, seed) -> (sessions, prompt lengths), shared by the load points of a search
+
+
 class _SessionSource:
-    """User u's k-th session is session ``u + k * users`` (as the replay client draws them)."""
+    """User u's k-th session is session ``u + k * users`` (as the replay client draws them).
+
+    Session i depends only on (profile, seed, i) and is immutable, so the sessions (and their
+    prompt lengths) are kept for the next load point of the same workload."""
 
     def __init__(self, profile: WorkloadProfile, users: int, seed: int):
         self.profile, self.users, self.seed = profile, users, seed
-        self.sessions: dict[int, Session] = {}
-        self.prompts: dict[int, list[int]] = {}
+        key = (profile, seed)
+        hit = _SESSIONS.get(key)
+        if hit is None:
+            if len(_SESSIONS) >= 8:
+                _SESSIONS.clear()
+            hit = _SESSIONS[key] = ({}, {})
+        self.sessions: dict[int, Session] = hit[0]
+        self.prompts: dict[int, list[int]] = hit[1]
 
     def get(self, idx: int) -> Session:
         s = self.sessions.get(idx)
@@ -273,7 +285,7 @@ def simulate_load_point(
             t_arr, _, u = heapq.heappop(arrivals)
             deliver(t_arr, u)
             continue
-        rep = min(busy, key=lambda r: r.clock)
+        rep = busy[0] if len(busy) == 1 else min(busy, key=lambda r: r.clock)
         if t_next <= rep.clock:
             t_arr, _, u = heapq.heappop(arrivals)
             deliver(t_arr, u)

@@ -220,6 +220,7 @@ class StepTimeModel:
         self.link_bw = link * 1e9 * comm["bandwidth_efficiency"]
         self.comm_lat = comm["latency_s"]
         self._moe_cache: dict[int, float] = {}
+        self._overhead_cache: dict[int, float] = {}  # step_overhead_time by batch (at most max-running-requests)
         self._decode_cache: dict[tuple[int, int], float] = {}
         self._linear_cache: dict[tuple[int, int], float] = {}
 
@@ -447,22 +448,34 @@ class StepTimeModel:
         prefill = False
         max_bs = 0
         seqs = 0
+        decode_cache = self._decode_cache
         for w in ranks:
-            rt = self.rank_time(w)
+            d = w.decode_reqs
+            p = w.prefill_tokens
+            # rank_time's memoised decode-only case inlined (the hot path of every step)
+            rt = None if p or w.load_tokens or not d else decode_cache.get((d, w.decode_ctx_tokens >> 8))
+            if rt is None:
+                rt = self.rank_time(w)
             if rt > worst:
                 worst = rt
-            tokens += w.tokens
-            if w.prefill_tokens:
+            tokens += d + p
+            if p:
                 prefill = True
-            if w.decode_reqs > max_bs:
-                max_bs = w.decode_reqs
-            s = w.decode_reqs + w.prefill_seqs
+            if d > max_bs:
+                max_bs = d
+            s = d + w.prefill_seqs
             if s > seqs:
                 seqs = s
-        gpu = worst + self.moe_time(tokens) + self.sampling_time(seqs)
+        moe = self._moe_cache.get(tokens)
+        if moe is None:
+            moe = self.moe_time(tokens)
+        gpu = worst + moe + self.sampling_time(seqs)
         if not overheads:
             return gpu
-        gpu += self.step_overhead_time(max_bs) + self.dp_sync_s
+        ov = self._overhead_cache.get(max_bs)
+        if ov is None:
+            ov = self._overhead_cache[max_bs] = self.step_overhead_time(max_bs)
+        gpu += ov + self.dp_sync_s
         if prefill:
             # a prefill step's fixed cost: building the batch (prefix matches, KV allocation, the
             # request-to-token table, sampling the first tokens) and launching its layers, which
