@@ -98,6 +98,7 @@ class Rank:
         self.stall_s = 0.0  # time decode requests waited for prefill steps since their last token
         self.retracted = False  # the last decode-memory check retracted requests
         self.window = RankWindow()
+        self.work = RankWork()  # this step's work, cleared by every step (not rebuilt)
 
     @property
     def n_run(self) -> int:
@@ -243,37 +244,25 @@ class ReplicaEngine:
         rem_chunk = rules.chunked_prefill_size  # None: chunked prefill disabled
         items = rank.prefilling
         loads = 0
-
-        def avail():  # allocations happen after the round; load-backs allocate at once (as in SGLang)
-            return cache.free() + cache.evictable
-
-        def charge(extend_paged: int, max_new: int) -> None:
-            nonlocal offset_total, offset_cur, rem_input, rem_chunk
-            offset_total += extend_paged + max_new + page
-            offset_cur += extend_paged + page
-            rem_input -= extend_paged
-            if rem_chunk is not None:
-                rem_chunk -= extend_paged
-
-        def state() -> AddResult:
-            a = avail()
-            if a - offset_total <= 0 or a - offset_cur <= 0:
-                return AddResult.NO_TOKEN
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
-                return AddResult.OTHER
-            return AddResult.CONTINUE
+        # room is cache.free() + cache.evictable, asked afresh: allocations happen after the round,
+        # load-backs allocate at once (as in SGLang)
 
         new_chunked = None
         if rank.chunked is not None:  # add_chunked_req
             req = rank.chunked
             left = req.prefill_len - req.done
-            cap = int(avail() - offset_total)
+            cap = int(cache.free() + cache.evictable - offset_total)
             cap = min(rem_chunk, cap) if rem_chunk is not None else cap
             if cap <= 0:
                 cap = rem_chunk if rem_chunk is not None else left
             c = min(left, cap)
             truncated = c < left
-            charge(rules.ceil_page(c), 0 if truncated else min(req.output_len, clip))
+            extend_paged = rules.ceil_page(c)
+            offset_total += extend_paged + (0 if truncated else min(req.output_len, clip)) + page
+            offset_cur += extend_paged + page
+            rem_input -= extend_paged
+            if rem_chunk is not None:
+                rem_chunk -= extend_paged
             items.append((req, c))
             new_chunked = req if truncated else None
 
@@ -282,16 +271,26 @@ class ReplicaEngine:
             if len(items) >= rules.max_running_requests - running_bs:
                 rank.batch_is_full = True
                 break
-            res, c, chunked = self._add_one(rank, req, items, avail, offset_total, rem_input, rem_chunk)
+            res, c, chunked = self._add_one(rank, req, items, offset_total, rem_input, rem_chunk)
             if c:
                 extend_paged = rules.ceil_page(c)
-                charge(extend_paged, 0 if chunked else min(req.output_len, clip))
+                offset_total += extend_paged + (0 if chunked else min(req.output_len, clip)) + page
+                offset_cur += extend_paged + page
+                rem_input -= extend_paged
+                if rem_chunk is not None:
+                    rem_chunk -= extend_paged
                 items.append((req, c))
                 admitted.append(req)
                 loads += req.loaded
                 if chunked:
                     new_chunked = req
-                res = state()
+                a = cache.free() + cache.evictable
+                if a - offset_total <= 0 or a - offset_cur <= 0:
+                    res = AddResult.NO_TOKEN
+                elif rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
+                    res = AddResult.OTHER
+                else:
+                    res = AddResult.CONTINUE
             if res is AddResult.NO_TOKEN:
                 rank.batch_is_full = (bool(items) or bool(rank.running)) if rules.hierarchical_cache else True
                 break
@@ -315,7 +314,7 @@ class ReplicaEngine:
         work.extend_items = tuple(extend)
         work.load_tokens += loads
 
-    def _add_one(self, rank: Rank, req: Req, items, avail, offset_total: float, rem_input: int,
+    def _add_one(self, rank: Rank, req: Req, items, offset_total: float, rem_input: int,
                  rem_chunk: int | None) -> tuple[AddResult, int, bool]:
         """``PrefillAdder.add_one_req``: (result, tokens to compute this step, chunked)."""
         rules = self.rules
@@ -327,12 +326,12 @@ class ReplicaEngine:
         max_new = min(max(req.output_len - req.generated, 0), rules.clip_max_new_tokens)
         extend = req.prefill_len - dev
         total = extend + max_new + page
-        if total >= avail() - offset_total:
+        if total >= cache.free() + cache.evictable - offset_total:
             return AddResult.NO_TOKEN, 0, False
         if rem_chunk is None and items and rules.ceil_page(extend - host) >= rem_input:
             return AddResult.OTHER, 0, False
         cache.lock(req)
-        if total >= avail() - offset_total:  # the lock made the matched prefix unevictable
+        if total >= cache.free() + cache.evictable - offset_total:  # the lock made the matched prefix unevictable
             cache.unlock(req)
             return AddResult.NO_TOKEN, 0, False
         loaded = 0
@@ -496,7 +495,13 @@ class ReplicaEngine:
         """Advance by one prefill step or one run of decode steps (not past ``horizon`` when
         only decoding). Returns the simulated seconds it took (0 when idle)."""
         model = self.model
-        works = [RankWork() for _ in self.ranks]
+        works = []
+        for rank in self.ranks:
+            w = rank.work
+            w.decode_reqs = w.decode_ctx_tokens = w.prefill_tokens = w.prefill_seqs = w.load_tokens = 0
+            w.prefill_ctx_units = 0.0
+            w.extend_items = ()
+            works.append(w)
         any_prefill = False
         cutoff = self.seen_cutoff()
         unseen = False  # requests that arrived during the step that just ended
@@ -571,15 +576,7 @@ class ReplicaEngine:
         if self.window[0] <= t0 <= self.window[1]:
             self.stats.window.decode_steps += k
             self.stats.window.decode_step_s += k * dt
-        for rank in decoded:
-            cache = rank.cache
-            need = len(rank.running) * k
-            if need > cache.capacity - cache.tree_tokens - cache.alloc_tokens:  # ensure_free's fast path
-                cache.ensure_free(need)
-            self._decode(rank, k, dt, t0)
-            ratio = rank.ratio
-            if ratio.current != ratio.min:  # at its floor the decay leaves it there
-                ratio.decay_steps(k - 1 if rank.retracted else k)
+        self._decode(decoded, k, dt, t0, k, k - 1)
         self.clock = t0 + k * dt
         self.last_step_start, self.last_step_end = self.clock - dt, self.clock
         return k * dt
@@ -629,10 +626,7 @@ class ReplicaEngine:
             win.prefill_step_s += dt
         for rank in stalled:
             rank.stall_s += dt
-        for rank in decoding:
-            self._decode(rank, 1, dt, t0)
-            if not mixed and not rank.retracted and rank.ratio.current != rank.ratio.min:
-                rank.ratio.decay_steps(1)
+        self._decode(decoding, 1, dt, t0, None if mixed else 1, None)
         for rank in self.ranks:
             if not rank.prefilling:
                 continue
@@ -654,44 +648,68 @@ class ReplicaEngine:
             rank.prefilling = []
         return dt
 
-    def _decode(self, rank: Rank, k: int, dt: float, t0: float) -> None:
-        # the innermost per-rank work of every step: attributes read once into locals
-        n = len(rank.running)
-        start = rank.steps
-        stall_s = rank.stall_s
+    def _decode(self, ranks: list[Rank], k: int, dt: float, t0: float, decay: int | None,
+                decay_retracted: int | None) -> None:
+        """``k`` decode steps of each of ``ranks``, one rank after the other: KV slots (evicting
+        the shortfall), window counters, finished requests released; then each rank's token ratio
+        decays by ``decay`` steps, ``decay_retracted`` where its memory check retracted (None: no
+        decay). The innermost work of every step, so what all ranks share is read once."""
         lo, hi = self.window
-        if lo <= t0 <= hi and n:
-            stats = self.stats
-            itl = stats.itl
-            key = int(dt * 1e4 + 0.5)  # 0.1 ms buckets
-            if k > 1:
-                itl[key] = itl.get(key, 0) + n * (k - 1)
-            first = int((dt + stall_s) * 1e4 + 0.5) if stall_s else key
-            itl[first] = itl.get(first, 0) + n
-            win = stats.window
-            win.tokens += n * k
-            win.token_s += n * k * dt
-            win.stall_token_s += n * stall_s
-            rw = rank.window
-            rw.steps += k
-            rw.batch += n * k
-            rw.ctx += k * (rank.ctx_off + n * start + n * (k - 1) / 2)  # ctx_sum() inlined
-        rank.stall_s = 0.0
-        if self.on_token is not None:
-            t = t0 + dt
-            for req in rank.running.values():
-                if start < req.finish_step:
-                    self.on_token(req, t)
-        rank.cache.alloc_tokens += n * k
-        steps = rank.steps = start + k
-        heap = rank.heap
-        while heap and heap[0][0] <= steps:
-            _, _, req = heapq.heappop(heap)
-            if not req.active or req.release_step > steps:
-                continue  # retracted earlier (and possibly running again)
-            t_last = t0 + (req.finish_step - start) * dt
-            self._release(rank, req)
-            self.on_finish(req, t_last)
+        in_window = lo <= t0 <= hi
+        stats = self.stats
+        itl = stats.itl
+        win = stats.window
+        # the window's token sums, accumulated rank by rank in the same order as before
+        tokens, token_s, stall_token_s = win.tokens, win.token_s, win.stall_token_s
+        plain = 0  # tokens whose gap is the step itself
+        key = int(dt * 1e4 + 0.5)  # 0.1 ms buckets
+        on_token = self.on_token
+        on_finish = self.on_finish
+        for rank in ranks:
+            cache = rank.cache
+            n = len(rank.running)
+            need = n * k
+            if need > cache.capacity - cache.tree_tokens - cache.alloc_tokens:  # ensure_free's fast path
+                cache.ensure_free(need)
+            start = rank.steps
+            stall_s = rank.stall_s
+            if in_window and n:
+                plain += n * (k - 1)
+                if stall_s:
+                    first = int((dt + stall_s) * 1e4 + 0.5)
+                    itl[first] = itl.get(first, 0) + n
+                else:
+                    plain += n
+                tokens += n * k
+                token_s += n * k * dt
+                stall_token_s += n * stall_s
+                rw = rank.window
+                rw.steps += k
+                rw.batch += n * k
+                rw.ctx += k * (rank.ctx_off + n * start + n * (k - 1) / 2)  # ctx_sum() inlined
+            rank.stall_s = 0.0
+            if on_token is not None:
+                t = t0 + dt
+                for req in rank.running.values():
+                    if start < req.finish_step:
+                        on_token(req, t)
+            cache.alloc_tokens += need
+            steps = rank.steps = start + k
+            heap = rank.heap
+            while heap and heap[0][0] <= steps:
+                _, _, req = heapq.heappop(heap)
+                if not req.active or req.release_step > steps:
+                    continue  # retracted earlier (and possibly running again)
+                t_last = t0 + (req.finish_step - start) * dt
+                self._release(rank, req)
+                on_finish(req, t_last)
+            d = decay_retracted if rank.retracted else decay
+            ratio = rank.ratio
+            if d is not None and ratio.current != ratio.min:  # at its floor the decay leaves it there
+                ratio.decay_steps(d)
+        if plain:
+            itl[key] = itl.get(key, 0) + plain
+        win.tokens, win.token_s, win.stall_token_s = tokens, token_s, stall_token_s
 
     def _prefill_done(self, rank: Rank, req: Req, t: float) -> None:
         req.generated += 1  # the prefill's forward samples the next token

@@ -277,7 +277,8 @@ def simulate_load_point(
 
     hard_stop = end_t + DRAIN_LIMIT_S
     while True:
-        busy = [rep for rep in replicas if rep.has_work()]
+        busy = [rep for rep in replicas if rep.has_work()] if len(replicas) > 1 else \
+            (replicas if replicas[0].has_work() else [])
         t_next = arrivals[0][0] if arrivals else float("inf")
         if not busy:
             if not arrivals:

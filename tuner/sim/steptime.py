@@ -291,12 +291,17 @@ class StepTimeModel:
 
     def extend_attention_time(self, w: RankWork) -> float:
         # Triton MLA: a batch without any cached prefix runs MHA over expanded K/V, else absorbed MLA
-        mode = "absorbed" if self.is_mla and any(p for _, p in w.extend_items) else "mha"
+        prefix = False  # any request with a cached prefix (a loop: cheaper than any() over a generator)
+        for _, p in w.extend_items:
+            if p:
+                prefix = True
+                break
+        mode = "absorbed" if self.is_mla and prefix else "mha"
         table = self.extend_tables.get(mode)
         if table is not None and w.extend_items:
             total = 0.0
-            for c, prefix in w.extend_items:
-                v = table.lookup_s(c, prefix)
+            for c, cached in w.extend_items:
+                v = table.lookup_s(c, cached)
                 if v is None:
                     break
                 total += v
@@ -305,7 +310,6 @@ class StepTimeModel:
                 return total * self.layers
         self._src["extend_attention"][1] += 1
         units = w.prefill_ctx_units
-        prefix = any(p for _, p in w.extend_items)
         mode = 1 if prefix else 0
         rate = self.extend_rates[mode]
         if self.dsa:
@@ -419,12 +423,15 @@ class StepTimeModel:
         active_local = pool / ep * p_act  # expected distinct local experts touched per layer
         rows = tokens * k / pool / p_act  # tokens per touched expert
         slots = tokens * k / ep  # (token, expert) pairs on this GPU
+        # looked up once (it rebuilds its table on every call)
+        measured = (tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag)
+                    if self.moe_tiles == "tuned" else None)
         total = 0.0
         for n, nk in zip(self.moe_n, self.moe_shapes):
             flops = 2 * slots * nk * self.moe_layers
             nbytes = active_local * nk * self.moe_bpp * self.moe_layers
             bm, bn = default_tile(tokens, e // ep, self.moe_fp8_block)
-            if self.moe_tiles == "tuned" and tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag) is None:
+            if self.moe_tiles == "tuned" and measured is None:
                 balance = (flops / self.moe_rate) / max(nbytes / self.bw, 1e-12)
                 bm, bn = best_tile(max(1, round(rows)), max(1, round(active_local)), n, self.sm_count,
                                    self.sm_share, round(balance, 2))
@@ -433,10 +440,8 @@ class StepTimeModel:
             if self.moe_dequant_rate:
                 compute += active_local * nk * self.moe_layers / self.moe_dequant_rate
             total += max(compute, nbytes / (self.bw * b_eff))
-        if self.moe_tiles == "tuned":
-            measured = tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag)
-            if measured:
-                total /= measured
+        if measured:
+            total /= measured
         return total + self.moe_fixed_s
 
     # ---- one synchronised step of all ranks -------------------------------------------------
