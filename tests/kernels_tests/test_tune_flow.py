@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
@@ -365,6 +366,22 @@ def test_convergence_replays_each_search_in_its_evaluation_order(tmp_path):
         convergence(tmp_path)
 
 
+def test_timing_rows_are_gzipped_and_a_plain_file_of_an_earlier_version_is_folded_in(tmp_path):
+    from tuner.kernels.convergence import read_traces, timings_files, timings_path
+
+    row = lambda us: json.dumps({"batch_size": 16, "config": {"BLOCK_SIZE_M": 16}, "us": us}) + "\n"
+    (tmp_path / "E8_N64_K128_bf16.timings.jsonl").write_text(row(120.0) + row(100.0))
+    path = timings_path(tmp_path, "E8_N64_K128_bf16")
+    with gzip.open(path, "at") as f:  # what a later tuning call appends
+        f.write(row(90.0))
+    assert timings_files(tmp_path) == [path] and path.name == "E8_N64_K128_bf16.timings.jsonl.gz"
+    (trace,) = read_traces(path)
+    assert (trace.shape, trace.evaluations, trace.best_us) == ("E8_N64_K128_bf16", 3, 90.0)
+    path.write_bytes(path.read_bytes()[:-9])  # a file cut short
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_traces(path)
+
+
 def test_table_marks_a_grid_cut_off_at_a_batch_size():
     from tuner.kernels.tune import summary_table
 
@@ -402,7 +419,7 @@ def test_the_search_leaders_are_re_timed_and_the_truly_fastest_is_kept(fake_gpu,
     shape = moe_shape("qwen3-30b-a3b", 1, 1, "fp8_w8a8", (128, 128))
     rep = sglang_tune.tune_moe(shape, [64], tmp_path, budget=128, down_budget=0, log=lambda m: None)
     row = rep["rows"][0]
-    timings = [json.loads(line) for line in (tmp_path / "reports" / f"{shape.tag}.timings.jsonl").open()]
+    timings = [json.loads(line) for line in gzip.open(tmp_path / "reports" / f"{shape.tag}.timings.jsonl.gz", "rt")]
     by_noisy = sorted((t["us"], TileConfig.from_dict(t["config"])) for t in timings if t["us"] is not None)
     leaders = [c for _, c in by_noisy[:sglang_tune.RETIMED_SEARCH_LEADERS]]
     true = [_cost(64, c) for c in leaders]

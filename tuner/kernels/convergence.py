@@ -1,6 +1,6 @@
 """How fast each tile search converged, from the timings a tuning run recorded (CPU only).
 
-``tuner kernels tune`` appends every timed config to ``reports/<shape>.timings.jsonl`` in the order
+``tuner kernels tune`` appends every timed config to ``reports/<shape>.timings.jsonl.gz`` in the order
 it was evaluated: the joint search's configs (one tile config for both GEMMs), then, where the
 version reads ``_down`` files, the down search's (rows with an ``up`` key), and with ``--grid`` the
 exhaustive pass (``"pass": "grid"``). Replaying that order says how many evaluations each search
@@ -10,6 +10,7 @@ the evidence for a smaller budget, which is most of a shape's device time.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -69,14 +70,35 @@ def _trace(shape: str, M: int, kind: str, rows: list[dict], grid_best: float | N
     return tr
 
 
+TIMINGS_SUFFIX = ".timings.jsonl.gz"
+LEGACY_TIMINGS_SUFFIX = ".timings.jsonl"  # written before the rows were gzipped
+
+
+def timings_path(reports: Path, tag: str) -> Path:
+    """``reports/<tag>.timings.jsonl.gz``, the shape's timing rows; a plain ``.timings.jsonl`` left by an
+    earlier version is folded into it first, so that one file holds every row of the shape."""
+    path = reports / f"{tag}{TIMINGS_SUFFIX}"
+    legacy = reports / f"{tag}{LEGACY_TIMINGS_SUFFIX}"
+    if legacy.exists():
+        with gzip.open(path, "at") as f:
+            f.write(legacy.read_text())
+        legacy.unlink()
+    return path
+
+
+def timings_files(directory: Path) -> list[Path]:
+    return sorted([*directory.glob(f"*{TIMINGS_SUFFIX}"), *directory.glob(f"*{LEGACY_TIMINGS_SUFFIX}")])
+
+
 def read_traces(path: str | Path) -> list[SearchTrace]:
-    """The searches of one ``<shape>.timings.jsonl`` file, per batch size and search."""
+    """The searches of one ``<shape>.timings.jsonl.gz`` (or plain ``.jsonl``) file, per batch size and
+    search."""
     path = Path(path)
-    shape = path.name.removesuffix(".timings.jsonl")
+    shape = path.name.removesuffix(TIMINGS_SUFFIX).removesuffix(LEGACY_TIMINGS_SUFFIX)
     by_m: dict[int, dict[str, list[dict]]] = {}
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
+        lines = (gzip.open(path, "rt").read() if path.name.endswith(".gz") else path.read_text()).splitlines()
+    except (OSError, EOFError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -105,9 +127,9 @@ def read_traces(path: str | Path) -> list[SearchTrace]:
 def convergence(directory: str | Path) -> dict:
     """Every shape's search traces under ``directory`` (a tuned folder or its ``reports/``)."""
     d = Path(directory)
-    files = sorted((d / "reports").glob("*.timings.jsonl")) or sorted(d.glob("*.timings.jsonl"))
+    files = timings_files(d / "reports") or timings_files(d)
     if not files:
-        raise ConfigError("no *.timings.jsonl here or under reports/ (written by `tuner kernels tune`)",
+        raise ConfigError("no *.timings.jsonl.gz here or under reports/ (written by `tuner kernels tune`)",
                           file=str(d))
     traces = [t for f in files for t in read_traces(f)]
     joint = [t for t in traces if t.search == "joint"]

@@ -21,6 +21,7 @@ list can be spread over several calls with ``deadline_s``), and the config files
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from typing import Callable
 
 from tuner.errors import ConfigError
 from tuner.kernels.configfile import moe_config_filename, write_configs
+from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
 from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
@@ -552,6 +554,6 @@ def _write_report(out_dir: Path, tag: str, report: dict, tried: list[dict]) -> N
     tmp = rep.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_clean(report), indent=2) + "\n")
     os.replace(tmp, rep)
-    with open(out_dir / "reports" / f"{tag}.timings.jsonl", "a") as f:
+    with gzip.open(timings_path(out_dir / "reports", tag), "at") as f:  # one gzip member per report
         for r in tried:
             f.write(json.dumps(r) + "\n")
