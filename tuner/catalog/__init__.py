@@ -22,10 +22,15 @@ from tuner.catalog.hf import (
 )
 
 
+# libyaml's parser where PyYAML has it: the same safe constructor, ~8x faster (the catalog is read
+# on a simulation's first call)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @lru_cache(maxsize=None)
 def _raw(kind: str) -> dict:
     with open(_DATA / f"{kind}.yaml") as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=_SAFE_LOADER)
 
 
 @lru_cache(maxsize=None)

@@ -37,10 +37,17 @@ def _merge(base: dict, override: dict) -> dict:
     return out
 
 
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: read on every new configuration
+
+
 def _read(path: Path) -> dict:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            text = f.read()
+        try:
+            data = yaml.load(text, Loader=_FAST_LOADER) or {}
+        except yaml.YAMLError:
+            data = yaml.safe_load(text) or {}  # the pure-Python parser's error message
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", file=str(path)) from None
     if not isinstance(data, dict):

@@ -211,9 +211,11 @@ class ReplicaEngine:
         return False
 
     # ---- admission (PrefillAdder) -----------------------------------------------------------
-    def _order(self, rank: Rank, cutoff: float) -> list[Req]:
+    def _order(self, rank: Rank, cutoff: float):
+        if self.rules.policy is not Policy.LPM:  # FCFS, lazily: admission usually stops after a few
+            return rank.waiting if cutoff == math.inf else (q for q in rank.waiting if q.arrival <= cutoff)
         waiting = rank.waiting if cutoff == math.inf else [q for q in rank.waiting if q.arrival <= cutoff]
-        if self.rules.policy is Policy.LPM and 1 < len(waiting) <= LPM_MAX_QUEUE:
+        if 1 < len(waiting) <= LPM_MAX_QUEUE:
             cache = rank.cache
             return sorted(waiting, key=lambda q: -sum(cache.match(q)))
         return waiting
@@ -496,16 +498,15 @@ class ReplicaEngine:
         only decoding). Returns the simulated seconds it took (0 when idle)."""
         model = self.model
         works = []
+        any_prefill = False
+        cutoff = self.seen_cutoff()
+        unseen = False  # requests that arrived during the step that just ended
         for rank in self.ranks:
             w = rank.work
             w.decode_reqs = w.decode_ctx_tokens = w.prefill_tokens = w.prefill_seqs = w.load_tokens = 0
             w.prefill_ctx_units = 0.0
             w.extend_items = ()
             works.append(w)
-        any_prefill = False
-        cutoff = self.seen_cutoff()
-        unseen = False  # requests that arrived during the step that just ended
-        for rank, w in zip(self.ranks, works):
             if rank.waiting or rank.chunked is not None:
                 rank.prefilling = []
                 self._schedule_prefill(rank, w, cutoff)
@@ -674,20 +675,21 @@ class ReplicaEngine:
             start = rank.steps
             stall_s = rank.stall_s
             if in_window and n:
-                plain += n * (k - 1)
-                if stall_s:
+                if stall_s:  # the first token's gap includes the prefill steps it waited behind
+                    plain += need - n
                     first = int((dt + stall_s) * 1e4 + 0.5)
                     itl[first] = itl.get(first, 0) + n
+                    stall_token_s += n * stall_s
                 else:
-                    plain += n
-                tokens += n * k
-                token_s += n * k * dt
-                stall_token_s += n * stall_s
+                    plain += need
+                tokens += need
+                token_s += need * dt
                 rw = rank.window
                 rw.steps += k
-                rw.batch += n * k
+                rw.batch += need
                 rw.ctx += k * (rank.ctx_off + n * start + n * (k - 1) / 2)  # ctx_sum() inlined
-            rank.stall_s = 0.0
+            if stall_s:
+                rank.stall_s = 0.0
             if on_token is not None:
                 t = t0 + dt
                 for req in rank.running.values():

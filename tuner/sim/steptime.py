@@ -220,7 +220,9 @@ class StepTimeModel:
         self.link_bw = link * 1e9 * comm["bandwidth_efficiency"]
         self.comm_lat = comm["latency_s"]
         self._moe_cache: dict[int, float] = {}
-        self._overhead_cache: dict[int, float] = {}  # step_overhead_time by batch (at most max-running-requests)
+        # step_overhead_time and sampling_time by batch (at most max-running-requests x ranks)
+        self._overhead_cache: dict[int, float] = {}
+        self._sampling_cache: dict[int, float] = {}
         self._decode_cache: dict[tuple[int, int], float] = {}
         self._linear_cache: dict[tuple[int, int], float] = {}
 
@@ -456,25 +458,34 @@ class StepTimeModel:
         decode_cache = self._decode_cache
         for w in ranks:
             d = w.decode_reqs
-            p = w.prefill_tokens
-            # rank_time's memoised decode-only case inlined (the hot path of every step)
-            rt = None if p or w.load_tokens or not d else decode_cache.get((d, w.decode_ctx_tokens >> 8))
-            if rt is None:
-                rt = self.rank_time(w)
+            if w.prefill_tokens or w.load_tokens:
+                p = w.prefill_tokens
+                rt = self._rank_time(w)
+                tokens += d + p
+                if p:
+                    prefill = True
+                s = d + w.prefill_seqs
+            elif d:  # decode only: rank_time's memo, read here (the hot path of every step)
+                rt = decode_cache.get((d, w.decode_ctx_tokens >> 8))
+                if rt is None:
+                    rt = self.rank_time(w)
+                tokens += d
+                s = d
+            else:
+                continue  # an idle rank adds nothing
             if rt > worst:
                 worst = rt
-            tokens += d + p
-            if p:
-                prefill = True
             if d > max_bs:
                 max_bs = d
-            s = d + w.prefill_seqs
             if s > seqs:
                 seqs = s
         moe = self._moe_cache.get(tokens)
         if moe is None:
             moe = self.moe_time(tokens)
-        gpu = worst + moe + self.sampling_time(seqs)
+        sampling = self._sampling_cache.get(seqs)
+        if sampling is None:
+            sampling = self._sampling_cache[seqs] = self.sampling_time(seqs)
+        gpu = worst + moe + sampling
         if not overheads:
             return gpu
         ov = self._overhead_cache.get(max_bs)
