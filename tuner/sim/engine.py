@@ -551,10 +551,11 @@ class ReplicaEngine:
                 room = cache.free()
             else:
                 rank.retracted = False
-            room += cache.evictable
             steps_left = rank.heap[0][0] - rank.steps
-            if room // n < k:
-                k = room // n
+            if room // n < k:  # the free slots alone do not last k steps: count the evictable too
+                room += cache.evictable
+                if room // n < k:
+                    k = room // n
             if steps_left < k:
                 k = steps_left
             decoded.append(rank)

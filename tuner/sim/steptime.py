@@ -465,20 +465,21 @@ class StepTimeModel:
                 if p:
                     prefill = True
                 s = d + w.prefill_seqs
+                if s > seqs:
+                    seqs = s
             elif d:  # decode only: rank_time's memo, read here (the hot path of every step)
                 rt = decode_cache.get((d, w.decode_ctx_tokens >> 8))
                 if rt is None:
                     rt = self.rank_time(w)
                 tokens += d
-                s = d
             else:
                 continue  # an idle rank adds nothing
             if rt > worst:
                 worst = rt
             if d > max_bs:
                 max_bs = d
-            if s > seqs:
-                seqs = s
+        if max_bs > seqs:  # a decode-only rank's sequences are its batch
+            seqs = max_bs
         moe = self._moe_cache.get(tokens)
         if moe is None:
             moe = self.moe_time(tokens)
