@@ -177,25 +177,43 @@ def tuned_speedup(cal: dict[str, Any], tokens: int, table_key: str = "moe_tuned_
     ``table_key``: the fused MoE's table, or ``gemm_tuned_speedup`` (the block-fp8 linear layers').
     ``shape_tag`` (``MoEShape.tag``): that shape's own table (``<table_key>_by_shape``) where the
     kernels were tuned for it, else the table of all shapes."""
+    return interpolated_speedup(tuned_table(cal, table_key, shape_tag), tokens)
+
+
+def tuned_table(cal: dict[str, Any], table_key: str = "moe_tuned_speedup", shape_tag: str | None = None) -> dict:
+    """The speedup table ``tuned_speedup`` interpolates."""
     table = (cal.get(f"{table_key}_by_shape") or {}).get(shape_tag) if shape_tag else None
-    return interpolated_speedup(table or cal.get(table_key) or {}, tokens)
+    return table or cal.get(table_key) or {}
 
 
 def interpolated_speedup(table: dict, tokens: int) -> float | None:
     """A speedup table (batch size -> speedup) at ``tokens``: log-interpolated, flat beyond its ends."""
-    table = {int(k): float(v) for k, v in (table or {}).items()}
-    if not table:
+    return SpeedupCurve(table)(tokens)
+
+
+class SpeedupCurve:
+    """``interpolated_speedup`` of one table, its keys converted and sorted once (for callers that
+    ask the same table at many batch sizes)."""
+
+    __slots__ = ("table", "keys")
+
+    def __init__(self, table: dict):
+        self.table = {int(k): float(v) for k, v in (table or {}).items()}
+        self.keys = sorted(self.table)
+
+    def __call__(self, tokens: int) -> float | None:
+        table, keys = self.table, self.keys
+        if not table:
+            return None
+        if tokens <= keys[0]:
+            return table[keys[0]]
+        if tokens >= keys[-1]:
+            return table[keys[-1]]
+        for lo, hi in zip(keys, keys[1:]):
+            if lo <= tokens <= hi:
+                w = (math.log(tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
+                return table[lo] + w * (table[hi] - table[lo])
         return None
-    keys = sorted(table)
-    if tokens <= keys[0]:
-        return table[keys[0]]
-    if tokens >= keys[-1]:
-        return table[keys[-1]]
-    for lo, hi in zip(keys, keys[1:]):
-        if lo <= tokens <= hi:
-            w = (math.log(tokens) - math.log(lo)) / (math.log(hi) - math.log(lo))
-            return table[lo] + w * (table[hi] - table[lo])
-    return None
 
 
 def speedups_by_shape(summary: dict, kind: str = "moe") -> dict[str, dict[int, float]]:

@@ -31,7 +31,7 @@ from tuner.planner.memory import prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
 
-from .calibrate import tuned_speedup
+from .calibrate import SpeedupCurve, tuned_speedup, tuned_table
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 from .opshapes import attention_shape, gemms, moe_shape
 from .optable import OpTables, tables_for_gpu
@@ -192,6 +192,8 @@ class StepTimeModel:
             self.moe_fixed_s = 2 * self.moe_layers * self.fp8_call_s if self.moe_fp8_block else 0.0
             shape = moe_shape(model, ckpt, layout)
             self.moe_kernel_tag = _kernel_tag(model, layout, routed_fmt)
+            # tuned_speedup(cal, tokens, shape_tag=moe_kernel_tag), its table prepared once
+            self.moe_tuned_speedup = SpeedupCurve(tuned_table(calibration, shape_tag=self.moe_kernel_tag))
             self.moe_table = find("moe", shape.key, moe_runner_backend=self.moe_backend,
                                   variant="tuned" if moe_tiles == "tuned" else "default")
         self.sm_count = gpu.sm_count
@@ -425,9 +427,8 @@ class StepTimeModel:
         active_local = pool / ep * p_act  # expected distinct local experts touched per layer
         rows = tokens * k / pool / p_act  # tokens per touched expert
         slots = tokens * k / ep  # (token, expert) pairs on this GPU
-        # looked up once (it rebuilds its table on every call)
-        measured = (tuned_speedup(self.cal, tokens, shape_tag=self.moe_kernel_tag)
-                    if self.moe_tiles == "tuned" else None)
+        # the tuned tiles' measured speedup at this batch (None: unmeasured)
+        measured = self.moe_tuned_speedup(tokens) if self.moe_tiles == "tuned" else None
         total = 0.0
         for n, nk in zip(self.moe_n, self.moe_shapes):
             flops = 2 * slots * nk * self.moe_layers
