@@ -86,6 +86,7 @@ def _with_progress(runner, spec, budget):
     runner.on_event = progress.event
     with progress:
         outcome = runner.run(budget)
+        progress.study_best(outcome.best_capacity_users, outcome.best_trial_number)
     click.echo("", err=True)  # the progress display leaves its last line open
     return outcome
 

@@ -84,6 +84,7 @@ def _run(runner, spec, budget, as_json):
     runner.on_event = progress.event
     with progress:
         outcome = runner.run(budget)
+        progress.study_best(outcome.best_capacity_users, outcome.best_trial_number)
     if as_json:
         emit_json(outcome.to_dict())
     else:

@@ -36,6 +36,12 @@ class StudyProgress:
             self.live.update(self._render())
             self.live.__exit__(*exc)
 
+    def study_best(self, capacity_users: int | None, trial_number: int | None) -> None:
+        """The study's own best once it ran: among trials of equal capacity it picks the one with the
+        most headroom to the SLO, which the running display (first to reach it) does not know."""
+        if capacity_users is not None and trial_number is not None:
+            self.best = (capacity_users, trial_number)
+
     def line(self, text: str) -> None:
         if self.enabled:
             self.console.print(text)
