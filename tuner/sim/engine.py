@@ -174,6 +174,14 @@ class RankWindow:
     requests: int = 0
 
 
+def _charged(extend_paged: int, max_new: int, page: int, offset_total, offset_cur, rem_input: int,
+             rem_chunk: int | None):
+    """``PrefillAdder._update_prefill_budget``: the round's budgets after admitting ``extend_paged``
+    tokens that may yet generate ``max_new``."""
+    return (offset_total + (extend_paged + max_new + page), offset_cur + (extend_paged + page),
+            rem_input - extend_paged, None if rem_chunk is None else rem_chunk - extend_paged)
+
+
 class ReplicaEngine:
     """Attention-DP ranks of one model replica sharing a clock."""
 
@@ -259,12 +267,9 @@ class ReplicaEngine:
                 cap = rem_chunk if rem_chunk is not None else left
             c = min(left, cap)
             truncated = c < left
-            extend_paged = rules.ceil_page(c)
-            offset_total += extend_paged + (0 if truncated else min(req.output_len, clip)) + page
-            offset_cur += extend_paged + page
-            rem_input -= extend_paged
-            if rem_chunk is not None:
-                rem_chunk -= extend_paged
+            offset_total, offset_cur, rem_input, rem_chunk = _charged(
+                rules.ceil_page(c), 0 if truncated else min(req.output_len, clip), page,
+                offset_total, offset_cur, rem_input, rem_chunk)
             items.append((req, c))
             new_chunked = req if truncated else None
 
@@ -275,12 +280,9 @@ class ReplicaEngine:
                 break
             res, c, chunked = self._add_one(rank, req, items, offset_total, rem_input, rem_chunk)
             if c:
-                extend_paged = rules.ceil_page(c)
-                offset_total += extend_paged + (0 if chunked else min(req.output_len, clip)) + page
-                offset_cur += extend_paged + page
-                rem_input -= extend_paged
-                if rem_chunk is not None:
-                    rem_chunk -= extend_paged
+                offset_total, offset_cur, rem_input, rem_chunk = _charged(
+                    rules.ceil_page(c), 0 if chunked else min(req.output_len, clip), page,
+                    offset_total, offset_cur, rem_input, rem_chunk)
                 items.append((req, c))
                 admitted.append(req)
                 loads += req.loaded

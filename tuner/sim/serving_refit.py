@@ -40,7 +40,7 @@ from tuner.errors import ConfigError
 from tuner.kernels.gemm_shapes import linear_layers
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.targets import Kernel
-from tuner.sim.calibrate import CALIBRATION_DIR, _read, load_calibration
+from tuner.sim.calibrate import CALIBRATION_DIR, _read, interpolated_speedup, load_calibration
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
 # Serving that shows much more (or much less) than the tuned kernels' own saving is not explained by
@@ -79,10 +79,10 @@ class KernelTerm:
     tuned_us: dict[int, float]
 
     def base_s(self, tokens: float) -> float:
-        return self.calls * _interp_log(self.base_us, tokens) * 1e-6
+        return self.calls * interpolated_speedup(self.base_us, tokens) * 1e-6
 
     def saving_s(self, tokens: float) -> float:
-        return self.calls * (_interp_log(self.base_us, tokens) - _interp_log(self.tuned_us, tokens)) * 1e-6
+        return self.calls * (interpolated_speedup(self.base_us, tokens) - interpolated_speedup(self.tuned_us, tokens)) * 1e-6
 
 
 def load_points(path: str | Path) -> list[dict]:
@@ -108,19 +108,6 @@ def load_points(path: str | Path) -> list[dict]:
         if missing:
             raise ConfigError(f"load point {i} lacks {', '.join(missing)}", file=str(path))
     return doc
-
-
-def _interp_log(table: dict[int, float], x: float) -> float:
-    keys = sorted(table)
-    if x <= keys[0]:
-        return table[keys[0]]
-    if x >= keys[-1]:
-        return table[keys[-1]]
-    for lo, hi in zip(keys, keys[1:]):
-        if lo <= x <= hi:
-            w = (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
-            return table[lo] + w * (table[hi] - table[lo])
-    return table[keys[-1]]
 
 
 def _rows_us(report: dict) -> tuple[dict[int, float], dict[int, float]]:
