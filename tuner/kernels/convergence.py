@@ -97,7 +97,11 @@ def read_traces(path: str | Path) -> list[SearchTrace]:
     shape = path.name.removesuffix(TIMINGS_SUFFIX).removesuffix(LEGACY_TIMINGS_SUFFIX)
     by_m: dict[int, dict[str, list[dict]]] = {}
     try:
-        lines = (gzip.open(path, "rt").read() if path.name.endswith(".gz") else path.read_text()).splitlines()
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt") as f:
+                lines = f.read().splitlines()
+        else:
+            lines = path.read_text().splitlines()
     except (OSError, EOFError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
     for n, line in enumerate(lines, 1):
