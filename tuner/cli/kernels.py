@@ -170,6 +170,75 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
                f"{doc['summary_file']}")
 
 
+@kernels.command("compare")
+@_shape_options
+@click.option("--configs", "config_dir", required=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A tuned directory laid out as SGLANG_MOE_CONFIG_DIR (DIR/configs/triton_X_Y_Z/): its file "
+                   "for this shape, and its _down twin, are timed against SGLang's default.")
+@click.option("--routing", type=click.Choice(["sglang-tuner", "serving", "collapsed"]), default="serving",
+              show_default=True,
+              help="Expert routing of the timed calls: SGLang's tuner's (random top-k over every expert slot), "
+                   "the server's (fused shared expert always chosen), or collapsed (the server's, with every "
+                   "token's routed top-k drawn from the same few experts: a biased gate under random weights).")
+@click.option("--routed-pool", type=int, default=None,
+              help="Routed experts a collapsed routing spreads tokens over (default: top-k plus the near-ties "
+                   "measured on DeepSeek-V3 with random weights).")
+@click.option("--batch-sizes", default="16,64,128,256,512,1024", show_default=True,
+              help="Comma-separated token counts per call.")
+@click.option("--rounds", type=int, default=5, show_default=True,
+              help="Interleaved timing rounds (each times every candidate once; the median is kept).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the result as JSON here.")
+@json_option
+def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, config_dir, routing,
+                routed_pool, batch_sizes, rounds, seed, out_file, as_json):
+    """Time SGLang's fused-MoE call with a tuned directory's files against SGLang's own choice.
+
+    Per batch size, the entries SGLang would read from DIR's file (nearest batch size, and its
+    _down twin), SGLang's get_default_config answer and, where the installed SGLang ships a file
+    for the shape, that file's entries, timed in interleaved rounds on this machine's GPU. Shows
+    whether tiles tuned under one routing still win under another (GPU and SGLang only).
+    """
+    import json
+
+    from tuner.errors import BackendUnavailableError, ConfigError
+    from tuner.kernels.shapes import parse_block_shape
+    from tuner.kernels.targets import check_batch_sizes
+    from tuner.kernels.tune import _check_gpu, parse_int_list, sglang_importable
+    from tuner.safewrite import check_target, write_text
+    from tuner.sim.routing import COLLAPSED_GATE_EXTRA_EXPERTS
+
+    s = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
+    sizes = check_batch_sizes(parse_int_list(batch_sizes, "batch_sizes"))
+    if rounds < 1:
+        raise ConfigError(f"rounds must be >= 1, got {rounds}", key="rounds")
+    if routing != "collapsed" and routed_pool is not None:
+        raise ConfigError("--routed-pool applies only to --routing collapsed", key="routed_pool")
+    if routing == "collapsed":
+        routed_pool = routed_pool or min(s.routed_experts, s.routed_topk + COLLAPSED_GATE_EXTRA_EXPERTS)
+        if not s.routed_topk <= routed_pool <= s.routed_experts:
+            raise ConfigError(f"--routed-pool must be between top-k {s.routed_topk} and the {s.routed_experts} "
+                              f"routed experts, got {routed_pool}", key="routed_pool")
+    if out_file is not None:
+        out_file = check_target(out_file)
+    _check_gpu()
+    if not sglang_importable():
+        raise BackendUnavailableError("comparing configs times SGLang's own kernel; sglang is not importable here")
+    from tuner.kernels.sglang_compare import compare_moe, compare_table
+
+    doc = compare_moe(s, sizes, config_dir, routing=routing, routed_pool=routed_pool, rounds=rounds, seed=seed,
+                      log=lambda m: click.echo(m, err=True))
+    if out_file is not None:
+        write_text(out_file, json.dumps(doc, indent=1) + "\n")
+    if as_json:
+        emit_json(doc)
+        return
+    for line in compare_table(doc):
+        click.echo(line)
+
+
 @kernels.command("table")
 @click.argument("reports", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 def table_cmd(reports):

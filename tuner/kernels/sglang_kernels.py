@@ -12,7 +12,8 @@
 
 Routing follows SGLang's tuner by default: a random gating matrix, softmax, top-k, renormalised;
 ``Routing.SERVING`` instead pins the fused shared expert in the last top-k column the way the
-server's top-k does. Each rotation draws new routing (MoE) or new weights (GEMM), so weights do not
+server's top-k does, and ``Routing.COLLAPSED`` also draws the routed top-k from a small pool of
+experts (``routed_pool``), as a biased gate under random weights routes every token. Each rotation draws new routing (MoE) or new weights (GEMM), so weights do not
 stay in L2 across calls. The in-place call overwrites its input, so each launch first restores it
 from a pristine copy; that copy is timed alone (``baseline``) and subtracted.
 """
@@ -37,6 +38,9 @@ FP8 = torch.float8_e4m3fn
 class Routing(str, Enum):
     SGLANG_TUNER = "sglang-tuner"  # top-k of a random gating over every local expert slot
     SERVING = "serving"  # routed top-k over routed experts; fused shared expert(s) always picked
+    # as SERVING, with the routed top-k drawn from the same few experts for every token (a new pool each
+    # draw, as each layer has its own): a biased gate's routing under random weights
+    COLLAPSED = "collapsed"
 
 
 _runtime = None
@@ -121,11 +125,17 @@ class SGLangMoE:
     """SGLang's fused-MoE call for one shape; inputs per batch size built once."""
 
     def __init__(self, shape: MoEShape, *, routing: Routing = Routing.SGLANG_TUNER, seed: int = 0,
-                 device: str = "cuda", rotations: int = ROTATIONS, empty_weights: bool = False):
+                 device: str = "cuda", rotations: int = ROTATIONS, empty_weights: bool = False,
+                 routed_pool: int | None = None):
+        self.routing = Routing(routing)
+        if self.routing is Routing.COLLAPSED and not (
+                routed_pool is not None and shape.routed_topk <= routed_pool <= shape.routed_experts):
+            raise ValueError(f"collapsed routing needs a routed pool of {shape.routed_topk}-{shape.routed_experts} "
+                             f"experts, got {routed_pool}")
+        self.routed_pool = routed_pool
         rt = runtime()
         self.rt = rt
         self.shape = shape
-        self.routing = Routing(routing)
         self.rotations = rotations
         self.device = torch.device(device)
         self.fp8 = shape.dtype == "fp8_w8a8"
@@ -165,16 +175,23 @@ class SGLangMoE:
     # -- inputs --------------------------------------------------------------------------------------
     def _routing(self, M: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.shape
-        if self.routing is Routing.SERVING and s.fused_shared_experts:
-            logits = torch.randn(M, s.routed_experts, generator=gen, device=self.device)
-            w, ids = torch.softmax(logits, -1).topk(s.routed_topk, -1)
-            shared = s.routed_experts + torch.randint(0, s.fused_shared_experts, (M, 1), generator=gen,
-                                                      device=self.device)
-            ids = torch.cat([ids, shared], 1)
-            w = torch.cat([w, w.sum(-1, keepdim=True)], 1)
-        else:
-            logits = torch.randn(M, s.num_experts, generator=gen, device=self.device)
+        dev = self.device
+        if self.routing is Routing.SGLANG_TUNER or (self.routing is Routing.SERVING and not s.fused_shared_experts):
+            logits = torch.randn(M, s.num_experts, generator=gen, device=dev)
             w, ids = torch.softmax(logits, -1).topk(s.topk, -1)
+        else:
+            if self.routing is Routing.COLLAPSED:
+                pool = torch.randperm(s.routed_experts, generator=gen, device=dev)[: self.routed_pool]
+                logits = torch.randn(M, self.routed_pool, generator=gen, device=dev)
+                w, picked = torch.softmax(logits, -1).topk(s.routed_topk, -1)
+                ids = pool[picked]
+            else:
+                logits = torch.randn(M, s.routed_experts, generator=gen, device=dev)
+                w, ids = torch.softmax(logits, -1).topk(s.routed_topk, -1)
+            if s.fused_shared_experts:  # the last column names a shared slot, weighted as the routed sum
+                shared = s.routed_experts + torch.randint(0, s.fused_shared_experts, (M, 1), generator=gen, device=dev)
+                ids = torch.cat([ids, shared], 1)
+                w = torch.cat([w, w.sum(-1, keepdim=True)], 1)
         w = w / w.sum(-1, keepdim=True)
         return w.float().contiguous(), ids.to(torch.int32).contiguous()
 

@@ -25,8 +25,13 @@
 #   grid-qwen3-fp8-oproj the same benchmark for the o_proj block-fp8 GEMM (N=2048, K=4096; 1,280 configs),
 #                   GRID_BS default 16,32,64,128,512,2048: Triton builds one binary per config for every M
 #                   divisible by 16, so the grid compiles its space once and then only times (~11 ms a config)
+#   compare-dsv3    DeepSeek-V3's tuned files (this folder) against SGLang's default, timed side by side
+#                   with `tuner kernels compare` under each of COMPARE_ROUTINGS (default: collapsed, the
+#                   dummy-weight server's, then serving) at COMPARE_BS, into compare/dsv3-<routing>.json
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
 #                   (GPU_TESTS_K selects tests by pytest's -k expression)
+#   cache-check     cache_check.py (CACHE_CHECK_ARGS): which binaries the timer builds after a pool
+#                   process compiled the same config on the stand-in
 # BATCH_SIZES overrides the batch sizes of the tuning steps (default below: the decode batches and
 # prefill chunks the studies run, 9 of SGLang's 18).
 set -uo pipefail
@@ -88,6 +93,20 @@ for step in $STEPS; do
     grid-qwen3-fp8-oproj) tune "$step" "$HERE/grid" "${DEADLINE_grid:-450}" --model qwen3-30b-a3b --tp-size 1 \
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel gemm --gemm-shape 2048,4096 \
                   --batch-sizes "${GRID_BS:-16,32,64,128,512,2048}" --grid ;;
+    compare-dsv3) mkdir -p "$HERE/compare"
+               for r in ${COMPARE_ROUTINGS:-collapsed serving}; do
+                 l=$(left); [ "$l" -gt 60 ] || { echo "$step $r: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
+                 ts=$(date +%s)
+                 timeout -s INT $(( l - 10 )) python3 -m tuner kernels compare --model deepseek-v3 --tp-size 1 \
+                   --dtype fp8_w8a8 --block-shape 128,128 --configs "$HERE" --routing "$r" \
+                   --batch-sizes "${COMPARE_BS:-16,64,128,256,512,1024}" -o "$HERE/compare/dsv3-$r.json" \
+                   > "$LOGS/$step-$r.log" 2>&1
+                 echo "$step $r: rc $? in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"; tail -12 "$LOGS/$step-$r.log"
+               done ;;
+    cache-check) l=$(left); [ "$l" -gt 60 ] || { echo "cache-check: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
+               timeout -s INT $(( l - 10 )) python3 "$HERE/cache_check.py" ${CACHE_CHECK_ARGS:---shape dsv3 --M 2} \
+                 > "$LOGS/cache-check.log" 2>&1
+               echo "cache-check: rc $?" | tee -a "$LOGS/steps.log"; tail -40 "$LOGS/cache-check.log" ;;
     gpu-tests) l=$(left); [ "$l" -gt 120 ] || { echo "gpu-tests: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                timeout -s INT $(( l - 10 )) env TUNER_GPU_SERVER_TEST=1 python3 -m pytest -q -m gpu \
                   tests/kernels_tests -p no:cacheprovider ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} > "$LOGS/gpu-tests.log" 2>&1
