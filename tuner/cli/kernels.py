@@ -32,6 +32,31 @@ def _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_f
     return moe_shape(model, tp_size, ep_size, dtype, parse_block_shape(block_shape), disable_shared_experts_fusion)
 
 
+ROUTINGS = ("sglang-tuner", "serving", "collapsed")
+_ROUTING_HELP = ("Expert routing of the timed calls: SGLang's tuner's (random top-k over every expert slot), the "
+                 "server's (fused shared expert always chosen), or collapsed (the server's, with every token's "
+                 "routed top-k drawn from the same few experts: how a biased gate such as DeepSeek-V3's routes "
+                 "under --load-format dummy).")
+_POOL_HELP = ("Routed experts a collapsed routing spreads tokens over (default: top-k plus the near-ties measured "
+              "on DeepSeek-V3 with random weights).")
+
+
+def _routed_pool(shape, routing: str, routed_pool: int | None) -> int | None:
+    """The collapsed routing's pool of routed experts (None for the other routings)."""
+    from tuner.errors import ConfigError
+    from tuner.sim.routing import COLLAPSED_GATE_EXTRA_EXPERTS
+
+    if routing != "collapsed":
+        if routed_pool is not None:
+            raise ConfigError("--routed-pool applies only to --routing collapsed", key="routed_pool")
+        return None
+    pool = routed_pool or min(shape.routed_experts, shape.routed_topk + COLLAPSED_GATE_EXTRA_EXPERTS)
+    if not shape.routed_topk <= pool <= shape.routed_experts:
+        raise ConfigError(f"--routed-pool must be between top-k {shape.routed_topk} and the {shape.routed_experts} "
+                          f"routed experts, got {pool}", key="routed_pool")
+    return pool
+
+
 @kernels.command("shape")
 @_shape_options
 @json_option
@@ -81,9 +106,8 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
               help="Timed configs per batch size (default: 10% of SGLang's grid for the kernel).")
 @click.option("--down-budget", type=int, default=None,
               help="Timed down-projection configs per batch size (SGLang, MoE; default 10% of that space; 0: no _down file).")
-@click.option("--routing", type=click.Choice(["sglang-tuner", "serving"]), default="sglang-tuner", show_default=True,
-              help="Expert routing of the timed calls: SGLang's tuner's (random top-k over all expert slots) or "
-                   "the server's (fused shared expert always chosen).")
+@click.option("--routing", type=click.Choice(ROUTINGS), default="sglang-tuner", show_default=True, help=_ROUTING_HELP)
+@click.option("--routed-pool", type=int, default=None, help=_POOL_HELP)
 @click.option("--grid", is_flag=True, help="Also time SGLang's exhaustive grid at every batch size (benchmark).")
 @click.option("--deadline-s", type=float, default=None,
               help="Stop starting new batch sizes after this many seconds; rerun the same command to continue.")
@@ -96,8 +120,8 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
                    "DIR/summary.json. Calls for other shapes may share DIR.")
 @json_option
 def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, kernel_kind, impl,
-             attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, grid, deadline_s, gpu_ids, seed,
-             out_dir, as_json):
+             attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, routed_pool, grid, deadline_s,
+             gpu_ids, seed, out_dir, as_json):
     """Tune tile configs per batch size on this machine's GPU and write the files SGLang reads.
 
     With SGLang importable, the timed call is SGLang's own: the whole fused_experts call as its MoE
@@ -122,8 +146,12 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
         raise ConfigError(f"down budget must be >= 0, got {down_budget}", key="down_budget")
     if deadline_s is not None and deadline_s <= 0:
         raise ConfigError(f"deadline must be positive seconds, got {deadline_s}", key="deadline_s")
+    routed_pool = _routed_pool(targets.moe, routing, routed_pool) if targets.moe is not None else None
     out_dir = check_output_dir(out_dir)
     use_sglang = impl == "sglang" or (impl == "auto" and sglang_importable())
+    if not use_sglang and routing == "collapsed":
+        raise ConfigError("--routing collapsed times SGLang's own kernel; sglang is not importable here "
+                          "(or --impl own was given)", key="routing")
     if not use_sglang:
         if targets.moe is None:
             raise ConfigError("the block-fp8 GEMM can only be tuned with SGLang's own kernel (sglang is not "
@@ -155,7 +183,7 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
     for line in targets.describe():
         click.echo(f"tuning {line}", err=True)
     doc = run_sglang_tune(targets, sizes, out_dir, budget=budget, down_budget=down_budget, routing=routing,
-                          grid=grid, deadline_s=deadline_s, seed=seed)
+                          grid=grid, deadline_s=deadline_s, seed=seed, routed_pool=routed_pool)
     if as_json:
         emit_json(doc)
         return
@@ -176,14 +204,8 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A tuned directory laid out as SGLANG_MOE_CONFIG_DIR (DIR/configs/triton_X_Y_Z/): its file "
                    "for this shape, and its _down twin, are timed against SGLang's default.")
-@click.option("--routing", type=click.Choice(["sglang-tuner", "serving", "collapsed"]), default="serving",
-              show_default=True,
-              help="Expert routing of the timed calls: SGLang's tuner's (random top-k over every expert slot), "
-                   "the server's (fused shared expert always chosen), or collapsed (the server's, with every "
-                   "token's routed top-k drawn from the same few experts: a biased gate under random weights).")
-@click.option("--routed-pool", type=int, default=None,
-              help="Routed experts a collapsed routing spreads tokens over (default: top-k plus the near-ties "
-                   "measured on DeepSeek-V3 with random weights).")
+@click.option("--routing", type=click.Choice(ROUTINGS), default="serving", show_default=True, help=_ROUTING_HELP)
+@click.option("--routed-pool", type=int, default=None, help=_POOL_HELP)
 @click.option("--batch-sizes", default="16,64,128,256,512,1024", show_default=True,
               help="Comma-separated token counts per call.")
 @click.option("--rounds", type=int, default=5, show_default=True,
@@ -208,19 +230,12 @@ def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expe
     from tuner.kernels.targets import check_batch_sizes
     from tuner.kernels.tune import _check_gpu, parse_int_list, sglang_importable
     from tuner.safewrite import check_target, write_text
-    from tuner.sim.routing import COLLAPSED_GATE_EXTRA_EXPERTS
 
     s = _shape(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion)
     sizes = check_batch_sizes(parse_int_list(batch_sizes, "batch_sizes"))
     if rounds < 1:
         raise ConfigError(f"rounds must be >= 1, got {rounds}", key="rounds")
-    if routing != "collapsed" and routed_pool is not None:
-        raise ConfigError("--routed-pool applies only to --routing collapsed", key="routed_pool")
-    if routing == "collapsed":
-        routed_pool = routed_pool or min(s.routed_experts, s.routed_topk + COLLAPSED_GATE_EXTRA_EXPERTS)
-        if not s.routed_topk <= routed_pool <= s.routed_experts:
-            raise ConfigError(f"--routed-pool must be between top-k {s.routed_topk} and the {s.routed_experts} "
-                              f"routed experts, got {routed_pool}", key="routed_pool")
+    routed_pool = _routed_pool(s, routing, routed_pool)
     if out_file is not None:
         out_file = check_target(out_file)
     _check_gpu()

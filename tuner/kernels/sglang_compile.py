@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 _problem = None  # per pool process
-_moe_spec: tuple | None = None  # (shape dict, routing) of a MoE pool process; its problem is per stand-in
+_moe_spec: tuple | None = None  # (shape dict, routing, routed pool) of a MoE pool process; its problem is per stand-in
 
 
 @dataclass
@@ -85,21 +85,23 @@ def _moe_problem(M: int):
     from tuner.kernels.shapes import MoEShape
     from tuner.kernels.sglang_kernels import SGLangMoE
 
-    shape_dict, routing = _moe_spec
+    shape_dict, routing, routed_pool = _moe_spec
     stand_in = compile_stand_in(MoEShape.from_dict(shape_dict), M)
+    if routed_pool is not None:  # the routing's values do not reach the binary: fit the pool to the stand-in
+        routed_pool = min(routed_pool, stand_in.routed_experts)
     if _problem is None or _problem.shape != stand_in:
         _problem = None
-        _problem = SGLangMoE(stand_in, routing=routing, rotations=1, empty_weights=True)
+        _problem = SGLangMoE(stand_in, routing=routing, rotations=1, empty_weights=True, routed_pool=routed_pool)
     return _problem
 
 
-def _init(kind: str, shape_dict: dict, routing: str, device_index: int):
+def _init(kind: str, shape_dict: dict, routing: str, device_index: int, routed_pool: int | None = None):
     global _problem, _moe_spec
     import torch
 
     torch.cuda.set_device(device_index)
     if kind == "moe":
-        _moe_spec = (shape_dict, routing)
+        _moe_spec = (shape_dict, routing, routed_pool)
     else:
         from tuner.kernels.gemm_shapes import GemmShape
         from tuner.kernels.sglang_kernels import SGLangBlockGemm
@@ -145,7 +147,7 @@ class SGLangCompilePool:
     """``ensure(tasks)`` compiles the (batch size, config) pairs not compiled yet, in parallel."""
 
     def __init__(self, kind: str, shape, *, routing: str = "sglang-tuner", workers: int = 1,
-                 device_index: int = 0):
+                 device_index: int = 0, routed_pool: int | None = None):
         if kind not in ("moe", "gemm"):
             raise ValueError(f"unknown problem kind {kind!r}")
         self.workers = workers
@@ -155,7 +157,7 @@ class SGLangCompilePool:
         self.reused = 0  # tasks answered from another M of the same class
         ctx = mp.get_context("spawn")
         self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init,
-                                         initargs=(kind, shape.to_dict(), str(routing), device_index))
+                                         initargs=(kind, shape.to_dict(), str(routing), device_index, routed_pool))
         self.compile_wall_s = 0.0
 
     def ensure(self, tasks, on_done=None) -> None:

@@ -224,7 +224,8 @@ def _shipped_pair(up: dict | None, down: dict | None) -> tuple[TileConfig, DownT
 
 def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
              down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
-             deadline_s: float | None = None, seed: int = 0, log: Log = _stamp) -> dict:
+             deadline_s: float | None = None, seed: int = 0, log: Log = _stamp,
+             routed_pool: int | None = None) -> dict:
     import torch
     import triton
 
@@ -252,12 +253,14 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
     identity = {"kind": "moe", "shape": shape.to_dict(), "routing": str(routing), "budget": budget,
                 "down_budget": down_budget if do_down else 0, "grid": grid, "device": facts["device_name"],
                 "triton": triton.__version__, "sglang": rt.version, "seed": seed}
+    if routed_pool is not None:  # only then: a directory tuned before the collapsed routing keeps its identity
+        identity["routed_pool"] = routed_pool
     state = _State(out_dir, shape.tag, identity)
     log(f"MoE {shape.tag}: SGLang {rt.version}, {facts['device_name']}, triton {triton.__version__}; "
         f"shipped up {shipped_up.found.value} ({shipped_up.path.name if shipped_up.path else '-'}), "
         f"down {shipped_dn.found.value}; budget {budget} joint + {down_budget if do_down else 0} down"
         f"{' + grid ' + str(len(space)) if grid else ''}; {len(state.rows)} batch size(s) already done")
-    problem = SGLangMoE(shape, routing=routing, seed=seed)
+    problem = SGLangMoE(shape, routing=routing, seed=seed, routed_pool=routed_pool)
     todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
     act_bytes = max(batch_sizes) * shape.topk * max(2 * shape.intermediate, shape.hidden) * 2 * 3
     # a compile process holds a stand-in with fewer experts where that builds the same binaries
@@ -272,7 +275,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
     stopped = False
     compile_wall = 0.0
     try:
-        with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers) as pool:
+        with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers,
+                               routed_pool=routed_pool) as pool:
             log(f"{workers} compile process(es)")
             for M in todo:
                 if _stop_before(M, deadline, state.rows, log):
@@ -354,7 +358,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
         log(f"first config failure seen: {timer.first_failure}")
     files = _write_moe_files(out_dir, vdir, up_name, down_name, state.rows, do_down)
     report = {"kind": "moe", "shape": shape.to_dict(), "tag": shape.tag, "sglang_version": rt.version,
-              **facts, "routing": str(routing), "budget": budget, "down_budget": down_budget if do_down else 0,
+              **facts, "routing": str(routing), "routed_pool": routed_pool, "budget": budget, "down_budget": down_budget if do_down else 0,
               "joint_space": len(space), "feasible": len(feasible), "grid": grid,
               "shipped_up": {"found": shipped_up.found.value, "path": str(shipped_up.path) if shipped_up.path else None},
               "shipped_down": {"found": shipped_dn.found.value,

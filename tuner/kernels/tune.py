@@ -191,7 +191,7 @@ def write_summary(out_dir: Path, *, last_call_wall_s: float | None = None) -> Pa
 
 def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
                     down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
-                    deadline_s: float | None = None, seed: int = 0) -> dict:
+                    deadline_s: float | None = None, seed: int = 0, routed_pool: int | None = None) -> dict:
     """Tune every target with SGLang's own kernels; write the files and reports, and merge this
     call's shapes into OUT/summary.json. Returns this call's reports."""
     import time as _time
@@ -216,7 +216,8 @@ def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: i
     not_started: list[str] = []
     if targets.moe is not None:
         reports.append(tune_moe(targets.moe, batch_sizes, out_dir, budget=budget, down_budget=down_budget,
-                                routing=routing, grid=grid, deadline_s=left(), seed=seed))
+                                routing=routing, grid=grid, deadline_s=left(), seed=seed,
+                                routed_pool=routed_pool))
     for g in targets.gemms:
         if reports and expired():
             not_started.append(g.tag)

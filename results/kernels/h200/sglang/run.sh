@@ -19,13 +19,17 @@
 #                   N=2048,K=4096)
 #   qwen3-fp8-oproj the o_proj GEMM alone (when qwen3-fp8-gemm keeps spending its time on qkv)
 #   dsv3-fp8-moe    DeepSeek-V3 fp8 at TP1 (E=257 with the fused shared expert, N=2048; no shipped file)
+#   dsv3-fp8-moe-collapsed the same under the routing of the dummy-weight DeepSeek server (`--routing
+#                   collapsed`), into collapsed/ (trials read it with tiles-ab TILES_DIR); COLLAPSED_BS
+#                   (default 16,128,512,2048), COLLAPSED_BUDGET / COLLAPSED_DOWN_BUDGET (default 64 / 26:
+#                   5% of the spaces)
 #   grid-qwen3-bf16 search against SGLang's exhaustive grid (GRID_BS batch sizes, default 1,64), into
 #                   grid/ (a benchmark, not trial files: its file covers only GRID_BS, and the tuned
 #                   folder refuses a shape tuned with other settings)
 #   grid-qwen3-fp8-oproj the same benchmark for the o_proj block-fp8 GEMM (N=2048, K=4096; 1,280 configs),
 #                   GRID_BS default 16,32,64,128,512,2048: Triton builds one binary per config for every M
 #                   divisible by 16, so the grid compiles its space once and then only times (~11 ms a config)
-#   compare-dsv3    DeepSeek-V3's tuned files (this folder) against SGLang's default, timed side by side
+#   compare-dsv3    DeepSeek-V3's tuned files (this folder, or its COMPARE_DIR) against SGLang's default, timed side by side
 #                   with `tuner kernels compare` under each of COMPARE_ROUTINGS (default: collapsed, the
 #                   dummy-weight server's, then serving) at COMPARE_BS, into compare/dsv3-<routing>.json
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
@@ -88,6 +92,10 @@ for step in $STEPS; do
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel gemm --gemm-shape 2048,4096 --batch-sizes "$BATCH_SIZES" ;;
     dsv3-fp8-moe) tune "$step" "$HERE" "${DEADLINE_dsv3_fp8_moe:-300}" --model deepseek-v3 --tp-size 1 \
                   --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --batch-sizes "$BATCH_SIZES" ;;
+    dsv3-fp8-moe-collapsed) tune "$step" "$HERE/collapsed" "${DEADLINE_dsv3_collapsed:-400}" --model deepseek-v3 \
+                  --tp-size 1 --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --routing collapsed \
+                  --batch-sizes "${COLLAPSED_BS:-16,128,512,2048}" --budget "${COLLAPSED_BUDGET:-64}" \
+                  --down-budget "${COLLAPSED_DOWN_BUDGET:-26}" ;;
     grid-qwen3-bf16) tune "$step" "$HERE/grid" "${DEADLINE_grid:-400}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
                   --kernel moe --batch-sizes "${GRID_BS:-1,64}" --grid --down-budget 0 ;;
     grid-qwen3-fp8-oproj) tune "$step" "$HERE/grid" "${DEADLINE_grid:-450}" --model qwen3-30b-a3b --tp-size 1 \
@@ -98,8 +106,9 @@ for step in $STEPS; do
                  l=$(left); [ "$l" -gt 60 ] || { echo "$step $r: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                  ts=$(date +%s)
                  timeout -s INT $(( l - 10 )) python3 -m tuner kernels compare --model deepseek-v3 --tp-size 1 \
-                   --dtype fp8_w8a8 --block-shape 128,128 --configs "$HERE" --routing "$r" \
-                   --batch-sizes "${COMPARE_BS:-16,64,128,256,512,1024}" -o "$HERE/compare/dsv3-$r.json" \
+                   --dtype fp8_w8a8 --block-shape 128,128 --configs "$HERE/${COMPARE_DIR:-.}" --routing "$r" \
+                   --batch-sizes "${COMPARE_BS:-16,64,128,256,512,1024}" \
+                   -o "$HERE/compare/dsv3${COMPARE_DIR:+-$COMPARE_DIR}-$r.json" \
                    > "$LOGS/$step-$r.log" 2>&1
                  echo "$step $r: rc $? in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"; tail -12 "$LOGS/$step-$r.log"
                done ;;
