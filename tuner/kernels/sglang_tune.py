@@ -487,10 +487,16 @@ def _log_compiled_here(timer, pool, log: Log) -> None:
     first = getattr(timer, "compiled_here_first", None)
     if not first:
         return
-    for M, cfg, built in first:
+    from tuner.kernels.triton_cache import twin_diff
+
+    for i, (M, cfg, built, names, before) in enumerate(first):
         res = pool.results.get((M, cfg)) if hasattr(pool, "results") else None
         said = "not asked" if res is None else (f"ok in {res.seconds:.1f} s" if res.ok else f"failed: {res.error}")
         log(f"  compiled by the timer ({built} entries) at M={M}: {_describe(cfg)}; the pool: {said}")
+        if i == 0:  # what differs from the pool's entry of the same kernel (the cache as it was before)
+            for name in names:
+                for line in twin_diff(timer.cache_dir, name, before):
+                    log("    " + line)
     first.clear()
 
 

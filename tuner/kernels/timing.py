@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from tuner.kernels.triton_cache import entry_names
+
 
 class ConfigFailed(Exception):
     """The config does not compile or launch on this GPU (e.g. out of shared memory)."""
@@ -37,15 +39,6 @@ COMPILED_HERE_NAMED = 3  # (M, config) pairs a batch size keeps of what the time
 def triton_cache_dir() -> str:
     """Where Triton keeps compiled binaries (its own default when TRITON_CACHE_DIR is not set)."""
     return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-
-
-def _entries(path: str) -> int:
-    """Entries of the cache folder: Triton writes one folder per compiled binary."""
-    try:
-        with os.scandir(path) as it:
-            return sum(1 for _ in it)
-    except OSError:
-        return 0
 
 
 class GraphTimer:
@@ -66,8 +59,9 @@ class GraphTimer:
         # binaries the eager launches compiled here, not found in the shared on-disk cache: a compile
         # pool whose processes build other binaries than this one shows up here
         self.compiled_here = 0
-        self.compiled_here_first: list[tuple] = []  # the first few (M, config) that compiled here
-        self._cache_dir = triton_cache_dir()
+        # the first few (M, config, binaries built, their cache entry names) that compiled here
+        self.compiled_here_first: list[tuple] = []
+        self.cache_dir = triton_cache_dir()
 
     def wall_snapshot(self) -> dict:
         return {**self.wall_s, "measured": self.measured, "compiled_here": self.compiled_here}
@@ -133,7 +127,7 @@ class GraphTimer:
         self.measured += 1
         t0 = time.perf_counter()
         with self._using(config):
-            cached = _entries(self._cache_dir)
+            cached = entry_names(self.cache_dir)
             try:
                 for r in range(rot):  # compile / load and allocate outside the capture
                     p.launch(M, config, r)
@@ -146,10 +140,10 @@ class GraphTimer:
                 raise
             finally:
                 self.wall_s["eager"] += time.perf_counter() - t0
-                built = max(0, _entries(self._cache_dir) - cached)
-                self.compiled_here += built
-                if built and len(self.compiled_here_first) < COMPILED_HERE_NAMED:
-                    self.compiled_here_first.append((M, config, built))
+                new = entry_names(self.cache_dir) - cached
+                self.compiled_here += len(new)
+                if new and len(self.compiled_here_first) < COMPILED_HERE_NAMED:
+                    self.compiled_here_first.append((M, config, len(new), sorted(new), cached))
             t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):

@@ -13,7 +13,6 @@ build, each against the pool's entry of the same kernel: the first lines where t
 from __future__ import annotations
 
 import argparse
-import difflib
 import multiprocessing as mp
 import os
 import tempfile
@@ -63,39 +62,17 @@ def _compile_in_child(shape_kw: dict, M: int, stand_in: bool, q) -> None:
     q.put(use.num_experts)
 
 
-def _entries(cache: Path) -> dict[str, Path]:
-    return {d.name: d for d in cache.iterdir() if d.is_dir()}
+def _report(title: str, cache: Path, pool_entries: set[str], mine: set[str]) -> None:
+    from tuner.kernels.triton_cache import twin_diff
 
-
-def _kernel(entry: Path) -> str:
-    names = [f.stem for f in entry.iterdir() if f.suffix == ".json" and not f.name.startswith("__grp__")]
-    return names[0] if names else "?"
-
-
-def _ir(entry: Path) -> list[str]:
-    for suffix in (".ttir", ".source", ".ttgir"):
-        files = list(entry.glob(f"*{suffix}"))
-        if files:
-            return files[0].read_text(errors="replace").splitlines()
-    return []
-
-
-def _report(title: str, cache: Path, pool_entries: dict[str, Path], mine: dict[str, Path]) -> None:
     print(f"== {title}: this process built {len(mine)} binaries the pool's process had not")
-    for name, entry in mine.items():
-        k = _kernel(entry)
-        twins = [e for e in pool_entries.values() if _kernel(e) == k]
-        print(f"  {k} ({name[:12]}): {len(twins)} pool entries of the same kernel")
-        for twin in twins[:1]:
-            diff = [ln for ln in difflib.unified_diff(_ir(twin), _ir(entry), "pool", "timer", n=0, lineterm="")]
-            print("    " + "\n    ".join(diff[:12]) if diff else "    IR identical (another key part differs)")
-            meta = [ln for ln in difflib.unified_diff(
-                (twin / f"{k}.json").read_text().split(","), (entry / f"{k}.json").read_text().split(","),
-                "pool", "timer", n=0, lineterm="")]
-            print("    metadata: " + (" | ".join(meta[:10]) if meta else "identical"))
+    for name in sorted(mine):
+        print("  " + "\n  ".join(twin_diff(cache, name, pool_entries) or [f"{name[:12]}: no pool entry of its kernel"]))
 
 
 def main() -> None:
+    from tuner.kernels.triton_cache import entry_names
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="dsv3")
     ap.add_argument("--M", type=int, default=32)
@@ -114,14 +91,14 @@ def main() -> None:
         child.start()
         child.join()
         experts = q.get() if not q.empty() else None
-        pool_entries = _entries(cache)
+        pool_entries = entry_names(cache)
         # the timing side, in a fresh process too (this one may hold binaries in memory already)
         q2 = ctx.Queue()
         timer = ctx.Process(target=_time_in_child, args=(SHAPES[args.shape], args.M, q2))
         timer.start()
         timer.join()
         compiled_here = q2.get() if not q2.empty() else None
-        mine = {n: e for n, e in _entries(cache).items() if n not in pool_entries}
+        mine = entry_names(cache) - pool_entries
         _report(f"{args.shape} M={args.M}, pool process on {experts} experts, timer counted {compiled_here}",
                 cache, pool_entries, mine)
 
