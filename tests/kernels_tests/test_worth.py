@@ -144,3 +144,39 @@ def test_cli_on_the_committed_h200_directory():
                  "--tp-size", "1", "--tuned-dir", str(d), "--chunked-prefill-size", "16",
                  "--max-running-requests", "16"])
     assert r.returncode == 0 and "worth a trial: tuned tiles gain up to" in r.stdout, r.stdout + r.stderr
+
+
+def _tuned_dsv3(tmp_path, routing):
+    shape = moe_shape("deepseek-v3", 1, 1, "fp8_w8a8", (128, 128))
+    name = "E=257,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    write_configs(tmp_path / "configs/triton_3_6_0" / name, CFG)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / f"{shape.tag}.json").write_text(json.dumps(
+        {"kind": "moe", "tag": shape.tag, "device_name": "NVIDIA H200", "routing": routing,
+         "rows": [{"batch_size": 1, "speedup_vs_baseline": 1.2}]}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("routing", ["sglang-tuner", "serving"])
+def test_a_collapsed_router_only_takes_tiles_tuned_under_that_routing(tmp_path, routing):
+    d = _tuned_dsv3(tmp_path, routing)
+    assert tile_configs_worth_trial("deepseek-v3", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d).worth
+    v = tile_configs_worth_trial("deepseek-v3", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 collapsed_routing=True)
+    assert not v.worth and "routed apart" in v.reason and routing in v.reason and "--routing collapsed" in v.reason
+
+
+def test_tiles_tuned_under_a_collapsed_routing_are_judged_on_their_gain(tmp_path):
+    d = _tuned_dsv3(tmp_path, "collapsed")
+    v = tile_configs_worth_trial("deepseek-v3", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 collapsed_routing=True)
+    assert v.worth and v.best_gain == 1.2
+
+
+def test_the_worth_command_reads_random_weights_as_a_collapsed_router_for_a_biased_gate(tmp_path):
+    d = _tuned_dsv3(tmp_path, "sglang-tuner")
+    base = ["kernels", "worth", "--model", "deepseek-v3", "--gpu", "h200", "--quantization", "fp8", "--tp-size", "1",
+            "--tuned-dir", str(d), "--chunked-prefill-size", "1", "--max-running-requests", "1"]
+    assert run_cli(base).returncode == 0
+    r = run_cli(base + ["--load-format", "dummy"])
+    assert r.returncode == 1 and "routed apart" in r.stdout

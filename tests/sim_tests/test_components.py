@@ -277,3 +277,53 @@ def test_tuned_tiles_speed_up_the_block_fp8_linears_by_the_fitted_table():
     b_tun = StepTimeModel(m, gpu, bf16, parse_layout(m, {"tp-size": 1}, 1), plan.bytes_per_token, cal,
                           gpus_per_node=8, moe_tiles="tuned")
     assert not b_tun.tile_tuned_gemms and b_tun.linear_time(16, 0) == pytest.approx(b_def.linear_time(16, 0))
+
+
+COLLAPSED_COMPARE = Path(__file__).resolve().parents[2] / "results/kernels/h200/sglang/compare/dsv3-collapsed.json"
+
+
+def test_refit_with_a_collapsed_compare_writes_that_shapes_collapsed_table_and_refuses_another_routing(
+        tmp_path, monkeypatch):
+    import tuner.sim.calibrate as calmod
+
+    src = tmp_path / "cal"
+    src.mkdir()
+    (src / "default.yaml").write_text((calmod.CALIBRATION_DIR / "default.yaml").read_text())
+    monkeypatch.setattr(calmod, "CALIBRATION_DIR", src)
+    from tuner.cli import cli
+
+    base = ["calibration", "refit", "--summary", str(SGLANG_KERNELS), "--gpu", "h200"]
+    serving = tmp_path / "serving.json"
+    serving.write_text(COLLAPSED_COMPARE.read_text().replace('"routing": "collapsed"', '"routing": "serving"'))
+    r = CliRunner().invoke(cli, base + ["--compare", str(serving)])
+    assert r.exit_code != 0 and not (src / "h200.yaml").exists()  # nothing written
+    r = CliRunner().invoke(cli, base + ["--compare", str(COLLAPSED_COMPARE)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(COLLAPSED_COMPARE.read_text())
+    table = load_calibration("h200")[calmod.COLLAPSED_SPEEDUPS_KEY][doc["tag"]]
+    assert table == {row["batch_size"]: pytest.approx(row["default_us"] / row["files_us"], abs=1e-4)
+                     for row in doc["rows"]}
+
+
+def test_a_collapsed_router_takes_tuned_tiles_only_from_a_table_timed_under_that_routing():
+    dummy = {"tp-size": 8, "quantization": "fp8", "load-format": "dummy"}
+    cal = load_calibration("h200")
+    tag = "E33_N2048_K7168_fp8_w8a8_b128x128"  # DeepSeek-V3 at EP8, fused shared expert: 256/8 + 1
+    cal["moe_tuned_speedup_by_shape"] = {tag: {1: 1.5, 4096: 1.5}}
+    cal.pop("moe_tuned_speedup_collapsed_by_shape", None)
+
+    def model(tiles, flags=dummy):
+        m, gpu = get_model("deepseek-v3"), get_gpu("h200")
+        plan = plan_memory(m, gpu, 8, flags)
+        layout = parse_layout(m, {**flags, "ep-size": 8}, 8)
+        return StepTimeModel(m, gpu, resolve_checkpoint(m, "fp8"), layout, plan.bytes_per_token, cal,
+                             gpus_per_node=8, moe_tiles=tiles, flags=flags)
+
+    assert model("tuned").moe_kernel_tag == tag
+    # real weights route apart: the uniform table applies
+    real = {k: v for k, v in dummy.items() if k != "load-format"}
+    assert model("tuned", real).moe_time(512) == pytest.approx(model("default", real).moe_time(512) / 1.5, rel=0.02)
+    # collapsed and no table timed under it: tuned tiles are claimed no gain
+    assert model("tuned").moe_time(512) == pytest.approx(model("default").moe_time(512), rel=1e-9)
+    cal["moe_tuned_speedup_collapsed_by_shape"] = {tag: {16: 1.1, 512: 0.5}}
+    assert model("tuned").moe_time(512) > 1.5 * model("default").moe_time(512)

@@ -17,9 +17,14 @@ def calibration():
               help="Kernel-tuning summary JSON (per batch size default_us and found_us), e.g. "
                    "results/kernels/h200/summary.json.")
 @click.option("--gpu", required=True, help="Catalog GPU name; writes tuner/sim/calibration/<gpu>.yaml.")
-def refit(summary, gpu):
+@click.option("--compare", "compares", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A `tuner kernels compare --routing collapsed` result (repeatable): its shape's speedups where "
+                   "a collapsed router (random weights, biased gate) sends every token to the same few experts.")
+def refit(summary, gpu, compares):
     """Rewrite the GPU's calibration file with moe_tuned_speedup[M] = default_us / found_us from
-    a kernel summary, keeping the file's own comments (docs/calibration.md)."""
+    a kernel summary, keeping the file's own comments (docs/calibration.md). With --compare, also
+    the shapes' speedups under a collapsed routing, which the simulator uses for servers whose
+    router collapses (and, without one, claims tuned tiles no gain there)."""
     from tuner.catalog import get_gpu
     from tuner.errors import ConfigError
     from tuner.sim.calibrate import write_refit
@@ -28,7 +33,7 @@ def refit(summary, gpu):
         get_gpu(gpu)  # an unknown GPU is a clear error (exit 2) before anything is written
     except ConfigError as exc:
         raise ConfigError(exc.detail, key="--gpu") from None
-    path, sizes = write_refit(summary, gpu)
+    path, sizes = write_refit(summary, gpu, tuple(compares))
     click.echo(f"wrote {path}: tuned speedups at {sizes}")
 
 

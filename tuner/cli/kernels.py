@@ -501,9 +501,13 @@ def _terms_for(sr, report: Path, model: str, tp_size: int, dtype: str | None):
 @click.option("--cuda-graph-max-bs", type=int, default=None,
               help="The trial's decode CUDA-graph size (default: SGLang's for this GPU and TP size).")
 @click.option("--sglang-version", default=None, help="For SGLang's defaults above (default: the planner's).")
+@click.option("--load-format", type=click.Choice(["auto", "dummy"]), default="auto", show_default=True,
+              help="The trial's weights: real (auto) or random (dummy, SGLang's --load-format dummy). Random "
+                   "weights make a biased gate (DeepSeek-V3's) send every token to the same few experts, "
+                   "and then only tiles tuned under that routing count.")
 @json_option
 def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, chunked_prefill_size,
-              max_running_requests, cuda_graph_max_bs, sglang_version, as_json):
+              max_running_requests, cuda_graph_max_bs, sglang_version, load_format, as_json):
     """Is `moe-tile-configs: tuned` worth a trial here? Exit 0 if yes, 1 if not.
 
     Yes only if the tuned file for this shape exists, covers the batch sizes the trial runs (decode
@@ -513,6 +517,7 @@ def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, c
     from tuner.catalog import get_gpu, get_model
     from tuner.kernels.worth import tile_configs_worth_trial, trial_batch_range
     from tuner.planner.memory import default_batch_limits
+    from tuner.sim.routing import random_weight_flags, routed_expert_pool
 
     m = get_model(model)
     g = get_gpu(gpu)
@@ -520,8 +525,10 @@ def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, c
     chunk_default, graph_default = default_batch_limits(g.memory_mib, tp_size, sglang_version)
     batch_range = trial_batch_range(chunked_prefill_size or chunk_default, max_running_requests,
                                     cuda_graph_max_bs or graph_default)
+    collapsed = routed_expert_pool(m, random_weight_flags({"load_format": load_format})) is not None
     v = tile_configs_worth_trial(m.name, g.device_name, ckpt.weight_format, tp_size=tp_size,
-                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain, batch_range=batch_range)
+                                 ep_size=ep_size, tuned_dir=tuned_dir, min_gain=min_gain, batch_range=batch_range,
+                                 collapsed_routing=collapsed)
     if as_json:
         emit_json({**v.__dict__, "batch_range": list(batch_range)})
     else:

@@ -13,7 +13,11 @@ Only where the measurements say it can matter:
 * its tune report measured a gain over what SGLang would use anyway (its shipped file, else its
   default) of at least ``min_gain`` at some batch size of that range.
 
-A serving refit in the simulator calibration that found no gain anywhere overrides that.
+A serving refit in the simulator calibration that found no gain anywhere overrides that. And where
+the trial's server routes every token to the same few experts (random weights under a biased gate,
+``tuner.sim.routing``), only a tune timed under that routing (``--routing collapsed``) counts: tiles
+tuned with tokens routed apart measured 1.7-2.4x slower than SGLang's default there (DeepSeek-V3,
+``results/kernels/h200/sglang/compare/``).
 """
 
 from __future__ import annotations
@@ -96,9 +100,10 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
                              ep_size: int = 1, tuned_dir: str | Path, shared_experts_fusion: bool = True,
                              min_gain: float = DEFAULT_MIN_GAIN, batch_range: tuple[int, int] | None = None,
                              serving_speedups: dict[int, float] | None = None,
-                             max_key_ratio: float = MAX_KEY_RATIO) -> Verdict:
+                             max_key_ratio: float = MAX_KEY_RATIO, collapsed_routing: bool = False) -> Verdict:
     """``batch_range`` is the trial's (1, max M) from ``trial_batch_range``; without it the file's
-    coverage is not checked and every measured batch size counts."""
+    coverage is not checked and every measured batch size counts. ``collapsed_routing``: the trial's
+    server sends every token to the same few experts."""
     from tuner.kernels.configfile import moe_config_filename, read_configs
     from tuner.kernels.sglang_layout import device_file_name
     from tuner.kernels.shapes import moe_shape
@@ -123,6 +128,12 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
                        shape_tag=shape.tag)
     reports = [rep for rep in shape_reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
                and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)]
+    if collapsed_routing and reports and not any(rep.get("routing") == "collapsed" for rep in reports):
+        tuned_under = sorted({str(rep.get("routing") or "sglang-tuner") for rep in reports})
+        return Verdict(False, f"{path.name} was tuned with tokens routed apart ({', '.join(tuned_under)}); this "
+                       "trial's server sends every token to the same few experts (random weights, biased gate), "
+                       "where such tiles measured slower than SGLang's own: tune with --routing collapsed",
+                       shape_tag=shape.tag)
     if batch_range is not None:
         keys = sorted(read_configs(path))
         gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)

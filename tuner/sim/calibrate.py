@@ -25,6 +25,10 @@ from tuner.planner.startup import default_attention_backend
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
 # tuned-over-untuned speedup tables, {tokens: speedup}: each replaces the one below it whole
 SPEEDUP_TABLES = ("moe_tuned_speedup", "gemm_tuned_speedup")
+# per shape, the tuned fused-MoE files' speedup over SGLang's own where a collapsed router sends every
+# token to the same few experts (random weights, biased gate: tuner.sim.routing), from `tuner kernels
+# compare --routing collapsed`; tables timed with tokens routed apart do not hold there
+COLLAPSED_SPEEDUPS_KEY = "moe_tuned_speedup_collapsed_by_shape"
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -186,6 +190,25 @@ def tuned_table(cal: dict[str, Any], table_key: str = "moe_tuned_speedup", shape
     return table or cal.get(table_key) or {}
 
 
+def collapsed_table(cal: dict[str, Any], shape_tag: str | None) -> dict:
+    """The fused-MoE speedup table of ``shape_tag`` measured under a collapsed routing ({} if none)."""
+    return dict((cal.get(COLLAPSED_SPEEDUPS_KEY) or {}).get(shape_tag) or {}) if shape_tag else {}
+
+
+def compare_speedups(doc: dict, where: str = "compare") -> tuple[str, str, dict[int, float]]:
+    """(routing, shape tag, {batch size: default_us / files_us}) of a ``tuner kernels compare`` result."""
+    if not isinstance(doc, dict) or doc.get("kind") != "moe-compare" or not doc.get("tag"):
+        raise ConfigError("not a `tuner kernels compare` result (kind moe-compare with a tag)", file=where)
+    table = {}
+    for row in doc.get("rows") or []:
+        d, f = (row.get("default_us"), row.get("files_us")) if isinstance(row, dict) else (None, None)
+        if isinstance(d, (int, float)) and isinstance(f, (int, float)) and d > 0 and f > 0:
+            table[int(row["batch_size"])] = round(float(d) / float(f), 4)
+    if not table:
+        raise ConfigError("no batch size with default_us and files_us", file=where)
+    return str(doc.get("routing") or ""), str(doc["tag"]), dict(sorted(table.items()))
+
+
 def interpolated_speedup(table: dict, tokens: int) -> float | None:
     """A speedup table (batch size -> speedup) at ``tokens``: log-interpolated, flat beyond its ends."""
     return SpeedupCurve(table)(tokens)
@@ -241,12 +264,25 @@ def pooled_speedups(by_shape: dict[str, dict[int, float]]) -> dict[int, float]:
     return {m: round(statistics.median(interpolated_speedup(t, m) for t in by_shape.values()), 4) for m in sizes}
 
 
-def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
+def write_refit(summary: str | Path, gpu: str, compares: tuple[str | Path, ...] = ()) -> tuple[Path, list[int]]:
     """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes).
     A summary of SGLang's own kernels (``reports``) gives each tuned shape its table
-    (``moe_tuned_speedup_by_shape``) and the rest their median; an older flat summary one table."""
+    (``moe_tuned_speedup_by_shape``) and the rest their median; an older flat summary one table.
+    ``compares`` (``tuner kernels compare`` results under ``--routing collapsed``) give the shapes
+    they time their collapsed-routing tables (``COLLAPSED_SPEEDUPS_KEY``)."""
     path = safewrite.check_target(CALIBRATION_DIR / f"{gpu}.yaml")  # before reading it: no link, no device
     current = _read(path) if path.exists() else {}
+    collapsed: dict[str, dict[int, float]] = {}
+    for c in compares:  # all read and checked before anything is written
+        try:
+            with open(c) as f:
+                routing, tag, table = compare_speedups(json.load(f), where=str(c))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read it: {exc}", file=str(c)) from None
+        if routing != "collapsed":
+            raise ConfigError(f"timed under {routing or 'no'} routing; only a --routing collapsed compare gives a "
+                              "table the tune summary does not", file=str(c))
+        collapsed[tag] = table
     with open(summary) as f:
         doc = json.load(f)
     by_shape = speedups_by_shape(doc) if isinstance(doc, dict) else {}
@@ -257,6 +293,8 @@ def write_refit(summary: str | Path, gpu: str) -> tuple[Path, list[int]]:
         fitted = refit(doc, load_calibration(gpu))
         current.pop("moe_tuned_speedup_by_shape", None)
     current["moe_tuned_speedup"] = fitted["moe_tuned_speedup"]
+    if collapsed:
+        current[COLLAPSED_SPEEDUPS_KEY] = {**(current.get(COLLAPSED_SPEEDUPS_KEY) or {}), **collapsed}
     header = []
     if path.exists():  # keep the file's own explanation, note the refit below it
         for line in path.read_text().splitlines():
