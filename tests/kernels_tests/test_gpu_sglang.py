@@ -193,3 +193,39 @@ def test_a_stand_in_compile_serves_the_whole_shapes_launch(M, tmp_path, monkeypa
     assert timer.compiled_here == 0
     timer.measure(M, (TileConfig(32, 64, 128, 1, 4, 3), DownTileConfig(32, 128, 128, 1, 4, 2, USE_TMA=False)))
     assert timer.compiled_here > 0  # the count sees a binary the pool did not build
+
+
+def test_a_collapsed_routing_sends_every_token_to_the_pool_and_the_shared_slot():
+    from tuner.kernels.sglang_kernels import Routing, SGLangMoE, reference_moe
+
+    shape = MoEShape(num_experts=33, intermediate=256, hidden=512, topk=5, dtype="bf16", fused_shared_experts=1)
+    p = SGLangMoE(shape, routing=Routing.COLLAPSED, routed_pool=6, rotations=2)
+    for r in range(2):
+        _, ids, _ = p.batch(64)["rotations"][r]
+        routed = ids[:, :-1]
+        assert len(torch.unique(routed)) <= 6  # the same few routed experts for every token
+        assert bool((ids[:, -1] == 32).all())  # the fused shared slot, always
+        assert bool((routed < 32).all())
+    up = TileConfig(16, 64, 64, 1, 4, 3)
+    with p.using(up):
+        out = p.launch(64, None, 0).float()
+    torch.testing.assert_close(out, reference_moe(p, 64, 0), rtol=2e-2, atol=2e-2)
+
+
+def test_compare_times_a_directorys_files_against_sglangs_default(tmp_path):
+    import triton
+
+    from tuner.kernels.configfile import moe_config_filename, write_configs
+    from tuner.kernels.sglang_compare import compare_moe
+
+    shape = MoEShape(num_experts=33, intermediate=256, hidden=512, topk=5, dtype="bf16", fused_shared_experts=1)
+    vdir = "triton_" + triton.__version__.split("+")[0].replace(".", "_")
+    cfg = {m: {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1, "num_warps": 4,
+               "num_stages": 3} for m in (1, 256)}
+    write_configs(tmp_path / "configs" / vdir / moe_config_filename(33, 256, torch.cuda.get_device_name(0)), cfg)
+    doc = compare_moe(shape, [16, 256], tmp_path, routing="collapsed", routed_pool=6, rounds=2)
+    assert [r["batch_size"] for r in doc["rows"]] == [16, 256]
+    for r in doc["rows"]:
+        assert r["default_us"] > 0 and r["files_us"] > 0
+        assert r["files_vs_default"] == pytest.approx(r["files_us"] / r["default_us"], rel=0.5)
+        assert r["configs"]["files"]["up"]["BLOCK_SIZE_M"] == 16
