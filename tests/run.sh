@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python -m pip install -q --disable-pip-version-check -e '.[test]'
+# Many tests start `python -m tuner` processes: compile tuner (and the tests' helper modules) once
+# here, so that none of them compiles it again where PYTHONDONTWRITEBYTECODE is set
+python -m compileall -q tuner tests
 
 PG_DIR=""
 PG_AS=""
