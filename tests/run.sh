@@ -2,11 +2,17 @@
 # Install tuner with its test dependencies and run the test suite (everything except GPU tests).
 # Also starts a throw-away PostgreSQL server on loopback for the storage tests
 # (TUNER_TEST_POSTGRES_URL); without PostgreSQL (and not root to install it) those tests skip.
+# The tests run in parallel worker processes (pytest-xdist), TUNER_TEST_WORKERS of them (default 2);
+# each test file stays in one worker (--dist loadfile), so a module's shared fixture (a Ray cluster,
+# a finished study) is built once. TUNER_TEST_WORKERS=0 (or the argument -n 0) runs them in this process.
 # Usage: bash tests/run.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python -m pip install -q --disable-pip-version-check -e '.[test]'
+# Many tests start `python -m tuner` processes: compile tuner (and the tests' helper modules) once
+# here, so that none of them compiles it again where PYTHONDONTWRITEBYTECODE is set
+python -m compileall -q tuner tests
 
 PG_DIR=""
 PG_AS=""
@@ -67,5 +73,5 @@ trap stop_postgres EXIT
 start_postgres
 
 rc=0
-python -m pytest -m "not gpu" -q "$@" || rc=$?
+python -m pytest -m "not gpu" -q -n "${TUNER_TEST_WORKERS:-2}" --dist loadfile "$@" || rc=$?
 exit $rc
