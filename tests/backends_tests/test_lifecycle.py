@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import subprocess
 import sys
@@ -195,7 +196,7 @@ def _fake_run_load_point(base_url, profile, users, *, warmup_s, duration_s, requ
             with urllib.request.urlopen(req, timeout=request_timeout_s) as r:
                 r.read()
             records.append(RequestRecord(0, 0, t0, 10, 2, 0.01, time.monotonic()))
-        except OSError as exc:
+        except (OSError, http.client.HTTPException) as exc:  # a server that dies mid-response: IncompleteRead
             records.append(RequestRecord(0, 0, t0, 10, 0, None, None, error=str(exc)))
             time.sleep(0.05)
     return aggregate(records, users=users, duration_s=duration_s)
@@ -266,6 +267,26 @@ def test_crash_mid_replay(tmp_path, fake_replay):
     dep.close()
     assert err.value.failure_class == "crash"
     assert "NCCL error" in err.value.reason and "signal" not in err.value.reason
+
+
+def test_a_replay_broken_off_before_the_dying_server_is_reaped_is_that_servers_crash(tmp_path, monkeypatch):
+    """A crash breaks the client's connections a moment before the process exits: the replay's error
+    (here at once, the server dying 1 s into serving) is the crash, not an internal error."""
+    mod = types.ModuleType("tuner.workload.replay")
+
+    def broken_off(*args, **kwargs):
+        raise http.client.IncompleteRead(b"", 63)
+
+    mod.run_load_point = broken_off
+    monkeypatch.setitem(sys.modules, "tuner.workload.replay", mod)
+    import tuner.workload
+
+    monkeypatch.setattr(tuner.workload, "replay", mod, raising=False)
+    dep = LiveEvaluator(FakeBackend("crash_after", after=1.0)).deploy(_request(tmp_path))
+    with pytest.raises(TrialError) as err:
+        dep.measure(4)
+    dep.close()
+    assert err.value.failure_class == "crash" and "NCCL error" in err.value.reason
 
 
 def test_hang_mid_replay(tmp_path, fake_replay, monkeypatch):

@@ -48,6 +48,9 @@ PORT_RETRIES = 2  # a free port can be taken between choosing and binding it
 HEALTH_PROBE_TIMEOUT_S = 30.0  # SGLang's /health itself gives up after 20 s (SGLANG_HEALTH_CHECK_TIMEOUT)
 HANG_PROBE_INTERVAL_S = 15.0  # during a replay, /health is probed this often ...
 HANG_PROBE_FAILURES = 3  # ... and this many failures in a row while the process lives is a hang
+# a replay that broke off with an error waits this long for a server that is still exiting: a crash
+# breaks the client's connections before the process is reaped, and the crash is the trial's failure
+EXIT_GRACE_S = 3.0
 
 
 def trial_dir_for(request: TrialRequest) -> Path:
@@ -201,6 +204,8 @@ class LiveDeployment(Deployment):
             raise TrialError("hang", f"server alive but /health failed {HANG_PROBE_FAILURES} times in a row "
                              f"during the replay at {users} users", log_path=self.log_path)
         dead = self.stack.dead()
+        if not dead and "error" in worker.result:
+            dead = self._dead_within(EXIT_GRACE_S)
         if dead:
             raise dead[0].failure_for_exit("replay")
         if "error" in worker.result:
@@ -292,6 +297,15 @@ class LiveDeployment(Deployment):
     def _stop_servers(self) -> None:
         self.pids = tuple(dict.fromkeys((*self.pids, *self.stack.pids)))
         self.stack.close()
+
+    def _dead_within(self, seconds: float) -> list:
+        """The stack's servers that exit within ``seconds`` (polled; [] if all still run)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            dead = self.stack.dead()
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)
 
     def _answers_health(self) -> bool:
         for spec in self.plan.all_specs:
