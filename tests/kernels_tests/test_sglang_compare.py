@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tests.conftest import run_cli
 from tuner.kernels.configfile import write_configs
-from tuner.kernels.sglang_compare import _pair, compare_table, files_in
+from tuner.kernels.sglang_compare import _both, compare_table, files_in
+from tuner.kernels.sglang_tune import pair_at
 from tuner.kernels.sglang_env import Found
 from tuner.kernels.shapes import moe_shape
 
@@ -36,12 +37,12 @@ def test_the_entries_timed_are_those_sglang_reads_at_each_batch_size(tmp_path):
     up, down = files_in(tmp_path, shape, DEV, "triton_3_6_0")
     assert up.found is Found.EXACT and down.found is Found.EXACT
     # the nearest key, as SGLang's lookup: 256 is 255 from 1 and 256 from 512; 300 is nearer 512
-    assert _pair(up, down, 256)[0].BLOCK_SIZE_M == 16
-    u, d = _pair(up, down, 300)
+    assert _both(pair_at(up, down, 256))[0].BLOCK_SIZE_M == 16
+    u, d = _both(pair_at(up, down, 300))
     assert u.BLOCK_SIZE_M == 32 and d.BLOCK_SIZE_N == 64 and d.BLOCK_SIZE_M == 32
-    u, d = _pair(up, down, 1500)
+    u, d = _both(pair_at(up, down, 1500))
     assert u.BLOCK_SIZE_M == 64 and d.USE_TMA is True
-    u, d = _pair(up, down, 100)
+    u, d = _both(pair_at(up, down, 100))
     assert u.BLOCK_SIZE_M == 16
 
 
@@ -50,7 +51,8 @@ def test_without_a_down_file_the_up_tile_serves_both_gemms(tmp_path):
     _write(tmp_path, shape, down=False)
     up, down = files_in(tmp_path, shape, DEV, "triton_3_6_0")
     assert down.found is Found.UP_REUSED
-    u, d = _pair(up, down, 2048)
+    assert pair_at(up, down, 2048)[1] is None  # SGLang reuses the up tile
+    u, d = _both(pair_at(up, down, 2048))
     assert d.tile == u and d.USE_TMA is False
 
 

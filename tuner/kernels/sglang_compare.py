@@ -21,27 +21,16 @@ from typing import Callable
 from tuner.kernels.configfile import moe_config_filename
 from tuner.kernels.sglang_env import Found, Lookup, shipped_down_configs, shipped_moe_configs
 from tuner.kernels.shapes import MoEShape
+from tuner.kernels.sglang_tune import describe_config, pair_at
 from tuner.kernels.space import DownTileConfig, TileConfig, default_config
 
 Log = Callable[[str], None]
 
 
-def _pair(up: Lookup, down: Lookup, M: int) -> tuple[TileConfig, DownTileConfig] | None:
-    """The (up, down) tiles SGLang reads at M from a file and its ``_down`` twin (None: no file)."""
-    entry = up.nearest(M)
-    if entry is None:
-        return None
-    up_cfg = TileConfig.from_dict(entry, where=str(up.path))
-    d = down.nearest(M) if down.found in (Found.EXACT, Found.FALLBACK) else None
-    if d is None:
-        return up_cfg, DownTileConfig.from_tile(up_cfg)
-    return up_cfg, DownTileConfig.from_dict({**d, "BLOCK_SIZE_M": up_cfg.BLOCK_SIZE_M}, where=str(down.path))
-
-
-def _describe(cfg) -> dict:
-    if isinstance(cfg, tuple):
-        return {"up": cfg[0].as_dict(), "down": cfg[1].as_dict()}
-    return cfg.as_dict()
+def _both(pair: tuple[TileConfig, DownTileConfig | None]) -> tuple[TileConfig, DownTileConfig]:
+    """A pair with its down tile always named: without a ``_down`` file the up tile serves both GEMMs."""
+    up, down = pair
+    return up, down if down is not None else DownTileConfig.from_tile(up)
 
 
 def files_in(config_dir: Path, shape: MoEShape, device_name: str, triton_version_dir: str) -> tuple[Lookup, Lookup]:
@@ -85,10 +74,10 @@ def compare_moe(shape: MoEShape, batch_sizes: list[int], config_dir: Path, *, ro
         tm = time.monotonic()
         cands = {"default": default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                            shape.config_dtype, shape.block_shape),
-                 "files": _pair(files_up, files_down, M)}
-        shipped = _pair(shipped_up, shipped_down, M)
+                 "files": _both(pair_at(files_up, files_down, M))}
+        shipped = pair_at(shipped_up, shipped_down, M)
         if shipped is not None:
-            cands["shipped"] = shipped
+            cands["shipped"] = _both(shipped)
         samples: dict[str, list[float]] = {k: [] for k in cands}
         for _ in range(rounds):
             for k, c in cands.items():
@@ -98,7 +87,7 @@ def compare_moe(shape: MoEShape, batch_sizes: list[int], config_dir: Path, *, ro
         row = {"batch_size": M, **{f"{k}_us": round(v, 3) if math.isfinite(v) else None for k, v in med.items()},
                "files_vs_default": round(statistics.median(ratios), 4) if ratios else None,
                "files_vs_default_range": [round(min(ratios), 4), round(max(ratios), 4)] if ratios else None,
-               "configs": {k: _describe(c) for k, c in cands.items()},
+               "configs": {k: describe_config(c) for k, c in cands.items()},
                "wall_s": round(time.monotonic() - tm, 1)}
         if "shipped" in med and math.isfinite(med["shipped"]) and med["shipped"] > 0:
             row["files_vs_shipped"] = round(med["files"] / med["shipped"], 4)

@@ -35,7 +35,7 @@ from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
-from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
+from tuner.kernels.sglang_env import Found, Lookup, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
 from tuner.kernels.sglang_layout import gemm_config_filename
 from tuner.kernels.shapes import MoEShape
 from tuner.kernels.space import (DOWN_PARAM_VALUES, GEMM_PARAM_VALUES, DownTileConfig, TileConfig,
@@ -170,14 +170,14 @@ def _evaluator(timer, pool, M: int, wrap=lambda c: c, log_rows: list | None = No
         for c, f in zip(configs, full):
             us = math.inf if pool.failed(M, f) else time_or_inf(timer, M, f)
             if log_rows is not None:
-                log_rows.append({"batch_size": M, "config": _describe(f), "us": _num(us)})
+                log_rows.append({"batch_size": M, "config": describe_config(f), "us": _num(us)})
             out.append(us)
         return out
 
     return evaluate
 
 
-def _describe(cfg) -> dict:
+def describe_config(cfg) -> dict:
     if isinstance(cfg, tuple):
         up, down = cfg
         return {"up": up.as_dict(), "down": down.as_dict() if down is not None else None}
@@ -212,14 +212,17 @@ def _grid(timer, pool, M: int, space, first, deadline: float | None, log_rows: l
     return res
 
 
-def _shipped_pair(up: dict | None, down: dict | None) -> tuple[TileConfig, DownTileConfig | None] | None:
-    if up is None:
+def pair_at(up: Lookup, down: Lookup, M: int) -> tuple[TileConfig, DownTileConfig | None] | None:
+    """The (up, down) tiles SGLang reads at M from a file and its ``_down`` twin: each file's nearest
+    key, the down tile at the up tile's BLOCK_SIZE_M (None: no down file; None for both: no file)."""
+    entry = up.nearest(M)
+    if entry is None:
         return None
-    up_cfg = TileConfig.from_dict(up, where="shipped up")
-    if down is None:
+    up_cfg = TileConfig.from_dict(entry, where=str(up.path))
+    d = down.nearest(M) if down.found in (Found.EXACT, Found.FALLBACK) else None
+    if d is None:
         return up_cfg, None
-    d = DownTileConfig.from_dict({**down, "BLOCK_SIZE_M": up_cfg.BLOCK_SIZE_M}, where="shipped down")
-    return up_cfg, d
+    return up_cfg, DownTileConfig.from_dict({**d, "BLOCK_SIZE_M": up_cfg.BLOCK_SIZE_M}, where=str(down.path))
 
 
 def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
@@ -285,8 +288,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
                 dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                       shape.config_dtype, shape.block_shape)
-                ship = _shipped_pair(shipped_up.nearest(M),
-                                     shipped_dn.nearest(M) if shipped_dn.found in (Found.EXACT, Found.FALLBACK) else None)
+                ship = pair_at(shipped_up, shipped_dn, M)
                 warm = prev_joint[:4] + ([ship[0]] if ship else []) + [dflt]
                 joint = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
                                           warm_start=warm, seed=seed + M, batch=max(8, workers))
@@ -337,7 +339,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                        "evaluations_down": down_res.evaluations if down_res else 0,
                        "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
                        "down_config": down_res.best.as_dict() if down_res else None,
-                       "shipped_config": _describe(cands["shipped"]) if "shipped" in cands else None,
+                       "shipped_config": describe_config(cands["shipped"]) if "shipped" in cands else None,
                        "up_config": chosen_up.as_dict(), "down_file_config": chosen_down.as_dict(),
                        "wall_s": round(time.perf_counter() - tm, 1),
                        "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
@@ -492,7 +494,7 @@ def _log_compiled_here(timer, pool, log: Log) -> None:
     for i, (M, cfg, built, names, before) in enumerate(first):
         res = pool.results.get((M, cfg)) if hasattr(pool, "results") else None
         said = "not asked" if res is None else (f"ok in {res.seconds:.1f} s" if res.ok else f"failed: {res.error}")
-        log(f"  compiled by the timer ({built} entries) at M={M}: {_describe(cfg)}; the pool: {said}")
+        log(f"  compiled by the timer ({built} entries) at M={M}: {describe_config(cfg)}; the pool: {said}")
         if i == 0:  # what differs from the pool's entry of the same kernel (the cache as it was before)
             for name in names:
                 for line in twin_diff(timer.cache_dir, name, before):
