@@ -53,6 +53,13 @@ class CapacityStart(StrEnum):
     SIMULATOR = "simulator"  # the simulator's predicted capacity of that configuration, stepping out by resolution
 
 
+class Bisection(StrEnum):
+    """How a capacity search picks the next load point inside a bracket (tuner.evaluation.capacity)."""
+
+    MIDPOINT = "midpoint"  # halfway between the last pass and the first miss
+    INTERPOLATE = "interpolate"  # where the P90s of the bracket's ends say the SLO is crossed
+
+
 class RouterPolicy(StrEnum):
     """sglang_router policies tuner can put in front of data-parallel ranks or replicas."""
 

@@ -31,6 +31,9 @@ def test_spec_hash_ignores_budget_but_not_slo():
     a = load_study("h200")
     assert spec_hash(a) == spec_hash(a.model_copy(update={"trials": 99}))
     assert spec_hash(a) != spec_hash(a.model_copy(update={"target_users": 51}))
+    # how the search steps inside a bracket does not change the capacity it concludes
+    midpoint = a.model_copy(update={"capacity": a.capacity.model_copy(update={"bisect": "midpoint"})})
+    assert a.capacity.bisect == "interpolate" and spec_hash(a) == spec_hash(midpoint)
 
 
 def _study_variant(tmp_path, mutate, name="s.yaml"):
@@ -59,6 +62,7 @@ BAD_STUDIES = [
     ("bad sampler", lambda d: d.update(sampler="bayes"), "sampler"),
     ("start above max", lambda d: d.update(capacity={"start_users": 500, "max_users": 100}), "start_users (500) > max_users (100)"),
     ("max below target", lambda d: d.update(capacity={"max_users": 10}), "max_users (10) is below target_users"),
+    ("bad bisection", lambda d: d.update(capacity={"bisect": "halfway"}), "capacity.bisect"),
     ("unknown workload", lambda d: d.update(workload="chatbot"), "unknown workload profile 'chatbot'"),
     ("unknown search space", lambda d: d.update(search_space="glm-6"), "unknown search space 'glm-6'"),
     ("baseline unknown flag", lambda d: d["baseline"].update({"tp": 8}), "baseline.tp: unknown knob"),

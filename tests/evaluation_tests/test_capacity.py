@@ -1,8 +1,10 @@
 import dataclasses
+import math
 
 import pytest
 
-from tuner.evaluation.capacity import CapacitySearch
+from tuner.evaluation.capacity import CapacitySearch, slo_margin
+from tuner.vocabulary import Bisection
 
 
 def run(true_capacity, **kw):
@@ -199,3 +201,92 @@ def test_pooled_windows_take_a_marginal_pass_away_when_together_they_miss():
     assert t.lowest_fail == 24 and t.capacity_users == 0
     assert t.pooled_meets(_point(24, 0.0262), _point(24, 0.0236))  # 24.9 ms together: met
     assert not t.pooled_meets(_point(24, 0.0200), dataclasses.replace(_point(24, 0.0200), valid=False))
+
+
+# ---- interpolating bisection -------------------------------------------------------------------
+
+def _linear_world(true_capacity: float, slope: float = 0.02):
+    """P90 TPOT rising with users, crossing the 50 ms limit at ``true_capacity`` users."""
+    return lambda users: _point(users, 0.05 * math.exp(slope * (users - true_capacity)))
+
+
+def _search(world, bisect, **kw):
+    s = CapacitySearch(**{"start_users": 16, "max_users": 256, "resolution_users": 4, "p90_ttft_s": 30.0,
+                          "p90_tpot_s": 0.05, "bisect": bisect, **kw})
+    while not s.done:
+        _record(s, world(s.next_users()))
+    return s
+
+
+def test_slo_margin_is_the_binding_log_ratio():
+    assert slo_margin((15.0, 0.05), 30.0, 0.05) == pytest.approx(0.0)
+    assert slo_margin((60.0, 0.025), 30.0, 0.05) == pytest.approx(math.log(2))
+    assert slo_margin((15.0, 0.025), 30.0, 0.05) == pytest.approx(math.log(0.5))
+    assert slo_margin((None, 0.025), 30.0, 0.05) is None and slo_margin(None, 30.0, 0.05) is None
+
+
+@pytest.mark.parametrize("true_capacity", [37.5, 41.2, 45.0, 50.7, 59.9, 71.3, 100.5, 150.2, 200.8])
+def test_interpolation_finds_the_same_capacity_in_fewer_load_points(true_capacity):
+    world = _linear_world(true_capacity)
+    mid = _search(world, Bisection.MIDPOINT)
+    interp = _search(world, Bisection.INTERPOLATE)
+    for s in (mid, interp):
+        assert s.capacity_users <= true_capacity < s.lowest_fail and s.lowest_fail - s.capacity_users <= 4
+    assert len(interp.steps) <= len(mid.steps)
+    assert [u for u, _ in interp.steps][:3] == [16, 32, 64]  # the gallop is the same
+
+
+def test_interpolation_saves_load_points_over_many_capacities():
+    capacities = [17 + 3.7 * i for i in range(60)]
+    mid = sum(len(_search(_linear_world(c), Bisection.MIDPOINT).steps) for c in capacities)
+    interp = sum(len(_search(_linear_world(c), Bisection.INTERPOLATE).steps) for c in capacities)
+    assert interp < 0.9 * mid
+
+
+def test_interpolation_probes_near_the_crossing_and_keeps_the_resolution_from_the_ends():
+    s = CapacitySearch(start_users=16, max_users=256, resolution_users=4, p90_ttft_s=30.0, p90_tpot_s=0.05)
+    _record(s, _point(16, 0.020))
+    _record(s, _point(32, 0.040))
+    _record(s, _point(64, 0.080))  # bracket (32, 64); log margins -0.223 and +0.470: crossing at 42.3
+    assert s.next_users() == 42
+    _record(s, _point(42, 0.049))  # passed just under: the crossing is next to it, so step out by the resolution
+    assert s.next_users() == 46
+
+
+def test_without_p90s_interpolation_is_the_midpoint_search():
+    """Verdicts alone (a replayed table) or an end with an invalid window: the midpoint."""
+    a = CapacitySearch(start_users=16, max_users=256)
+    b = CapacitySearch(start_users=16, max_users=256, bisect=Bisection.MIDPOINT)
+    for s in (a, b):
+        while not s.done:
+            u = s.next_users()
+            s.record(u, u <= 50)
+    assert a.bisect is Bisection.INTERPOLATE and a.steps == b.steps
+    s = CapacitySearch(start_users=16, max_users=256, resolution_users=4, p90_ttft_s=30.0, p90_tpot_s=0.05)
+    _record(s, _point(16, 0.020))
+    _record(s, _point(32, 0.040))
+    _record(s, dataclasses.replace(_point(64, 0.080), valid=False, invalid_reason="errors"))
+    assert s.next_users() == 48
+
+
+def test_a_bent_curve_falls_back_to_halving():
+    """TTFT that jumps at a knee: the line between the bracket's ends keeps landing on one side;
+    after three such steps the search halves, and it still ends within the resolution."""
+    def knee(users):
+        m = _point(users, 0.02)
+        return dataclasses.replace(m, p90_ttft_s=1.0 if users <= 150 else 1000.0)
+    s = _search(knee, Bisection.INTERPOLATE, resolution_users=2)
+    assert s.capacity_users <= 150 < s.lowest_fail and s.lowest_fail - s.capacity_users <= 2
+    mid = _search(knee, Bisection.MIDPOINT, resolution_users=2)
+    assert len(s.steps) <= len(mid.steps) + 3
+
+
+def test_for_study_reads_bisect():
+    from types import SimpleNamespace
+
+    from tuner.config.schema import CapacitySpec
+
+    slo = SimpleNamespace(p90_ttft_s=1.5, p90_tpot_s=0.025)
+    assert CapacitySearch.for_study(SimpleNamespace(capacity=CapacitySpec(), slo=slo)).bisect is Bisection.INTERPOLATE
+    study = SimpleNamespace(capacity=CapacitySpec(bisect="midpoint"), slo=slo)
+    assert CapacitySearch.for_study(study).bisect is Bisection.MIDPOINT

@@ -21,7 +21,7 @@ TINY_SPACE = {
 
 
 def write_tiny_study(tmp_path: Path, *, name: str = "tiny", space: dict | None = None, max_users: int = 16,
-                     sampler: str = "default", trials: int = 4) -> Path:
+                     sampler: str = "default", trials: int = 4, bisect: str | None = None) -> Path:
     data = {
         "name": name, "model": "glm-5.1",
         "hardware": {"gpu": "h200", "gpus_per_node": 8, "nodes": 1, "host_memory_gb": 2048},
@@ -32,6 +32,8 @@ def write_tiny_study(tmp_path: Path, *, name: str = "tiny", space: dict | None =
         "baseline": {"tp-size": 8, "quantization": "modelopt_fp4"},
         "trials": trials, "sampler": sampler, "backend": "simulator",
     }
+    if bisect is not None:
+        data["capacity"]["bisect"] = bisect
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False))
     return p

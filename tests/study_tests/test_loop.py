@@ -19,7 +19,9 @@ from tuner.study.samplers import make_sampler
 
 
 def _loop(tmp_path, executor, budget, *, space=None, max_users=64, **kw):
-    study = tiny_study(tmp_path, space=space, sampler="tpe", max_users=max_users)
+    # the scripts' verdicts are step functions (1 s or 100 s), whose P90s say nothing about where
+    # the SLO is crossed: the midpoint keeps each search's load points worked out by hand below
+    study = tiny_study(tmp_path, space=space, sampler="tpe", max_users=max_users, bisect="midpoint")
     optuna = OptunaStudy.in_memory(make_sampler("tpe", 0))
     records = MemoryRecords()
     ledger = Ledger(records, optuna, backend_kind="simulator")
@@ -219,3 +221,41 @@ def test_a_load_point_that_would_end_past_the_time_limit_is_not_started(tmp_path
         assert [op for key, op in ex.submitted if key == 0][-1] is Operation.CLOSE
     else:
         assert outcome.capacity_users == 28
+
+
+class _Graded(ScriptedExecutor):
+    """P90 TTFT rising smoothly with users, crossing the 30 s limit at 45.5 users."""
+
+    def wait(self, timeout_s=0.5):
+        import math
+
+        out = []
+        for r in super().wait(timeout_s):
+            if r.op is Operation.MEASURE and r.ok:
+                users = r.value[0].users
+                r = dataclasses.replace(r, value=(load_point(users, 30.0 * math.exp(0.04 * (users - 45.5))), r.value[1]))
+            out.append(r)
+        return out
+
+
+def test_the_default_search_reads_the_p90s_inside_a_bracket(tmp_path):
+    """The study's default bisection (interpolate) gets the loop's measured P90s: a capacity
+    within the resolution, as the midpoint search's, in fewer load points."""
+    found = {}
+    for bisect in ("interpolate", "midpoint"):
+        (tmp_path / bisect).mkdir()
+        study = tiny_study(tmp_path / bisect, space=None, sampler="tpe", max_users=64,
+                           **({} if bisect == "interpolate" else {"bisect": bisect}))
+        assert study.capacity.bisect == bisect
+        optuna = OptunaStudy.in_memory(make_sampler("tpe", 0))
+        records = MemoryRecords()
+        ex = _Graded(capacity=lambda n: 0)
+        loop = TrialLoop(study, Proposer(study, optuna, 1), Ledger(records, optuna, backend_kind="simulator"), ex,
+                         backend_kind="simulator", budget=1, gpus_needed=lambda request: 0, workdir=str(tmp_path),
+                         seed=0, prune=False)
+        loop.run()
+        found[bisect] = (records.trials[0]["outcome"].capacity_users,
+                         [args[0] for key, op, *args in ex.calls if op is Operation.MEASURE])
+    assert found["midpoint"] == (44, [4, 8, 16, 32, 64, 48, 40, 44])
+    # the crossing read from 32 and 46 users' P90s is 45.5: 42 (the resolution below the miss) closes it
+    assert found["interpolate"] == (42, [4, 8, 16, 32, 64, 46, 42])

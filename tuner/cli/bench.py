@@ -110,6 +110,8 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
 
 
 @bench.command()
+@click.option("--study", default="h200", show_default=True,
+              help="Study (name or file) whose capacity search (start, maximum, resolution, growth, bisection) and SLO are run.")
 @click.option("--model", default="glm-5.1", show_default=True, help="Catalog model.")
 @click.option("--gpu", default="h200", show_default=True, help="Catalog GPU (8 per node).")
 @click.option("--warmup-s", type=click.FloatRange(min=0), default=120, show_default=True)
@@ -117,15 +119,17 @@ def search(study_name, seeds, budget, space, samplers, workers, warm_start_k, re
 @click.option("--users", default="10,25,50,100,150,200", show_default=True, callback=_int_list,
               help="User counts of the per-load-point table (comma-separated).")
 @json_option
-def sim(model, gpu, warmup_s, duration_s, users, as_json):
-    """CPU cost of the simulator: one capacity search (50..100 users) and each load point.
+def sim(study, model, gpu, warmup_s, duration_s, users, as_json):
+    """CPU cost of the simulator: one capacity search of the study, and each load point.
 
     The configuration is GLM-5.1-style NVFP4 with attention DP 8 and EP 8 behind a cache-aware
-    router, on a coding-agent workload; the figures are CPU seconds of this process.
+    router, on a coding-agent workload. The study's capacity search runs once with each bisection
+    (its own first) side by side; the figures are CPU seconds of this process.
     """
     from tuner.bench.simulator_cost import format_lines, simulator_cost
 
-    doc = simulator_cost(model=model, gpu=gpu, warmup_s=warmup_s, duration_s=duration_s, users=tuple(users))
+    doc = simulator_cost(study=study, model=model, gpu=gpu, warmup_s=warmup_s, duration_s=duration_s,
+                         users=tuple(users))
     if as_json:
         emit_json(doc)
         return

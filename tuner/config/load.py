@@ -327,8 +327,10 @@ def stored_spec_yaml(study: StudySpec) -> str:
 
 
 def spec_hash(study: StudySpec) -> str:
-    """Hash of everything that changes what a trial measures (not the trial budget)."""
-    dump = study.model_dump(mode="json", exclude={"trials", "source_path", "description", "backend"})
+    """Hash of everything that changes what a trial measures (not the trial budget, nor how the
+    capacity search steps inside a bracket: both bisections conclude the same capacity)."""
+    dump = study.model_dump(mode="json", exclude={"trials": True, "source_path": True, "description": True,
+                                                  "backend": True, "capacity": {"bisect": True}})
     return hashlib.sha256(yaml.safe_dump(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 

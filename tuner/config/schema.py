@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from tuner import limits as L
 from tuner.catalog.hf import ModelRef
 from tuner.config import expr
-from tuner.vocabulary import AUTO_BACKEND, BackendKind, CapacityStart, Engine, Sampler, literal
+from tuner.vocabulary import AUTO_BACKEND, BackendKind, Bisection, CapacityStart, Engine, Sampler, literal
 from tuner.workload.session import WorkloadProfile
 
 ModelName = Annotated[str, BeforeValidator(L.text_check(L.MAX_TEXT_CHARS)), Field(min_length=1)]
@@ -210,6 +210,8 @@ class CapacitySpec(_Strict):
     # a verdict whose P90 interval (order statistics of the window's requests) holds a limit, pass
     # or miss, is measured once more at the same user count and decided by both windows together
     confirm_marginal: bool = False
+    # inside a bracket: the midpoint, or where the bracket ends' P90s put the SLO's crossing
+    bisect: literal(Bisection) = Bisection.INTERPOLATE.value
 
     @model_validator(mode="after")
     def _order(self):

@@ -13,13 +13,33 @@ count, on a later window with other sessions, and the two windows decide togethe
 averaged, weighted by their requests (an estimate of the pooled P90 with about half the
 variance of one window's). A marginal pass and a marginal miss are treated alike, so the
 confirmation does not bias the capacity down (a pass needing two passing windows would).
+
+With ``bisect=interpolate`` the bisection reads how far each end of the bracket is from the SLO
+(its binding P90 over its limit, as a log ratio: ``slo_margin``) and probes where a straight line
+between the two ends crosses the limit, kept at least the resolution away from both ends so that
+a right estimate is bracketed by the next load point. A bracket of at most twice the resolution,
+an end without P90s (an invalid window, or steps recorded without metrics), and a probe after three
+in a row that moved the same end (the line is bent: regula falsi's slow side) take the midpoint,
+so the search never needs more than about twice the midpoint's load points, and a search replayed
+from verdicts alone is the midpoint search.
 """
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
-from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics, pooled_meets
+from tuner.vocabulary import Bisection
+from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics, pooled_meets, pooled_p90s
+
+
+def slo_margin(p90s: tuple[float | None, float | None] | None, p90_ttft_s: float, p90_tpot_s: float) -> float | None:
+    """How far a load point is from the SLO: the larger of log(P90 / limit) over TTFT and TPOT
+    (<= 0 meets, > 0 misses); None without both P90s."""
+    if p90s is None or p90s[0] is None or p90s[1] is None or p90s[0] <= 0 or p90s[1] <= 0:
+        return None
+    return max(math.log(p90s[0] / p90_ttft_s), math.log(p90s[1] / p90_tpot_s))
 
 
 @dataclass
@@ -33,12 +53,15 @@ class CapacitySearch:
     min_users: int = 1
     guided: bool = False  # start_users is a prediction: step out from it by resolution_users
     confirm_marginal: bool = False  # decide a marginal verdict with a second window
+    bisect: Bisection = Bisection.INTERPOLATE  # how a point inside a bracket is picked (midpoint without P90s)
 
     best_pass: int = 0  # largest user count seen meeting the SLO
     lowest_fail: int | None = None  # smallest user count seen missing it
     steps: list[tuple[int, bool]] = field(default_factory=list)
     _next: int | None = None
     _confirming: tuple[int, LoadPointMetrics | None] | None = None  # a marginal verdict awaiting its second window
+    _margins: dict[int, float] = field(default_factory=dict)  # slo_margin of each decided user count
+    _bisect_moves: list[bool] = field(default_factory=list)  # inside a bracket: did each step move its lower end?
 
     def __post_init__(self):
         self._next = max(self.min_users, min(self.start_users, self.max_users))
@@ -51,7 +74,7 @@ class CapacitySearch:
         start = max(1, min(int(predicted_users), c.max_users)) if guided else c.start_users
         return cls(start_users=start, max_users=c.max_users, resolution_users=c.resolution_users,
                    growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s,
-                   guided=guided, confirm_marginal=c.confirm_marginal)
+                   guided=guided, confirm_marginal=c.confirm_marginal, bisect=Bisection(c.bisect))
 
     @property
     def done(self) -> bool:
@@ -86,14 +109,25 @@ class CapacitySearch:
         without it the second window decides."""
         self.steps.append((users, passed))
         confirming, self._confirming = self._confirming, None
+        windows = (point,) if point is not None else ()
         if confirming is not None and confirming[0] == users:  # the second window of a marginal verdict
             first = confirming[1]
             if first is not None and point is not None:
                 passed = self.pooled_meets(first, point)
+                windows = (first, point)
+            else:
+                windows = ()
         elif self.confirm_marginal and marginal:
             self._confirming = (users, point)  # decided with a second window
             self._next = users
             return
+        in_bracket = self.best_pass > 0 and self.lowest_fail is not None and self.best_pass < users < self.lowest_fail
+        if in_bracket:
+            self._bisect_moves.append(passed)
+        self._margins.pop(users, None)
+        margin = slo_margin(pooled_p90s(windows), self.p90_ttft_s, self.p90_tpot_s) if windows else None
+        if margin is not None and (margin <= 0) == passed:  # a verdict its P90s explain (not an invalid window)
+            self._margins[users] = margin
         if passed:
             self.best_pass = max(self.best_pass, users)
         else:
@@ -128,7 +162,21 @@ class CapacitySearch:
             return nxt
         if hi - lo <= self.resolution_users:
             return None
-        return (lo + hi) // 2
+        return self._inside(lo, hi)
+
+    def _inside(self, lo: int, hi: int) -> int:
+        """The next load point inside the bracket (lo passed, hi missed)."""
+        mid = (lo + hi) // 2
+        res = self.resolution_users
+        if self.bisect is not Bisection.INTERPOLATE or hi - lo <= 2 * res:
+            return mid
+        if len(self._bisect_moves) >= 3 and len(set(self._bisect_moves[-3:])) == 1:
+            return mid  # the line keeps landing on one side: halve the bracket instead
+        g_lo, g_hi = self._margins.get(lo), self._margins.get(hi)
+        if g_lo is None or g_hi is None or not g_lo <= 0 < g_hi:
+            return mid
+        crossing = lo + (hi - lo) * (-g_lo) / (g_hi - g_lo)
+        return min(hi - res, max(lo + res, int(round(crossing))))
 
     def _step_out(self, lo: int, hi: int | None) -> int | None:
         if hi is None:  # every point so far passed: step up
