@@ -5,6 +5,7 @@ what the simulator said it would measure (the ledger of trust: ``tuner.study.tru
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from tuner.errors import ConfigError, TrialError
@@ -79,6 +80,8 @@ def predicted_capacity(study, flags: dict, knobs: dict, *, seed: int) -> tuple[i
         if p.get("error"):
             return None, f"the simulator cannot predict it ({p['error']})"
         sources.update(p.get("calibration") or [])
-        search.record(users, bool(p["meets_slo"]))
+        # the P90s go with the verdict, as a real trial's do: an interpolating bisection reads them
+        search.record(users, bool(p["meets_slo"]), point=SimpleNamespace(
+            valid=True, requests=1, p90_ttft_s=p["p90_ttft_s"], p90_tpot_s=p["p90_tpot_s"]))
     basis = ", ".join(sorted(sources)) or "uncalibrated step times"
     return search.capacity_users, f"the simulator's capacity for this configuration ({basis})"
