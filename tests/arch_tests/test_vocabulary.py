@@ -52,7 +52,7 @@ def test_router_policies_agree_everywhere():
 
 def test_load_formats_agree_between_the_backend_and_the_simulator():
     from tuner.backends.sglang import LOAD_FORMATS
-    from tuner.sim.routing import LOAD_FORMAT_FLAG, random_weight_flags
+    from tuner.catalog.routing import LOAD_FORMAT_FLAG, random_weight_flags
     from tuner.vocabulary import LoadFormat
 
     assert LOAD_FORMATS == names(LoadFormat)

@@ -227,6 +227,38 @@ def test_tuned_moe_needs_a_valid_source(tmp_path, monkeypatch):
         moe_configs.prepare_trial_moe_dir(tmp_path / "t", bad, triton_version="3.6.0", include_shipped=False)
 
 
+def test_tiles_tuned_for_another_routing_are_named_at_launch_on_random_weights(tmp_path, caplog):
+    """DeepSeek-V3 on random weights: its biased gate sends every token to the same few experts, so a
+    folder tuned with tokens routed apart is named at launch (the trial still runs: the files are right
+    for real weights); the folder tuned under that routing, or real weights, say nothing."""
+    import shutil
+
+    def moe_only(src, name):  # the MoE files and their tune reports (the GEMM overlay needs sglang here)
+        dst = tmp_path / name
+        shutil.copytree(src / "configs", dst / "configs")
+        shutil.copytree(src / "reports", dst / "reports", ignore=shutil.ignore_patterns("*.gz"))
+        return dst
+
+    tuned = REPO / "results/kernels/h200/sglang"
+    routed_apart, collapsed = moe_only(tuned, "apart"), moe_only(tuned / "collapsed", "collapsed")
+
+    def plan(moe_dir, load_format, name):
+        req = request(tmp_path, {"tp-size": 1, "quantization": "fp8"}, {"moe-tile-configs": "tuned"}, gpu_ids=(0,),
+                      moe_config_dir=str(moe_dir), load_format=load_format)
+        req = TrialRequest(study=SimpleNamespace(**{**vars(req.study), "model": "deepseek-v3"}), trial_number=7,
+                           flags=req.flags, knobs=req.knobs, workdir=str(tmp_path), gpu_ids=(0,))
+        return SGLangBackend().build_plan(req, tmp_path / name)
+
+    with caplog.at_level("WARNING", logger="tuner.backends.sglang"):
+        apart = plan(routed_apart, "dummy", "a")
+    why = apart.facts["tile_routing_warning"]
+    assert why.startswith("E=257,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json was "
+                          "tuned with tokens routed apart") and "--routing collapsed" in why
+    assert why in caplog.text
+    assert "tile_routing_warning" not in plan(collapsed, "dummy", "b").facts
+    assert "tile_routing_warning" not in plan(routed_apart, "auto", "c").facts
+
+
 # ---- the extractor on the real wheel -----------------------------------------------------------
 
 def _cached_wheel(version: str = "0.5.23") -> Path | None:

@@ -43,8 +43,9 @@ from tuner.lifecycle import FailureClass
 import importlib.metadata
 from tuner.config.knobs import SGLANG_KNOBS
 from tuner.backends.sglang_log import describe_death, startup_report
-from tuner.backends.sglang_log import startup_report
 from tuner.catalog.hf import write_model_dir
+from tuner.catalog.routing import LOAD_FORMAT_FLAG, routed_expert_pool
+from tuner.kernels.worth import collapsed_routing_mismatch
 from tuner.vocabulary import LoadFormat, names
 
 log = logging.getLogger(__name__)
@@ -466,6 +467,14 @@ def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir
     facts["tile_files_expected"] = tiles.expected
     facts["tile_keys_from_shipped"] = tiles.merged_from_shipped
     facts["tile_files_required"] = [k.file_name for k in required] + list(required_gemm)
+    if checkpoint is not None and routed_expert_pool(model, {LOAD_FORMAT_FLAG: facts.get("load_format")}) is not None:
+        # random weights under a biased gate: tiles tuned with tokens routed apart run slower than SGLang's own
+        why = collapsed_routing_mismatch(model.name, gpu.device_name, checkpoint.weight_format, tp_size=topo.tp_size,
+                                         ep_size=int(flags.get("ep-size") or 1), tuned_dir=source,
+                                         shared_experts_fusion=fusion)
+        if why is not None:
+            facts["tile_routing_warning"] = why
+            log.warning("%s", why)
     user_pythonpath = (options.get("env") or {}).get("PYTHONPATH")
     return tiles.env(inherited_pythonpath=user_pythonpath or os.environ.get("PYTHONPATH"))
 

@@ -44,7 +44,7 @@ _POOL_HELP = ("Routed experts a collapsed routing spreads tokens over (default: 
 def _routed_pool(shape, routing: str, routed_pool: int | None) -> int | None:
     """The collapsed routing's pool of routed experts (None for the other routings)."""
     from tuner.errors import ConfigError
-    from tuner.sim.routing import COLLAPSED_GATE_EXTRA_EXPERTS
+    from tuner.catalog.routing import COLLAPSED_GATE_EXTRA_EXPERTS
 
     if routing != "collapsed":
         if routed_pool is not None:
@@ -517,7 +517,7 @@ def worth_cmd(model, gpu, quantization, tp_size, ep_size, tuned_dir, min_gain, c
     from tuner.catalog import get_gpu, get_model
     from tuner.kernels.worth import tile_configs_worth_trial, trial_batch_range
     from tuner.planner.memory import default_batch_limits
-    from tuner.sim.routing import random_weight_flags, routed_expert_pool
+    from tuner.catalog.routing import random_weight_flags, routed_expert_pool
 
     m = get_model(model)
     g = get_gpu(gpu)

@@ -11,7 +11,7 @@ from typing import Any
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
-from tuner.sim.routing import random_weight_flags
+from tuner.catalog.routing import random_weight_flags
 from tuner.workload.metrics import PREDICTION_KEY
 
 __all__ = ["PREDICTED_METRICS", "PREDICTION_KEY", "decode_step_split", "predict", "predicted_capacity"]

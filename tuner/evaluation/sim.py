@@ -7,7 +7,7 @@ from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
 from tuner.lifecycle import FailureClass
 from tuner.planner import plan_memory
 from tuner.sim import simulate_load_point
-from tuner.sim.routing import random_weight_flags
+from tuner.catalog.routing import random_weight_flags
 from tuner.vocabulary import BackendKind
 from tuner.workload.metrics import LoadPointMetrics
 

@@ -15,7 +15,7 @@ Only where the measurements say it can matter:
 
 A serving refit in the simulator calibration that found no gain anywhere overrides that. And where
 the trial's server routes every token to the same few experts (random weights under a biased gate,
-``tuner.sim.routing``), only a tune timed under that routing (``--routing collapsed``) counts: tiles
+``tuner.catalog.routing``), only a tune timed under that routing (``--routing collapsed``) counts: tiles
 tuned with tokens routed apart measured 1.7-2.4x slower than SGLang's default there (DeepSeek-V3,
 ``results/kernels/h200/sglang/compare/``).
 """
@@ -96,6 +96,46 @@ def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
     return worst[1], worst[2]
 
 
+def _moe_reports(tuned_dir: Path, shape_tag: str, gpu_device_name: str) -> list[dict]:
+    from tuner.kernels.sglang_layout import device_file_name
+
+    return [rep for rep in shape_reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape_tag
+            and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)]
+
+
+def _routed_apart(reports: list[dict], file_name: str) -> str | None:
+    """Why tiles whose tune reports all routed tokens apart do not suit a collapsed router; None
+    where one report tuned under the collapsed routing, or there are no reports to tell."""
+    if not reports or any(rep.get("routing") == "collapsed" for rep in reports):
+        return None
+    tuned_under = sorted({str(rep.get("routing") or "sglang-tuner") for rep in reports})
+    return (f"{file_name} was tuned with tokens routed apart ({', '.join(tuned_under)}); this trial's server "
+            "sends every token to the same few experts (random weights, biased gate), where such tiles "
+            "measured slower than SGLang's own: tune with --routing collapsed")
+
+
+def collapsed_routing_mismatch(model: str, gpu_device_name: str, weight_format: str, *, tp_size: int,
+                               ep_size: int = 1, tuned_dir: str | Path,
+                               shared_experts_fusion: bool = True) -> str | None:
+    """For a server whose router collapses (``tuner.catalog.routing``): why the folder's tiles for
+    this MoE shape were tuned for another routing, or None (tuned under it, no report, or no
+    Triton fused MoE for these weights)."""
+    from tuner.kernels.configfile import moe_config_filename
+    from tuner.kernels.shapes import moe_shape
+
+    formats = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
+    if weight_format not in formats:
+        return None
+    dtype, block = formats[weight_format]
+    try:
+        shape = moe_shape(model, tp_size, ep_size, dtype, block, disable_shared_experts_fusion=not shared_experts_fusion)
+    except ConfigError:
+        return None
+    name = moe_config_filename(shape.num_experts, shape.intermediate, gpu_device_name, shape.config_dtype,
+                               shape.block_shape)
+    return _routed_apart(_moe_reports(Path(tuned_dir), shape.tag, gpu_device_name), name)
+
+
 def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: str, *, tp_size: int,
                              ep_size: int = 1, tuned_dir: str | Path, shared_experts_fusion: bool = True,
                              min_gain: float = DEFAULT_MIN_GAIN, batch_range: tuple[int, int] | None = None,
@@ -105,7 +145,6 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     coverage is not checked and every measured batch size counts. ``collapsed_routing``: the trial's
     server sends every token to the same few experts."""
     from tuner.kernels.configfile import moe_config_filename, read_configs
-    from tuner.kernels.sglang_layout import device_file_name
     from tuner.kernels.shapes import moe_shape
 
     if min_gain <= 0:
@@ -126,14 +165,9 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     if serving_speedups and max(serving_speedups.values()) < min_gain:
         return Verdict(False, f"serving with tuned tiles measured at most {max(serving_speedups.values()):.3f}x",
                        shape_tag=shape.tag)
-    reports = [rep for rep in shape_reports(tuned_dir) if rep.get("kind") == "moe" and rep.get("tag") == shape.tag
-               and device_file_name(rep.get("device_name") or "") == device_file_name(gpu_device_name)]
-    if collapsed_routing and reports and not any(rep.get("routing") == "collapsed" for rep in reports):
-        tuned_under = sorted({str(rep.get("routing") or "sglang-tuner") for rep in reports})
-        return Verdict(False, f"{path.name} was tuned with tokens routed apart ({', '.join(tuned_under)}); this "
-                       "trial's server sends every token to the same few experts (random weights, biased gate), "
-                       "where such tiles measured slower than SGLang's own: tune with --routing collapsed",
-                       shape_tag=shape.tag)
+    reports = _moe_reports(tuned_dir, shape.tag, gpu_device_name)
+    if collapsed_routing and (why := _routed_apart(reports, path.name)) is not None:
+        return Verdict(False, why, shape_tag=shape.tag)
     if batch_range is not None:
         keys = sorted(read_configs(path))
         gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)

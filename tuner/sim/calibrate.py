@@ -26,7 +26,7 @@ CALIBRATION_DIR = Path(__file__).parent / "calibration"
 # tuned-over-untuned speedup tables, {tokens: speedup}: each replaces the one below it whole
 SPEEDUP_TABLES = ("moe_tuned_speedup", "gemm_tuned_speedup")
 # per shape, the tuned fused-MoE files' speedup over SGLang's own where a collapsed router sends every
-# token to the same few experts (random weights, biased gate: tuner.sim.routing), from `tuner kernels
+# token to the same few experts (random weights, biased gate: tuner.catalog.routing), from `tuner kernels
 # compare --routing collapsed`; tables timed with tokens routed apart do not hold there
 COLLAPSED_SPEEDUPS_KEY = "moe_tuned_speedup_collapsed_by_shape"
 

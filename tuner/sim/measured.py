@@ -39,7 +39,7 @@ from tuner.storage.snapshot import read_snapshot
 from tuner.workload.profiles import load_profile
 from tuner.workload.session import WorkloadProfile
 
-from .routing import random_weight_flags
+from tuner.catalog.routing import random_weight_flags
 
 PROBE_FORMAT = "tuner-probe/1"
 METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")

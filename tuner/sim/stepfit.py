@@ -50,7 +50,7 @@ from .calibrate import calibration_context, load_calibration
 from .scheduler import check_version, version_tuple
 from .simulate import build_step_model, simulate_load_point
 from .measured import find_sources, points_from_database
-from .routing import random_weight_flags
+from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_config_key, moe_variant,

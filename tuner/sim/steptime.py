@@ -35,7 +35,7 @@ from .calibrate import SpeedupCurve, collapsed_table, tuned_speedup, tuned_table
 from .moe_tiles import best_tile, default_tile, tile_efficiency
 from .opshapes import attention_shape, gemms, moe_shape
 from .optable import OpTables, tables_for_gpu
-from .routing import routed_expert_pool
+from tuner.catalog.routing import routed_expert_pool
 from .scheduler import version_tuple
 
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
@@ -404,7 +404,7 @@ class StepTimeModel:
         e, k, ep = self.moe_e, self.moe_k, self.layout.ep
         lay = self.layout
         # under attention DP every GPU's MoE layer sees the tokens of all ranks
-        # a table timed with uniform routing does not cover a collapsed router (tuner.sim.routing)
+        # a table timed with uniform routing does not cover a collapsed router (tuner.catalog.routing)
         local = self.moe_table.lookup_s(tokens) if self.moe_table is not None and self.moe_pool is None else None
         if local is not None:
             self._count("moe", self.moe_table)

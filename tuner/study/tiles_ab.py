@@ -30,7 +30,7 @@ from tuner.study.executor import deploy_here
 from tuner.study.export import _pick
 from tuner.study.runner import load_existing
 from tuner.sim.measured import METRICS, PROBE_FORMAT, extra_args_to_flags
-from tuner.sim.routing import random_weight_flags
+from tuner.catalog.routing import random_weight_flags
 from tuner.study.summary import study_summary
 from tuner.workload.ab import WindowComparison, compare_windows, read_requests, server_spread
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.catalog.hf import hf_config_of
+from .hf import hf_config_of
 from tuner.errors import ConfigError
 from tuner.vocabulary import LoadFormat
 
