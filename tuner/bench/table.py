@@ -2,7 +2,8 @@
 once and kept in a JSON file so that search strategies can be compared in seconds.
 
 The simulator is deterministic given the workload seed, so a configuration's capacity search
-(the same ``CapacitySearch`` the runner drives, one load point per step) is a pure function of
+(the same ``CapacitySearch`` the runner drives, one load point per step, bisecting at the midpoint:
+the table keeps verdicts, not P90s, and a replay must take the same steps) is a pure function of
 (study, configuration). The table stores each configuration's steps, so a replay can also stop
 a search early (pruning) and count what that saves. It is keyed by a hash of everything that
 changes a measurement, so an edited study or calibration never reads stale entries.
@@ -27,6 +28,7 @@ from tuner.evaluation.base import TrialRequest
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.evaluation.sim import SimEvaluator
 from tuner.lifecycle import FailureClass, TrialStatus
+from tuner.vocabulary import Bisection
 from tuner.sim.calibrate import load_calibration
 from tuner.config.schema import StudySpec
 from tuner.study import space as space_mod
@@ -37,8 +39,9 @@ TABLE_VERSION = 1
 
 def table_hash(study: StudySpec) -> str:
     """Hash of what a measurement depends on (not the trial budget, sampler or names)."""
-    dump = study.model_dump(mode="json", exclude={"trials", "source_path", "description", "backend", "sampler",
-                                                  "name"})
+    dump = study.model_dump(mode="json", exclude={"trials": True, "source_path": True, "description": True,
+                                                  "backend": True, "sampler": True, "name": True,
+                                                  "capacity": {"bisect": True}})
     dump["table_version"] = TABLE_VERSION
     # the simulator's calibration files change measurements too (e.g. a refit from kernel timings)
     dump["calibration_resolved"] = load_calibration(study.hardware.gpu, (study.backend_options or {}).get("calibration"))
@@ -54,6 +57,7 @@ def measure_config(study: StudySpec, values: dict) -> dict:
                 "kv_capacity_tokens": kv}
     request = TrialRequest(study=study, trial_number=0, flags=flags, knobs=knobs, seed=study.seed)
     search = CapacitySearch.for_study(study)
+    search.bisect = Bisection.MIDPOINT  # what replay_pruned, from verdicts alone, reproduces
     try:
         deployment = SimEvaluator().deploy(request)
         while (users := search.next_users()) is not None:

@@ -11,6 +11,7 @@ is never pruned: its capacity is the reference every improvement is quoted again
 from __future__ import annotations
 
 from tuner.evaluation.capacity import CapacitySearch
+from tuner.vocabulary import Bisection
 
 
 def should_prune(search: CapacitySearch, incumbent_users: int | None) -> bool:
@@ -29,6 +30,7 @@ def replay_pruned(study, steps: list, incumbent_users: int | None) -> tuple[int,
     """Replay a recorded capacity search (``[(users, passed), ...]``) with pruning against
     ``incumbent_users``: returns (load points measured, capacity or lower bound, pruned?)."""
     search = CapacitySearch.for_study(study)
+    search.bisect = Bisection.MIDPOINT  # verdicts alone: the steps a table recorded (tuner.bench.table)
     for i, (users, passed) in enumerate(steps):
         expected = search.next_users()
         if expected != users:  # a table made with other capacity settings: no replay possible
