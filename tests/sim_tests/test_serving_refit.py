@@ -69,6 +69,23 @@ def test_prefill_passes_count_where_the_point_carries_them():
     assert q.predicted_saved_fraction == 0 and q.realisation is None and q.moe_speedup == 1.0
 
 
+def test_decode_padding_times_the_kernels_at_the_batches_the_cuda_graphs_run():
+    # 16 closed-loop users, 8.9 decoding on average: a binomial batch, padded to 1, 2, 4, 8, 12, 16
+    batches = sr.padded_decode_batches(8.9, 16)
+    assert [m for m, _ in batches] == [1, 2, 4, 8, 12, 16]
+    assert sum(w for _, w in batches) == pytest.approx(1.0)
+    assert sum(m * w for m, w in batches) > 8.9  # padding only adds rows
+    assert sr.padded_decode_batches(16.0, 16) == [(16, 1.0)]  # every user decoding: a captured size already
+    assert dict(sr.padded_decode_batches(9.0, 9))[12] == pytest.approx(1.0)  # 9 runs as 12
+    # a kernel that saves only at M >= 12: the mean batch (8.9) predicts nothing, the padded batches do
+    moe = _moe({8: 100.0, 12: 100.0, 64: 100.0}, {8: 100.0, 12: 80.0, 64: 80.0})
+    default, tuned = [_point(16, 0.020, 445.0)], [_point(16, 0.019, 468.0)]
+    (plain,) = sr.serving_pairs(default, tuned, terms=[moe])
+    (padded,) = sr.serving_pairs(default, tuned, terms=[moe], decode_padding=True)
+    assert plain.predicted_saved_fraction < padded.predicted_saved_fraction
+    assert padded.realisation < plain.realisation
+
+
 def test_kernel_terms_pick_the_models_shapes_from_a_summary():
     def rep(kind, tag, rows):
         return {"kind": kind, "tag": tag, "rows": rows}

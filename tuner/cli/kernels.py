@@ -226,7 +226,6 @@ def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expe
     import json
 
     from tuner.errors import BackendUnavailableError, ConfigError
-    from tuner.kernels.shapes import parse_block_shape
     from tuner.kernels.targets import check_batch_sizes
     from tuner.kernels.tune import _check_gpu, parse_int_list, sglang_importable
     from tuner.safewrite import check_target, write_text
@@ -408,10 +407,14 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
 @click.option("--accept-realisation", is_flag=True,
               help="Write the fit even when serving showed far more or less than the kernels' saving "
                    "(realisation outside 0.5-1.5).")
+@click.option("--decode-padding", is_flag=True,
+              help="With --kernel-report: time the decode kernels at the batches SGLang's CUDA graphs run (a "
+                   "binomial batch of the load point's users, padded up to the next captured size: 9 runs as 12) "
+                   "instead of at the mean decode batch.")
 @click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
 @json_option
 def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
-                      dry_run, as_json):
+                      decode_padding, dry_run, as_json):
     """Refit the simulator's tile speedups from a measured serving difference (default vs tuned).
 
     Without --kernel-report the whole step change is put on the fused MoE. With it, each kernel gets
@@ -429,7 +432,11 @@ def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, t
             raise ConfigError("--kernel-report needs --model (the served model: its kernels and layer counts)",
                               key="model")
         terms = _terms_for(sr, kernel_report, model, tp_size, dtype)
-    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), terms=terms)
+    if decode_padding and terms is None:
+        raise ConfigError("--decode-padding needs --kernel-report (the kernels' times by batch size)",
+                          key="decode_padding")
+    pairs = sr.serving_pairs(sr.load_points(default_points), sr.load_points(tuned_points), terms=terms,
+                             decode_padding=decode_padding)
     a = sr.realisation(pairs) if terms else None
     refused = bool(terms) and not sr.realisation_plausible(a) and not accept_realisation
     path = None

@@ -125,6 +125,14 @@ def default_batch_limits(gpu_mem_mib: int, tp: int, sglang_version: str | None =
     return _gpu_bucket(gpu_mem_mib, tp, rules_version(sglang_version))
 
 
+def decode_capture_sizes(max_bs: int) -> list[int]:
+    """Decode CUDA-graph batch sizes without speculative decoding (0.5.17
+    ``ServerArgs._generate_decode_cuda_graph_batch_sizes``): a decode batch runs as the next of them."""
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else sizes + [max_bs]
+
+
 def prefill_capture_sizes(max_bs: int) -> list[int]:
     """Breakable prefill CUDA-graph token counts (``generate_prefill_cuda_graph_batch_sizes``)."""
     sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))

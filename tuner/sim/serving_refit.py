@@ -40,6 +40,7 @@ from tuner.errors import ConfigError
 from tuner.kernels.gemm_shapes import linear_layers
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.targets import Kernel
+from tuner.planner.memory import decode_capture_sizes
 from tuner.sim.calibrate import CALIBRATION_DIR, _read, interpolated_speedup, load_calibration
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
@@ -172,15 +173,34 @@ def prefill_rate(point: dict) -> tuple[float, float] | None:
     return float(computed) / float(duration) / per_pass, per_pass
 
 
-def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float, prefill: tuple[float, float] | None,
-                 kind: Kernel | None = None) -> tuple[float, float]:
-    """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``."""
+def padded_decode_batches(mean: float, users: int, max_bs: int = 256) -> list[tuple[int, float]]:
+    """The batch a decode step's kernels run, as (M, probability): each of ``users`` closed-loop users
+    decoding with probability ``mean / users`` (a binomial batch of that mean), the batch padded up to
+    the next CUDA-graph size (``decode_capture_sizes``); an empty batch runs no step."""
+    sizes = decode_capture_sizes(max_bs)
+    p = min(1.0, max(0.0, mean / users)) if users > 0 else 0.0
+    out: dict[int, float] = {}
+    for k in range(1, users + 1):
+        w = math.comb(users, k) * p ** k * (1 - p) ** (users - k)
+        if w > 0:
+            m = next((s for s in sizes if s >= k), k)
+            out[m] = out.get(m, 0.0) + w
+    total = sum(out.values())
+    return [(m, w / total) for m, w in sorted(out.items())] if total > 0 else [(max(1, round(mean)), 1.0)]
+
+
+def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float | list[tuple[int, float]],
+                 prefill: tuple[float, float] | None, kind: Kernel | None = None) -> tuple[float, float]:
+    """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``.
+    ``decode``: the decode batch, or the batches a step runs with their probabilities."""
+    batches = decode if isinstance(decode, list) else [(decode, 1.0)]
     base = saved = 0.0
     for t in terms:
         if kind is not None and t.kind is not kind:
             continue
-        base += t.base_s(decode) / tpot_s
-        saved += t.saving_s(decode) / tpot_s
+        for m, w in batches:
+            base += w * t.base_s(m) / tpot_s
+            saved += w * t.saving_s(m) / tpot_s
         if prefill is not None:
             rate, per_pass = prefill
             base += rate * t.base_s(per_pass)
@@ -189,7 +209,9 @@ def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float, prefill:
 
 
 def serving_pairs(default_points: list[dict], tuned_points: list[dict], *,
-                  terms: list[KernelTerm] | None = None) -> list[ServingPair]:
+                  terms: list[KernelTerm] | None = None, decode_padding: bool = False) -> list[ServingPair]:
+    """``decode_padding``: the kernels' decode terms at the batches SGLang's CUDA graphs run
+    (``padded_decode_batches``) instead of at the mean decode batch."""
     tuned = {int(p["users"]): p for p in tuned_points if p.get("valid", True)}
     pairs = []
     for d in default_points:
@@ -205,7 +227,8 @@ def serving_pairs(default_points: list[dict], tuned_points: list[dict], *,
             continue
         r = td / tt
         if terms:
-            pairs.append(_attributed_pair(u, decode, td, tt, terms, prefill_rate(d)))
+            batches = padded_decode_batches(decode, u) if decode_padding else None
+            pairs.append(_attributed_pair(u, decode, td, tt, terms, prefill_rate(d), batches))
             continue
         # no kernel times: the whole step change on the MoE (f = 1), the smallest speedup that fits
         pairs.append(ServingPair(u, decode, td, tt, r, 1.0, _speedup(td, tt)))
@@ -222,12 +245,14 @@ def _speedup(before_s: float, after_s: float) -> float:
 
 
 def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: list[KernelTerm],
-                     prefill: tuple[float, float] | None) -> ServingPair:
+                     prefill: tuple[float, float] | None,
+                     batches: list[tuple[int, float]] | None = None) -> ServingPair:
     r = td / tt
-    _, saved = _saved_per_s(terms, td, decode, prefill)
+    steps = batches if batches is not None else decode
+    _, saved = _saved_per_s(terms, td, steps, prefill)
     measured = 1.0 - 1.0 / r
     a = measured / saved if saved > 0 else None
-    moe_base, moe_saved = _saved_per_s(terms, td, decode, prefill, Kernel.MOE)
+    moe_base, moe_saved = _saved_per_s(terms, td, steps, prefill, Kernel.MOE)
     share = min(1.0, moe_base)  # MoE seconds per second of serving
     s = _speedup(moe_base, moe_base - a * moe_saved) if a is not None and moe_base > 0 else 1.0
     return ServingPair(users, decode, td, tt, r, share, s, predicted_saved_fraction=saved, realisation=a,
