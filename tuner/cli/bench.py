@@ -13,8 +13,8 @@ from tuner.vocabulary import Sampler, names
 
 @click.group()
 def bench():
-    """Benchmarks: replay client ceiling, search efficiency, simulator cost and fidelity, dashboard latency,
-    what a killed or stopped driver costs."""
+    """Benchmarks: replay client ceiling, search efficiency, capacity-search bisection, simulator cost
+    and fidelity, dashboard latency, what a killed or stopped driver costs."""
 
 
 def _int_list(ctx, param, value):
@@ -130,6 +130,32 @@ def sim(study, model, gpu, warmup_s, duration_s, users, as_json):
 
     doc = simulator_cost(study=study, model=model, gpu=gpu, warmup_s=warmup_s, duration_s=duration_s,
                          users=tuple(users))
+    if as_json:
+        emit_json(doc)
+        return
+    for line in format_lines(doc):
+        click.echo(line)
+
+
+@bench.command()
+@click.option("--seeds", type=click.IntRange(1, 16), default=2, show_default=True,
+              help="Workload samples simulated per configuration (a load point reads one drawn at random).")
+@click.option("--max-users", type=click.IntRange(2, 1024), default=160, show_default=True)
+@click.option("--step", "step_users", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="User grid of the simulated P90 curves.")
+@click.option("--draws", type=click.IntRange(1, 1000), default=40, show_default=True,
+              help="Searches per configuration, capacity setting and bisection.")
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=120, show_default=True)
+@click.option("--duration-s", type=click.FloatRange(min=1), default=600, show_default=True)
+@json_option
+def bisect(seeds, max_users, step_users, draws, warmup_s, duration_s, as_json):
+    """Load points per capacity search under each bisection (midpoint, interpolate), on P90 curves
+    the simulator measured for three GLM-5.1 configurations, each load point from a workload sample
+    drawn at random; mean capacities side by side (about 3 minutes per seed on one core)."""
+    from tuner.bench.bisect import bench_bisect, format_lines
+
+    doc = bench_bisect(seeds=seeds, max_users=max_users, step=step_users, draws=draws, warmup_s=warmup_s,
+                       duration_s=duration_s, progress=lambda s: click.echo(s, err=True))
     if as_json:
         emit_json(doc)
         return
