@@ -290,3 +290,14 @@ def test_for_study_reads_bisect():
     assert CapacitySearch.for_study(SimpleNamespace(capacity=CapacitySpec(), slo=slo)).bisect is Bisection.INTERPOLATE
     study = SimpleNamespace(capacity=CapacitySpec(bisect="midpoint"), slo=slo)
     assert CapacitySearch.for_study(study).bisect is Bisection.MIDPOINT
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_hostile_p90s_leave_the_search_finishing_within_the_resolution(bad):
+    """A window reporting a NaN, infinite, zero or negative P90 above 40 users: no margin, or an
+    extreme one, and the search still ends with a bracket no wider than the resolution."""
+    def world(users):
+        m = _point(users, 0.05 * math.exp(0.02 * (users - 45.0)))
+        return dataclasses.replace(m, p90_ttft_s=bad) if users > 40 else m
+    s = _search(world, Bisection.INTERPOLATE)
+    assert s.done and s.lowest_fail - s.capacity_users <= 4 and len(s.steps) <= 12
