@@ -17,6 +17,15 @@ def bench():
     and fidelity, dashboard latency, what a killed or stopped driver costs."""
 
 
+def _print_doc(doc: dict, as_json: bool, format_lines) -> None:
+    """A benchmark's document: as JSON, or as the lines ``format_lines`` makes of it."""
+    if as_json:
+        emit_json(doc)
+        return
+    for line in format_lines(doc):
+        click.echo(line)
+
+
 def _int_list(ctx, param, value):
     try:
         out = [int(v) for v in value.split(",") if v.strip()]
@@ -130,11 +139,7 @@ def sim(study, model, gpu, warmup_s, duration_s, users, as_json):
 
     doc = simulator_cost(study=study, model=model, gpu=gpu, warmup_s=warmup_s, duration_s=duration_s,
                          users=tuple(users))
-    if as_json:
-        emit_json(doc)
-        return
-    for line in format_lines(doc):
-        click.echo(line)
+    _print_doc(doc, as_json, format_lines)
 
 
 @bench.command()
@@ -156,11 +161,7 @@ def bisect(seeds, max_users, step_users, draws, warmup_s, duration_s, as_json):
 
     doc = bench_bisect(seeds=seeds, max_users=max_users, step=step_users, draws=draws, warmup_s=warmup_s,
                        duration_s=duration_s, progress=lambda s: click.echo(s, err=True))
-    if as_json:
-        emit_json(doc)
-        return
-    for line in format_lines(doc):
-        click.echo(line)
+    _print_doc(doc, as_json, format_lines)
 
 
 @bench.command()
