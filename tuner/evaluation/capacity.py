@@ -19,15 +19,14 @@ With ``bisect=interpolate`` the bisection reads how far each end of the bracket 
 between the two ends crosses the limit, kept at least the resolution away from both ends so that
 a right estimate is bracketed by the next load point. A bracket of at most twice the resolution,
 an end without P90s (an invalid window, or steps recorded without metrics), and a probe after three
-in a row that moved the same end (the line is bent: regula falsi's slow side) take the midpoint,
-so the search never needs more than about twice the midpoint's load points, and a search replayed
-from verdicts alone is the midpoint search.
+in a row that moved the same end (the line is bent: regula falsi's slow side) take the midpoint.
+Every step inside a bracket shrinks it by at least the resolution, and a search replayed from
+verdicts alone is the midpoint search.
 """
 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from tuner.vocabulary import Bisection
