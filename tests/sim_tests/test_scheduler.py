@@ -214,3 +214,27 @@ def test_lpm_orders_by_longest_cached_prefix():
     add(rank, 1, 400, 1)  # 300 cached
     eng.step()
     assert model.log[-1][3] == [(100, 300)]  # session 1 first although it came second
+
+
+@pytest.mark.timeout(120)
+def test_a_prompt_sglang_can_never_admit_blocks_its_rank_and_times_out_instead_of_hanging():
+    """A prompt under max_req_input_len (pool - 6) whose paged length plus a page fills the pool:
+    SGLang clamps its output to 0 tokens and PrefillAdder still answers NO_TOKEN, so it waits for
+    good and blocks its rank's queue. The simulation ends at its drain limit with those requests
+    timed out (it used to spin for ever once no arrival was left)."""
+    import math
+
+    from tuner.sim import simulate_load_point
+    from tuner.workload.session import LogNormal, WorkloadProfile
+
+    def fixed(v):
+        return LogNormal(mu=math.log(v), sigma=0.0, min=v, max=v)
+
+    profile = WorkloadProfile(name="pool-filler", system_prefix_tokens=0, first_turn_context_tokens=fixed(21150),
+                              new_tokens_per_turn=fixed(100), output_tokens_per_turn=fixed(50),
+                              turns_per_session=fixed(2), think_time_s=fixed(1))
+    flags = {"tp-size": 8, "attn-dp-size": 8, "ep-size": 1, "quantization": "fp8"}
+    m = simulate_load_point("glm-5.1", "h200", 8, flags, {}, profile, 2, warmup_s=0, duration_s=20,
+                            host_memory_gb=2048)
+    assert m.extra["kv_capacity_tokens_per_pool"] == 21184  # 21,150 + 50 output would not fit; 21,150 < 21,178
+    assert m.requests == 2 and m.errors == 2 and not m.valid

@@ -178,3 +178,27 @@ def test_fault_hang_stops_tokens_and_fails_health():
             assert (await client.get("/health")).status == 503
 
     asyncio.run(run())
+
+
+def test_a_request_that_can_never_run_does_not_keep_the_engine_spinning():
+    """A prompt whose paged length and a page fill a rank's KV pool is never admitted (as in
+    SGLang); the replica then waits for the next request instead of stepping in a loop."""
+    async def run():
+        flags = {"tp-size": 8, "attn-dp-size": 8, "quantization": "fp8"}
+        engine, plan = build_online_engine("glm-5.1", "h200", 8, flags, {}, time_scale=50.0)
+        assert engine.capacity_tokens == 21184
+        calls = []
+        for rep in engine.replicas:
+            step = rep.step
+            rep.step = lambda horizon=float("inf"), _step=step: calls.append(1) or _step(horizon)
+        task = asyncio.create_task(engine.run())
+        req = engine.submit(list(range(21150)), 50)
+        await asyncio.sleep(0.5)
+        stuck = len(calls)
+        assert 1 <= stuck <= 3 and req.first_t is None  # tried, then waited
+        engine.submit([1, 2, 3], 5)  # a request routed elsewhere still runs
+        await asyncio.sleep(0.5)
+        assert len(calls) > stuck
+        task.cancel()
+
+    asyncio.run(run())

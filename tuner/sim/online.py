@@ -118,7 +118,9 @@ class OnlineEngine:
             pending, produced = self._pending, self._produced
             self._pending = []
             if dt <= 0 and not pending:
-                await asyncio.sleep(0)
+                # nothing could run (a prompt SGLang never admits blocks its rank): wait for a request
+                wake.clear()
+                await wake.wait()
                 continue
             await asyncio.sleep(dt / self.time_scale)
             self.steps += 1

@@ -12,6 +12,7 @@ timeout error).
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,13 @@ def simulate_load_point(
         if len(busy) > 1:
             others = min(r.clock for r in busy if r is not rep)
             horizon = min(horizon, max(others, rep.clock) + MULTI_REPLICA_JUMP_S)
-        rep.step(horizon)
+        before = rep.clock
+        if rep.step(horizon) <= 0 and rep.clock == before and not math.isfinite(horizon):
+            # nothing runs and nothing more arrives: a waiting request SGLang can never admit (its
+            # paged prompt and a page fill the pool: Scheduler.init_req_max_new_tokens clamps its
+            # output to 0, PrefillAdder.add_one_req still answers NO_TOKEN) blocks its rank's
+            # queue for good; what is left times out, as the client's requests would
+            break
 
     # requests of the window still unfinished: timeouts
     for rank in all_ranks:
