@@ -56,9 +56,7 @@ def simulator_cost(*, study: str = "h200", model: str = "glm-5.1", gpu: str = "h
     own = Bisection(spec.capacity.bisect)
     searches = {}
     for bisect in (own, *(b for b in Bisection if b is not own)):
-        search = CapacitySearch.for_study(spec)
-        search.bisect = bisect
-        search, cpu_s = capacity_search(measure, search)
+        search, cpu_s = capacity_search(measure, CapacitySearch.for_study(spec, bisect=bisect))
         searches[bisect.value] = {"capacity_users": search.capacity_users,
                                   "load_points": [u for u, _ in search.steps], "cpu_s": cpu_s}
     points = []

@@ -56,8 +56,8 @@ def measure_config(study: StudySpec, values: dict) -> dict:
         return {"status": TrialStatus.INFEASIBLE.value, "prescreened": True, "capacity_users": 0, "steps": [], "reason": reason,
                 "kv_capacity_tokens": kv}
     request = TrialRequest(study=study, trial_number=0, flags=flags, knobs=knobs, seed=study.seed)
-    search = CapacitySearch.for_study(study)
-    search.bisect = Bisection.MIDPOINT  # what replay_pruned, from verdicts alone, reproduces
+    # the midpoint: what replay_pruned reproduces from verdicts alone
+    search = CapacitySearch.for_study(study, bisect=Bisection.MIDPOINT)
     try:
         deployment = SimEvaluator().deploy(request)
         while (users := search.next_users()) is not None:

@@ -66,14 +66,15 @@ class CapacitySearch:
         self._next = max(self.min_users, min(self.start_users, self.max_users))
 
     @classmethod
-    def for_study(cls, study, predicted_users: int | None = None) -> "CapacitySearch":
-        """The study's search; ``predicted_users`` (a predicted capacity) makes it a guided search from there."""
+    def for_study(cls, study, predicted_users: int | None = None, bisect: Bisection | None = None) -> "CapacitySearch":
+        """The study's search; ``predicted_users`` (a predicted capacity) makes it a guided search from
+        there; ``bisect`` overrides the study's bisection."""
         c = study.capacity
         guided = predicted_users is not None
         start = max(1, min(int(predicted_users), c.max_users)) if guided else c.start_users
         return cls(start_users=start, max_users=c.max_users, resolution_users=c.resolution_users,
                    growth_factor=c.growth_factor, p90_ttft_s=study.slo.p90_ttft_s, p90_tpot_s=study.slo.p90_tpot_s,
-                   guided=guided, confirm_marginal=c.confirm_marginal, bisect=Bisection(c.bisect))
+                   guided=guided, confirm_marginal=c.confirm_marginal, bisect=bisect or Bisection(c.bisect))
 
     @property
     def done(self) -> bool:

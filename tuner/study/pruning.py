@@ -29,8 +29,8 @@ def prune_reason(search: CapacitySearch, incumbent_users: int) -> str:
 def replay_pruned(study, steps: list, incumbent_users: int | None) -> tuple[int, int, bool]:
     """Replay a recorded capacity search (``[(users, passed), ...]``) with pruning against
     ``incumbent_users``: returns (load points measured, capacity or lower bound, pruned?)."""
-    search = CapacitySearch.for_study(study)
-    search.bisect = Bisection.MIDPOINT  # verdicts alone: the steps a table recorded (tuner.bench.table)
+    # verdicts alone: the steps a table recorded (tuner.bench.table)
+    search = CapacitySearch.for_study(study, bisect=Bisection.MIDPOINT)
     for i, (users, passed) in enumerate(steps):
         expected = search.next_users()
         if expected != users:  # a table made with other capacity settings: no replay possible
