@@ -10,7 +10,8 @@ from tuner.bench.bisect import SETTINGS, search_counts
 def _curve(crossing: float, max_users: int = 64, step: int = 2):
     """A P90 TPOT rising linearly through the 50 ms limit at ``crossing`` users."""
     return {u: SimpleNamespace(users=u, valid=True, requests=100, p90_ttft_s=1.0, p90_tpot_s=0.05 * u / crossing,
-                               meets=u <= crossing) for u in range(step, max_users + 1, step)}
+                               extra={}, meets=lambda ttft_s, tpot_s, ok=u <= crossing: ok)
+            for u in range(step, max_users + 1, step)}
 
 
 def test_search_counts_compare_both_bisections_on_the_same_draws():

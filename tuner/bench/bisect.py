@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import random
 import time
-from types import SimpleNamespace
 
-from tuner.bench.simulator_cost import CODING_AGENT
+from tuner.bench.simulator_cost import CODING_AGENT, capacity_search
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
 from tuner.vocabulary import Bisection
+from tuner.workload.metrics import LoadPointMetrics
 
 CONFIGS = {
     "dp8-ep8-fp8kv": ({"tp-size": 8, "attn-dp-size": 8, "ep-size": 8, "quantization": "modelopt_fp4",
@@ -34,7 +34,7 @@ SLO = (30.0, 0.050)
 
 
 def curves(*, seeds: int, max_users: int, step: int, warmup_s: float, duration_s: float,
-           progress=lambda s: None) -> dict[str, list[dict[int, SimpleNamespace]]]:
+           progress=lambda s: None) -> dict[str, list[dict[int, LoadPointMetrics]]]:
     """{configuration: [one {users: point} per seed]} of simulated load points on the user grid."""
     out = {}
     for name, (flags, knobs) in CONFIGS.items():
@@ -43,11 +43,8 @@ def curves(*, seeds: int, max_users: int, step: int, warmup_s: float, duration_s
             t0 = time.monotonic()
             grid = {}
             for users in range(step, max_users + 1, step):
-                m = simulate_load_point("glm-5.1", "h200", 8, flags, knobs, CODING_AGENT, users, warmup_s=warmup_s,
-                                        duration_s=duration_s, seed=seed)
-                grid[users] = SimpleNamespace(users=users, valid=m.valid, requests=m.requests, extra={},
-                                              p90_ttft_s=m.p90_ttft_s, p90_tpot_s=m.p90_tpot_s,
-                                              meets=m.meets(*SLO))
+                grid[users] = simulate_load_point("glm-5.1", "h200", 8, flags, knobs, CODING_AGENT, users,
+                                                  warmup_s=warmup_s, duration_s=duration_s, seed=seed)
             out[name].append(grid)
             progress(f"{name} seed {seed}: {len(grid)} load points in {time.monotonic() - t0:.0f} s")
     return out
@@ -60,13 +57,13 @@ def search_counts(tables: dict[str, list[dict]], *, draws: int, max_users: int, 
         for start, top, res, growth in SETTINGS:
             for b in Bisection:
                 rng = random.Random(f"{name}/{start}/{top}/{res}")  # the same draws for both bisections
+                def measure(users):
+                    return rng.choice(grids)[min(max_users, users + (-users % step))]
+
                 for _ in range(draws):
-                    s = CapacitySearch(start_users=min(start, max_users), max_users=min(top, max_users),
-                                       resolution_users=res, growth_factor=growth, p90_ttft_s=SLO[0],
-                                       p90_tpot_s=SLO[1], bisect=b)
-                    while (users := s.next_users()) is not None:
-                        point = rng.choice(grids)[min(max_users, users + (-users % step))]
-                        s.record(users, point.meets, point=point)
+                    s, _ = capacity_search(measure, CapacitySearch(
+                        start_users=min(start, max_users), max_users=min(top, max_users), resolution_users=res,
+                        growth_factor=growth, p90_ttft_s=SLO[0], p90_tpot_s=SLO[1], bisect=b))
                     t = totals[b.value]
                     t["searches"] += 1
                     t["load_points"] += len(s.steps)

@@ -25,6 +25,12 @@ SHARED_FUSION_ARCHITECTURES = frozenset({
 })
 
 DTYPES = ("bf16", "fp8_w8a8")
+#: checkpoint weight format -> (dtype, block shape) of SGLang's Triton fused-MoE kernel for it;
+#: other formats (nvfp4, ...) run other kernels and read no Triton tile file
+TRITON_MOE_DTYPES: dict[str, tuple[str, tuple[int, int] | None]] = {
+    "bf16": ("bf16", None),
+    "fp8_block": ("fp8_w8a8", (128, 128)),
+}
 
 
 @dataclass(frozen=True)

@@ -121,12 +121,11 @@ def collapsed_routing_mismatch(model: str, gpu_device_name: str, weight_format: 
     this MoE shape were tuned for another routing, or None (tuned under it, no report, or no
     Triton fused MoE for these weights)."""
     from tuner.kernels.configfile import moe_config_filename
-    from tuner.kernels.shapes import moe_shape
+    from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 
-    formats = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
-    if weight_format not in formats:
+    if weight_format not in TRITON_MOE_DTYPES:
         return None
-    dtype, block = formats[weight_format]
+    dtype, block = TRITON_MOE_DTYPES[weight_format]
     try:
         shape = moe_shape(model, tp_size, ep_size, dtype, block, disable_shared_experts_fusion=not shared_experts_fusion)
     except ConfigError:
@@ -145,16 +144,15 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     coverage is not checked and every measured batch size counts. ``collapsed_routing``: the trial's
     server sends every token to the same few experts."""
     from tuner.kernels.configfile import moe_config_filename, read_configs
-    from tuner.kernels.shapes import moe_shape
+    from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 
     if min_gain <= 0:
         raise ConfigError(f"min_gain must be positive, got {min_gain}", key="min_gain")
     if batch_range is not None and not 1 <= batch_range[0] <= batch_range[1]:
         raise ConfigError(f"batch range {batch_range} must be 1 <= low <= high", key="batch_range")
-    formats = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
-    if weight_format not in formats:
+    if weight_format not in TRITON_MOE_DTYPES:
         return Verdict(False, f"{weight_format} weights do not run SGLang's Triton fused-MoE kernel")
-    dtype, block = formats[weight_format]
+    dtype, block = TRITON_MOE_DTYPES[weight_format]
     shape = moe_shape(model, tp_size, ep_size, dtype, block, disable_shared_experts_fusion=not shared_experts_fusion)
     tuned_dir = Path(tuned_dir)
     name = moe_config_filename(shape.num_experts, shape.intermediate, gpu_device_name, shape.config_dtype,

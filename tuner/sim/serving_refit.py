@@ -189,11 +189,10 @@ def padded_decode_batches(mean: float, users: int, max_bs: int = 256) -> list[tu
     return [(m, w / total) for m, w in sorted(out.items())] if total > 0 else [(max(1, round(mean)), 1.0)]
 
 
-def _saved_per_s(terms: list[KernelTerm], tpot_s: float, decode: float | list[tuple[int, float]],
+def _saved_per_s(terms: list[KernelTerm], tpot_s: float, batches: list[tuple[float, float]],
                  prefill: tuple[float, float] | None, kind: Kernel | None = None) -> tuple[float, float]:
-    """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``.
-    ``decode``: the decode batch, or the batches a step runs with their probabilities."""
-    batches = decode if isinstance(decode, list) else [(decode, 1.0)]
+    """(kernel seconds per second of serving, of which saved by the tuned tiles) over ``terms``;
+    ``batches``: the decode batches a step runs, with their probabilities."""
     base = saved = 0.0
     for t in terms:
         if kind is not None and t.kind is not kind:
@@ -227,7 +226,7 @@ def serving_pairs(default_points: list[dict], tuned_points: list[dict], *,
             continue
         r = td / tt
         if terms:
-            batches = padded_decode_batches(decode, u) if decode_padding else None
+            batches = padded_decode_batches(decode, u) if decode_padding else [(decode, 1.0)]
             pairs.append(_attributed_pair(u, decode, td, tt, terms, prefill_rate(d), batches))
             continue
         # no kernel times: the whole step change on the MoE (f = 1), the smallest speedup that fits
@@ -245,14 +244,12 @@ def _speedup(before_s: float, after_s: float) -> float:
 
 
 def _attributed_pair(users: int, decode: float, td: float, tt: float, terms: list[KernelTerm],
-                     prefill: tuple[float, float] | None,
-                     batches: list[tuple[int, float]] | None = None) -> ServingPair:
+                     prefill: tuple[float, float] | None, batches: list[tuple[float, float]]) -> ServingPair:
     r = td / tt
-    steps = batches if batches is not None else decode
-    _, saved = _saved_per_s(terms, td, steps, prefill)
+    _, saved = _saved_per_s(terms, td, batches, prefill)
     measured = 1.0 - 1.0 / r
     a = measured / saved if saved > 0 else None
-    moe_base, moe_saved = _saved_per_s(terms, td, steps, prefill, Kernel.MOE)
+    moe_base, moe_saved = _saved_per_s(terms, td, batches, prefill, Kernel.MOE)
     share = min(1.0, moe_base)  # MoE seconds per second of serving
     s = _speedup(moe_base, moe_base - a * moe_saved) if a is not None and moe_base > 0 else 1.0
     return ServingPair(users, decode, td, tt, r, share, s, predicted_saved_fraction=saved, realisation=a,

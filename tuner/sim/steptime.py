@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.errors import ConfigError
-from tuner.kernels.shapes import moe_shape as kernel_moe_shape
+from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape as kernel_moe_shape
 from tuner.planner.parallel import ParallelLayout
 from tuner.planner.memory import prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
@@ -529,15 +529,11 @@ class StepTimeModel:
                 "profiles": sorted(self._files), "attention_backend": self.attention_backend}
 
 
-# the Triton fused-MoE dtypes a weight format runs (tuner kernels tune --dtype / --block-shape)
-_KERNEL_DTYPES = {"bf16": ("bf16", None), "fp8_block": ("fp8_w8a8", (128, 128))}
-
-
 def _kernel_tag(model: ModelDescription, layout: ParallelLayout, routed_fmt: str) -> str | None:
     """The fused-MoE shape one GPU runs, as the kernel tuner names it (``MoEShape.tag``: SGLang's
     local experts, fused shared experts and moe-TP slice): the key of its own tuned-speedup table.
     None where the weights run no Triton fused MoE."""
-    dtype = _KERNEL_DTYPES.get(routed_fmt)
+    dtype = TRITON_MOE_DTYPES.get(routed_fmt)
     if dtype is None:
         return None
     try:

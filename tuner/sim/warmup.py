@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
-from tuner.kernels.shapes import moe_shape
+from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 
 KEY = "fresh_server_stalls"
 
@@ -118,21 +118,14 @@ H200_0_5_17_MOE_CONFIG_GROUPS: dict[str, list[list[int]]] = {
     "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]": [list(MOE_CONFIG_KEYS)],
 }
 
-# the Triton fused-MoE kernel's weight dtype and block shape per checkpoint format (nvfp4 runs
-# other kernels: no Triton config file)
-_TRITON_MOE_DTYPE: dict[str, tuple[str, tuple[int, int] | None]] = {
-    "bf16": ("bf16", None),
-    "fp8_block": ("fp8_w8a8", (128, 128)),
-}
-
 
 def triton_moe_shape(model, weight_format: str, tp: int, ep: int, flags: dict | None = None):
     """The expert shape SGLang's Triton fused-MoE kernel runs on one GPU at ``tp`` / ``ep``
     (``tuner.kernels.shapes.moe_shape``, the fused shared expert included); None for a dense model
     or a weight format the Triton kernel does not run."""
-    if not getattr(model, "is_moe", False) or weight_format not in _TRITON_MOE_DTYPE:
+    if not getattr(model, "is_moe", False) or weight_format not in TRITON_MOE_DTYPES:
         return None
-    dtype, block = _TRITON_MOE_DTYPE[weight_format]
+    dtype, block = TRITON_MOE_DTYPES[weight_format]
     return moe_shape(model, tp, ep, dtype, block,
                      disable_shared_experts_fusion=bool((flags or {}).get("disable-shared-experts-fusion")))
 
