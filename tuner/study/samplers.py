@@ -99,8 +99,10 @@ def grid_configs(study: StudySpec, budget: int) -> list[dict]:
 # The default sampler does not start from random points: right after the baseline it tries, for
 # each parallelism family (TP/DP/attention-DP/EP split) in the space, the memory settings that the
 # planner says leave the most KV cache (quantization, KV dtype, memory fraction, hierarchical
-# cache), ranked by that KV room. KV room is what decides capacity on multi-turn workloads (see
-# docs/search.md); TPE then refines the other knobs from these points.
+# cache). KV room is what decides capacity on multi-turn workloads (see docs/search.md), but it
+# grows with the number of KV pools (attention-DP ranks) while the step time it cannot see grows
+# too, so the families are taken in rounds: each round the best family of every pool count, by
+# room, before a second family of any count. TPE then refines the other knobs from these points.
 PARALLEL_KNOBS = ("tp-size", "dp-size", "attn-dp-size", "ep-size", "pp-size")
 MEMORY_KNOBS = ("quantization", "kv-cache-dtype", "mem-fraction-static", "enable-hierarchical-cache", "hicache-ratio")
 # Other knobs in the seeds: the value the serving guides recommend where the space offers it,
@@ -129,7 +131,7 @@ def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
     if space_mod.grid_size_upper_bound(small) > MAX_SEED_PLANS:
         return []
     model, gpu, hw = get_model(study.model), get_gpu(study.hardware.gpu), study.hardware
-    best: dict[tuple, tuple[float, dict]] = {}
+    best: dict[tuple, tuple[float, int, dict]] = {}
     for values in space_mod.enumerate_grid(small, env):
         flags, _ = space_mod.split(values, space.engine, space_mod.pinned_flags(study))
         try:
@@ -142,7 +144,23 @@ def seed_configs(study, max_configs: int = MAX_SEED_CONFIGS) -> list[dict]:
         room = plan.kv_capacity_tokens_total + HOST_KV_WEIGHT * plan.hicache_host_tokens_per_pool * plan.kv_pools
         family = tuple(values.get(k) for k in PARALLEL_KNOBS)
         if family not in best or room > best[family][0]:
-            best[family] = (room, values)
-    ranked = sorted(best.values(), key=lambda rv: -rv[0])[:max_configs]
+            best[family] = (room, plan.kv_pools, values)
+    ranked = _rounds_by_pool_count(list(best.values()))[:max_configs]
     return [{k: v for k, v in values.items() if space_mod.condition_holds(space, k, values, env)}
-            for _, values in ranked]
+            for _, _, values in ranked]
+
+
+def _rounds_by_pool_count(families: list[tuple[float, int, dict]]) -> list[tuple[float, int, dict]]:
+    """(room, kv_pools, values) per family -> round r holds the r-th roomiest family of every pool
+    count, roomiest first; rounds in order. Room alone would rank every family with more pools above
+    the single-pool ones and leave plain TP, SGLang's own layout, outside the seeds."""
+    by_pools: dict[int, list] = {}
+    for family in sorted(families, key=lambda f: -f[0]):
+        by_pools.setdefault(family[1], []).append(family)
+    rounds: list[list] = []
+    for members in by_pools.values():
+        for r, family in enumerate(members):
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(family)
+    return [family for members in rounds for family in sorted(members, key=lambda f: -f[0])]
