@@ -54,3 +54,15 @@ def test_aggregate_records_the_spread_and_leaves_it_out_below_ten_requests():
 def test_the_spread_is_reproducible():
     v = list(np.random.default_rng(1).lognormal(0, 1, 200))
     assert p90_spread(v) == p90_spread(v)
+
+
+def test_counted_in_window_takes_starts_and_the_warm_ups_still_waiting():
+    from tuner.workload.metrics import counted_in_window
+
+    w = (10.0, 20.0)
+    assert counted_in_window(10.0, 10.5, w) and counted_in_window(19.9, None, w)
+    assert not counted_in_window(20.0, 20.1, w)  # starts after the window
+    assert counted_in_window(5.0, 12.0, w)  # first token after the window opened
+    assert counted_in_window(5.0, 10.0, w)
+    assert counted_in_window(5.0, None, w)  # still waiting
+    assert not counted_in_window(5.0, 9.9, w)  # served (or failed) in the warm-up

@@ -85,3 +85,21 @@ def test_text_prompts(server):
     r = run_sync(replay_closed_loop(server, PROFILE, 2, warmup_s=0.1, duration_s=1.0, time_scale=0.0,
                                     prompt_format="text"))
     assert r.metrics.valid and np.isfinite(r.metrics.p50_ttft_s)
+
+
+def test_requests_starved_since_the_warm_up_count_in_the_window():
+    # the first two requests (sent in the warm-up) get their first token only after the window opened:
+    # a window that counted only the requests started in it would not see its slowest ones
+    warmup, stall = 0.5, 1.5
+    with LoadgenProcess(ServerConfig(token_rate_per_s=RATE, ttft_s=0.01, stall_first=2, stall_s=stall)) as url:
+        r = run_sync(replay_closed_loop(url, PROFILE, 4, warmup_s=warmup, duration_s=2.0, time_scale=0.02))
+    m = r.metrics
+    carried = [x for x in r.records if x.carried_in]
+    assert len(carried) == 2 and m.extra["carried_in_requests"] == 2
+    assert all(x.start_s < warmup <= x.start_s + x.ttft_s and x.ttft_s >= stall for x in carried)
+    # the warm-up's other requests had their first token before the window: not counted
+    assert all(x.start_s >= warmup for x in r.records if not x.carried_in)
+    assert m.p99_ttft_s >= stall and m.valid
+    # throughput is the window's own requests
+    started = [x for x in r.records if x.ok and not x.carried_in]
+    assert m.throughput_tokens_per_s == pytest.approx(sum(x.output_tokens for x in started) / 2.0)

@@ -4,9 +4,10 @@ sessions against the simulated scheduler, aggregated exactly like a real replay.
 Users follow the replay client (tuner.workload.replay): user u starts at u/users x warmup/2, runs
 sessions u, u + users, u + 2 users, ... one at a time, and waits each turn's think time after the
 response (the next session starts right after the last turn). Requests that start inside the measurement window
-[warmup_s, warmup_s + duration_s) count; after the window no new request starts and the ones in
-flight are drained (a request still running ``DRAIN_LIMIT_S`` after the window ends counts as a
-timeout error).
+[warmup_s, warmup_s + duration_s) count, and so do the warm-up's still waiting for their first token
+when it opens (``counted_in_window``, as the replay client counts them); after the window no new
+request starts and the ones in flight are drained (a request still running ``DRAIN_LIMIT_S`` after
+the window ends counts as a timeout error).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tuner.lifecycle import FailureClass
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.planner.memory import speculative_draft_layers
 from tuner.planner.parallel import flag_bool
-from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
+from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate, counted_in_window
 from tuner.workload.session import Session, WorkloadProfile, generate_session
 
 from .breakdown import window_report
@@ -205,18 +206,21 @@ def simulate_load_point(
             if req.chunk_end_t is not None:
                 stages[2] += req.chunk_end_t - req.sched_t
             stages[3] += req.first_t - req.arrival
-        if window[0] <= req.arrival < window[1]:
+        if req.arrival < window[1]:
             pending_in_window -= 1
+        if counted_in_window(req.arrival, t if req.first_t is None else req.first_t, window):
+            carried = req.arrival < window[0]
             if error:
                 records.append(RequestRecord(
                     session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
-                    output_tokens=0, ttft_s=None, end_s=None, error=error))
+                    output_tokens=0, ttft_s=None, end_s=None, error=error, carried_in=carried))
             else:
                 records.append(RequestRecord(
                     session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
                     output_tokens=req.output_len, ttft_s=req.first_t - req.arrival, end_s=t,
                     cached_tokens=req.cached or 0,
-                    reusable_tokens=source.get(user_session[req.user]).reusable_prefix_tokens(req.turn)))
+                    reusable_tokens=source.get(user_session[req.user]).reusable_prefix_tokens(req.turn),
+                    carried_in=carried))
         u = req.user
         session = source.get(user_session[u])
         if req.turn + 1 < session.num_turns:
@@ -258,7 +262,7 @@ def simulate_load_point(
         req = Req(u, idx, turn, t_arr, prompt, out)
         if not radix:
             req.session = -1 - seq  # nothing is ever matched
-        if window[0] <= t_arr < window[1]:
+        if t_arr < window[1]:  # drained after the window: the warm-up's may be carried into it
             pending_in_window += 1
         if prompt > plan.max_req_input_len:
             # SGLang rejects a prompt longer than max_req_input_len (KV pool or context length)
@@ -310,11 +314,12 @@ def simulate_load_point(
     for rank in all_ranks:
         stuck = list(rank.waiting) + list(rank.running.values()) + ([rank.chunked] if rank.chunked else [])
         for req in stuck:
-            if window[0] <= req.arrival < window[1]:
+            if counted_in_window(req.arrival, req.first_t, window):
                 records.append(RequestRecord(
                     session_id=req.session, turn=req.turn, start_s=req.arrival, input_tokens=req.input_len,
                     output_tokens=req.generated, ttft_s=None if req.first_t is None else req.first_t - req.arrival,
-                    end_s=None, error="timeout: not finished when the simulation stopped"))
+                    end_s=None, error="timeout: not finished when the simulation stopped",
+                    carried_in=req.arrival < window[0]))
 
     evicted = sum(r.cache.evicted_tokens for r in all_ranks)
     extra = {

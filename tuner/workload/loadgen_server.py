@@ -9,7 +9,8 @@ per stream, so one core sustains tens of thousands of chunks per second.
 It also keeps an unlimited prefix cache of 64-token blocks and reports ``cached_tokens``, so
 prefix sharing can be checked end to end. Failure injection: ``drop_every`` closes every Nth
 stream's connection halfway through; ``reject_ignore_eos`` answers 400 to ``ignore_eos``
-(as transformers serve does).
+(as transformers serve does); ``stall_first`` holds the first N streamed requests' first token back
+by ``stall_s`` (the requests a scheduler starves, as SGLang's ``lpm`` can).
 
 Run: ``python -m tuner.workload.loadgen_server --port 0 --token-rate 50`` prints
 ``LISTENING <port>`` once ready. This entry point stays outside the click CLI on purpose: it is the
@@ -44,6 +45,8 @@ class ServerConfig:
     default_max_tokens: int = 16
     drop_every: int = 0  # > 0: every Nth streamed request is cut off halfway
     reject_ignore_eos: bool = False
+    stall_first: int = 0  # the first N requests (when streamed) ...
+    stall_s: float = 0.0  # ... wait this much longer for their first token
 
 
 class _PrefixCache:
@@ -210,6 +213,8 @@ class LoadgenServer:
         self.max_active_streams = max(self.max_active_streams, self.active_streams)
         s = _Stream(proto, api, max(1, n), len(ids), cached, drop_at)
         delay = self.config.ttft_s
+        if self._requests <= self.config.stall_first:
+            delay += self.config.stall_s
         if self.config.prefill_tokens_per_s > 0:
             delay += (len(ids) - cached) / self.config.prefill_tokens_per_s
         self.schedule(asyncio.get_running_loop().time() + delay, s)
@@ -294,9 +299,12 @@ def main(argv=None):
     ap.add_argument("--prefill-tokens-per-s", type=float, default=0.0)
     ap.add_argument("--drop-every", type=int, default=0)
     ap.add_argument("--reject-ignore-eos", action="store_true")
+    ap.add_argument("--stall-first", type=int, default=0, help="the first N streamed requests...")
+    ap.add_argument("--stall-s", type=float, default=0.0, help="...wait this much longer for their first token")
     a = ap.parse_args(argv)
     cfg = ServerConfig(token_rate_per_s=a.token_rate, ttft_s=a.ttft_s, prefill_tokens_per_s=a.prefill_tokens_per_s,
-                       drop_every=a.drop_every, reject_ignore_eos=a.reject_ignore_eos)
+                       drop_every=a.drop_every, reject_ignore_eos=a.reject_ignore_eos, stall_first=a.stall_first,
+                       stall_s=a.stall_s)
 
     def ready(port):
         sys.stdout.write(f"LISTENING {port}\n")
@@ -326,7 +334,8 @@ class LoadgenProcess:
         c = self.config
         argv = [sys.executable, "-m", "tuner.workload.loadgen_server", "--port", "0",
                 "--token-rate", str(c.token_rate_per_s), "--ttft-s", str(c.ttft_s),
-                "--prefill-tokens-per-s", str(c.prefill_tokens_per_s), "--drop-every", str(c.drop_every)]
+                "--prefill-tokens-per-s", str(c.prefill_tokens_per_s), "--drop-every", str(c.drop_every),
+                "--stall-first", str(c.stall_first), "--stall-s", str(c.stall_s)]
         if c.reject_ignore_eos:
             argv.append("--reject-ignore-eos")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)

@@ -33,6 +33,9 @@ class RequestRecord:
     # leading tokens of the prompt this client sent before (the session's previous turn, or the
     # shared system prefix): what an unlimited prefix cache would have served
     reusable_tokens: int | None = None
+    # started before the window and still waiting for its first token when the window opened
+    # (counted_in_window): in the latencies and errors, not in the throughput
+    carried_in: bool = False
 
     @property
     def ok(self) -> bool:
@@ -87,6 +90,18 @@ class LoadPointMetrics:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def counted_in_window(start_s: float, waited_until_s: float | None, window: tuple[float, float]) -> bool:
+    """Whether a request belongs to the measurement window [lo, hi): it started in it, or it started
+    before and was still waiting for its first token when the window opened. ``waited_until_s``:
+    its first token, else when it failed, else None (still waiting). Counting starts alone leaves
+    out the requests a scheduler starves from the warm-up on (SGLang's ``lpm`` serves the longest
+    cached prefixes first), and a window whose slowest requests are missing looks fast."""
+    lo, hi = window
+    if lo <= start_s < hi:
+        return True
+    return start_s < lo and (waited_until_s is None or waited_until_s >= lo)
 
 
 def _pct(values, q: float) -> float | None:
@@ -146,22 +161,28 @@ def aggregate(
     max_error_rate: float = 0.05,
     extra: dict | None = None,
 ) -> LoadPointMetrics:
-    """P50/P90/P99 over the records. Failed requests count as errors, never as zero latency."""
+    """P50/P90/P99 over the records. Failed requests count as errors, never as zero latency.
+    Requests carried into the window count in the latencies and errors; throughput, hit rate and
+    prefix reuse are those of the requests that started in it."""
     ok = [r for r in records if r.ok]
     errors = len(records) - len(ok)
     ttft = [r.ttft_s for r in ok]
     tpot = [t for t in (r.tpot_s for r in ok) if t is not None]
     itl = [g for r in ok for g in r.itl_s]
     e2e = [r.e2e_s for r in ok]
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.input_tokens for r in ok)
-    cached_known = [r for r in ok if r.cached_tokens is not None]
+    started = [r for r in ok if not r.carried_in]
+    out_tokens = sum(r.output_tokens for r in started)
+    in_tokens = sum(r.input_tokens for r in started)
+    cached_known = [r for r in started if r.cached_tokens is not None]
     hit_rate = None
     if cached_known:
         denom = sum(r.input_tokens for r in cached_known)
         hit_rate = sum(r.cached_tokens for r in cached_known) / denom if denom else 0.0
     extra = dict(extra or {})
-    reuse = prefix_reuse(ok)
+    carried = sum(r.carried_in for r in records)
+    if carried:
+        extra.setdefault("carried_in_requests", carried)
+    reuse = prefix_reuse(started)
     if reuse is not None:
         extra.setdefault("prefix_reuse", reuse)
     spread = {k: v for k, v in (("ttft_s", p90_spread(ttft)), ("tpot_s", p90_spread(tpot))) if v is not None}

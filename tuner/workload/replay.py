@@ -3,8 +3,10 @@
 U users each run sessions back to back; user u takes sessions u, u+U, u+2U, ... of the profile's
 deterministic session list, and between turns waits the turn's think time (times ``time_scale``).
 Users start staggered over the first half of the warm-up so they do not all send turn 0 at once.
-Requests that *start* inside [warm-up, warm-up + duration) are measured; requests still running
-when the window closes are awaited (up to the request timeout) so slow ones count, never vanish.
+Requests that *start* inside [warm-up, warm-up + duration) are measured, and so are those started
+in the warm-up that were still waiting for their first token when the window opened
+(``metrics.counted_in_window``); requests still running when the window closes are awaited (up to
+the request timeout) so slow ones count, never vanish.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from tuner.workload.client import StreamingClient, StreamResult
 from tuner.workload.fasthttp import new_event_loop
-from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate
+from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate, counted_in_window
 from tuner.workload.session import PromptBuilder, Session, TokenSpace, WorkloadProfile, generate_session
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,7 @@ async def replay_closed_loop(
         raise ValueError("users must be >= 1")
     space = TokenSpace(vocab_size=vocab_size, seed=seed, reserved_ids=frozenset(reserved_ids))
     loop = asyncio.get_running_loop()
-    results: list[tuple[int, int, StreamResult, int, int]] = []
+    results: list[tuple[int, int, StreamResult, int, int, float]] = []  # ..., when it came back
     in_flight = 0
     max_in_flight = 0
     cpu0 = time.process_time()
@@ -129,6 +131,7 @@ async def replay_closed_loop(
         window_end = window_start + duration_s
         stop = asyncio.Event()
         measured: list[asyncio.Task] = []
+        early: list[asyncio.Task] = []  # started in the warm-up: awaited if they may be carried in
         all_tasks: list[asyncio.Task] = []
 
         async def one_request(session: Session, turn: int, prompts: _SessionPrompts) -> StreamResult:
@@ -141,7 +144,8 @@ async def replay_closed_loop(
                 res = await client.stream(body)
             finally:
                 in_flight -= 1
-            results.append((session.session_id, turn, res, n_in, session.reusable_prefix_tokens(turn)))
+            results.append((session.session_id, turn, res, n_in, session.reusable_prefix_tokens(turn),
+                            time.perf_counter()))
             return res
 
         async def user(u: int):
@@ -159,6 +163,8 @@ async def replay_closed_loop(
                     all_tasks.append(task)
                     if window_start <= start < window_end:
                         measured.append(task)
+                    elif start < window_start:
+                        early.append(task)
                     res = await asyncio.shield(task)
                     prompts.add_output(turn, res.output_ids if use_server_output_ids else None)
                     if res.error is not None:
@@ -171,9 +177,11 @@ async def replay_closed_loop(
         tasks = [asyncio.ensure_future(user(u)) for u in range(users)]
         await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
         stop.set()
-        # Users waiting (think time, stagger) stop now; requests started in the window finish.
-        if measured:
-            await asyncio.wait(measured, timeout=request_timeout_s + 5)
+        # Users waiting (think time, stagger) stop now; requests started in the window finish, and
+        # so do the warm-up's still running (the ones carried into the window are told apart below).
+        awaited = measured + [t for t in early if not t.done()]
+        if awaited:
+            await asyncio.wait(awaited, timeout=request_timeout_s + 5)
         for t in tasks + all_tasks:
             t.cancel()  # unmeasured requests still running are abandoned
         await asyncio.gather(*tasks, *all_tasks, return_exceptions=True)
@@ -182,10 +190,11 @@ async def replay_closed_loop(
     cpu_fraction = (time.process_time() - cpu0) / wall if wall > 0 else 0.0
 
     records = []
-    for sid, turn, res, n_in, reusable in results:
-        if not window_start <= res.start < window_end:
+    for sid, turn, res, n_in, reusable, done in results:
+        waited_until = res.token_times[0] if res.token_times else done
+        if not counted_in_window(res.start, waited_until, (window_start, window_end)):
             continue
-        records.append(_record(sid, turn, res, n_in, t0, reusable))
+        records.append(_record(sid, turn, res, n_in, t0, reusable, carried_in=res.start < window_start))
     lag_p99 = float(np.percentile(lag.lags, 99)) if lag.lags else 0.0
     client_bound = lag_p99 > CLIENT_BOUND_LAG_P99_S or cpu_fraction > CLIENT_BOUND_CPU_FRACTION
     if client_bound:
@@ -204,7 +213,8 @@ async def replay_closed_loop(
     return ReplayResult(metrics, records, len(results), max_in_flight)
 
 
-def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float, reusable: int | None = None) -> RequestRecord:
+def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float, reusable: int | None = None,
+            carried_in: bool = False) -> RequestRecord:
     ok = res.ok
     error = res.error if res.error else (None if ok else "no tokens received")
     return RequestRecord(
@@ -219,6 +229,7 @@ def _record(sid: int, turn: int, res: StreamResult, n_in: int, t0: float, reusab
         cached_tokens=res.cached_tokens,
         error=error,
         reusable_tokens=reusable,
+        carried_in=carried_in,
     )
 
 
