@@ -40,16 +40,18 @@ kit_setup() {
 # Triton's on-disk kernel cache, carried between calls (.jitcache/triton-cache.tar.xz, ignored by git,
 # named in carry): a fresh machine otherwise compiles every kernel again (25 s more of decode-graph
 # capture for the first trial of a call, and compile stalls in its first traffic that later servers
-# of the same call do not have). Restored only onto an empty cache; a broken archive is skipped.
+# of the same call do not have). Merged into what the machine holds (a machine kept warm between a
+# serving and a kernel call has the other call's cache: restoring onto empty caches only let the
+# kernel call pack the serving call's cache in place of its own); a broken archive is skipped.
 # a kernel-tuning call keeps its own archive (JIT_CACHE_ARCHIVE=.jitcache/triton-kernels.tar.xz, a
 # larger JIT_CACHE_MAX_BYTES: it carries no Ray), which comes back as $OUT/<its name>
 JIT_CACHE_ARCHIVE=${JIT_CACHE_ARCHIVE:-.jitcache/triton-cache.tar.xz}
 JIT_CACHE_MAX_BYTES=${JIT_CACHE_MAX_BYTES:-4000000}  # what the 64 MiB a call carries leaves room for
 jit_cache_restore() {
   local dir="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-  if [ -f "$JIT_CACHE_ARCHIVE" ] && [ -z "$(ls -A "$dir" 2>/dev/null)" ]; then
+  if [ -f "$JIT_CACHE_ARCHIVE" ]; then
     mkdir -p "$dir"
-    if tar -xJf "$JIT_CACHE_ARCHIVE" -C "$dir" 2>>"$LOGS/install.log"; then
+    if tar -xJf "$JIT_CACHE_ARCHIVE" -C "$dir" --skip-old-files 2>>"$LOGS/install.log"; then
       echo "Triton cache restored: $(find "$dir" -type f | wc -l) files from $JIT_CACHE_ARCHIVE" | tee -a "$LOGS/install.log"
     else
       echo "Triton cache archive unreadable, starting cold" | tee -a "$LOGS/install.log"

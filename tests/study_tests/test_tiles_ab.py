@@ -160,3 +160,20 @@ def test_a_variant_served_twice_is_an_aa_pair_whose_spread_widens_the_ab(tmp_pat
     assert after["low"] < before["low"] and after["high"] > before["high"] and after["verdict"] == "within noise"
     # tuned / default is still the first server of each
     assert row1["tuned_over_default"] == row0["tuned_over_default"]
+
+
+def test_the_servers_logs_give_the_decode_steps_at_equal_batch_and_context(tmp_path):
+    from tests.sim_tests.test_decode_ab import _log
+    from tests.workload_tests.test_ab import window
+
+    default, tuned = _window_run(tmp_path, "d", "default", 1, window(1)), \
+        _window_run(tmp_path, "t", "tuned", 1, window(1, tpot_scale=0.95, noise_seed=7))
+    ab = TilesAB(study="s", trial_number=0, users=[16], variants=[default, tuned])
+    assert ab.to_dict()["decode_steps"] == {}  # no server log: nothing to say
+    tokens = lambda b, r: b * r.uniform(2000, 4000)
+    _log(tmp_path / "d" / "sglang0.log", c_ms={2: 5.0, 4: 6.0}, k_ms_per_ktok=0.05, seed=1, windows=200, tokens_of=tokens)
+    _log(tmp_path / "t" / "sglang0.log", c_ms={2: 4.5, 4: 5.4}, k_ms_per_ktok=0.05, seed=2, windows=200, tokens_of=tokens)
+    steps = ab.to_dict()["decode_steps"]
+    assert list(steps) == ["tuned/default"]
+    assert steps["tuned/default"]["ratio"] == pytest.approx(0.91, abs=0.02)
+    assert steps["tuned/default"]["paired_windows"] > 20

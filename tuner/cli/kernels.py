@@ -388,6 +388,29 @@ def prove_log_cmd(log, tuned_dirs, expected, as_json):
     raise SystemExit(0 if proof.loaded else 1)
 
 
+@kernels.command("decode-steps")
+@click.argument("a_log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("b_log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@json_option
+def decode_steps_cmd(a_log, b_log, as_json):
+    """Two SGLang server logs (plain or .gz) side by side: B's pure-decode step over A's at equal
+    batch and context (windows of 40 decode batches with no prefill batch; step = c[server, batch] +
+    k x #token fitted over both), with a 90% interval from resampling the windows. Run it on the
+    default and tuned servers of a tile A/B to see what the decode kernels did with the traffic
+    taken out. Exit 1 when the logs share no batch size."""
+    from tuner.sim.decode_ab import compare_server_logs
+
+    c = compare_server_logs(a_log, b_log)
+    if as_json:
+        emit_json(c.to_dict())
+    else:
+        for b in c.batches:
+            click.echo(f"batch {b.batch:4d}: A {b.a_step_ms:7.2f} ms ({b.a_windows} windows, {b.a_kv_tokens:9.0f} tokens)"
+                       f"  B {b.b_step_ms:7.2f} ms ({b.b_windows} windows, {b.b_kv_tokens:9.0f} tokens)")
+        click.echo(c.summary())
+    raise SystemExit(0 if c.ratio is not None else 1)
+
+
 @kernels.command("refit-serving")
 @click.option("--default", "default_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Load points served with SGLang's shipped/default tiles (JSON list or JSONL of load points).")

@@ -592,6 +592,11 @@ def tiles_ab_cmd(name, users_text, trial_number, variants, output, refit_dir, tu
                     click.echo(f"{'':>6} {pair:<15}{r['metric']:<12} {r['ratio']:.3f} [{r['low']:.3f}, "
                                f"{r['high']:.3f}] {r['verdict']}"
                                + (f" (90%, {noise})" if pair == "tuned/default" else " (A/A)"))
+        for pair, d in (data.get("decode_steps") or {}).items():
+            if d.get("ratio") is not None:
+                lo, hi = d["interval"] or (float("nan"), float("nan"))
+                click.echo(f"{pair}: pure-decode step at equal batch and context {d['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
+                           f"(90%; {len(d['batches'])} batch sizes, {d['paired_windows']} paired log windows)")
         for v in ab.variants:
             if v.tiles == "tuned":
                 click.echo(f"{v.name} tiles: {'proven loaded' if v.tiles_loaded else 'NOT proven loaded'}: {v.tiles_proof}")

@@ -29,6 +29,7 @@ from tuner.kernels.logproof import prove_loaded
 from tuner.study.executor import deploy_here
 from tuner.study.export import _pick
 from tuner.study.runner import load_existing
+from tuner.sim.decode_ab import compare_server_logs
 from tuner.sim.measured import METRICS, PROBE_FORMAT, extra_args_to_flags
 from tuner.catalog.routing import random_weight_flags
 from tuner.study.summary import study_summary
@@ -122,6 +123,20 @@ class TilesAB:
             self._windows[key] = compare_windows(read_requests(fa), read_requests(fb)) if fa and fb else None
         return self._windows[key]
 
+    def decode_steps(self) -> dict[str, dict]:
+        """Each later server's pure-decode steps over the first default server's, at equal batch and
+        context, from the servers' own logs (``tuner.sim.decode_ab``): the kernels' share of a TPOT
+        difference with the traffic taken out. ``tuned/default`` and any A/A pair."""
+        base = next((v for v in self.variants if v.tiles == "default"), None)
+        if base is None or not base.log_path or not Path(base.log_path).is_file():
+            return {}
+        out = {}
+        for v in self.variants:
+            if v is base or not v.log_path or not Path(v.log_path).is_file():
+                continue
+            out[f"{v.name}/{base.name}"] = compare_server_logs(base.log_path, v.log_path).to_dict()
+        return out
+
     @property
     def proven(self) -> bool:
         tuned = [v for v in self.variants if v.tiles == "tuned"]
@@ -130,7 +145,8 @@ class TilesAB:
     def to_dict(self) -> dict:
         return {"study": self.study, "trial_number": self.trial_number, "users": self.users,
                 "variants": [asdict(v) for v in self.variants], "comparison": self.comparison(),
-                "server_spread": self.server_spread(), "tuned_tiles_proven_loaded": self.proven}
+                "server_spread": self.server_spread(), "decode_steps": self.decode_steps(),
+                "tuned_tiles_proven_loaded": self.proven}
 
 
 def _requests_file(run: VariantRun, users: int) -> Path | None:

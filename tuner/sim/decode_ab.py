@@ -1,0 +1,147 @@
+"""Two SGLang servers' decode steps side by side, at equal batch, from their own logs.
+
+A serving A/B's TPOT mixes what the kernels do with what the traffic did: which prefill chunks
+landed between a request's tokens, and at what batch the decode ran. A window of SGLang's log
+(``steplog.decode_windows``: 40 decode batches) with no prefill batch in it and the same number of
+running requests at both ends is 40 decode steps of that batch and nothing else; its wall time over
+40 is one decode step (CUDA graph replay, scheduler and sampling included). Compared batch by
+batch, two servers' pure-decode steps say how the decode kernels differ with the traffic taken
+out. The context the requests hold (``#token``: the KV a decode step's attention reads) still moves a
+step, and two servers' traffic leaves them at different contexts. So the steps are fitted as
+``step = c[server, batch] + k x #token`` (one ``k`` for both: the tiles do not touch attention), and
+each batch is compared at the two servers' pooled mean context.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .steplog import StepWindow, decode_windows, read_step_lines
+
+INTERVAL_LEVEL = 0.90
+RESAMPLES = 500
+
+
+@dataclass(frozen=True)
+class BatchSteps:
+    batch: int
+    a_step_ms: float  # median pure-decode step of server A at this batch
+    b_step_ms: float
+    a_windows: int
+    b_windows: int
+    a_kv_tokens: float  # mean #token over those windows
+    b_kv_tokens: float
+
+    @property
+    def ratio(self) -> float:
+        return self.b_step_ms / self.a_step_ms
+
+
+@dataclass(frozen=True)
+class DecodeStepComparison:
+    """B's pure-decode step over A's at equal batch and context: the geometric mean over the batches
+    both ran, each weighted by the smaller of its two window counts; None where no batch has both."""
+
+    ratio: float | None
+    interval: tuple[float, float] | None  # 90%, resampling each batch's windows
+    batches: list[BatchSteps] = field(default_factory=list)
+    kv_tokens_ratio: float | None = None  # the same mean of B's context over A's
+
+    @property
+    def paired_windows(self) -> int:
+        return sum(min(b.a_windows, b.b_windows) for b in self.batches)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["paired_windows"] = self.paired_windows
+        for row, b in zip(d["batches"], self.batches):
+            row["ratio"] = b.ratio
+        return d
+
+    def summary(self) -> str:
+        if self.ratio is None:
+            return "no batch size with pure-decode windows in both logs"
+        lo, hi = self.interval or (float("nan"), float("nan"))
+        return (f"pure-decode step B/A {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] (90%) over {len(self.batches)} batch "
+                f"sizes, {self.paired_windows} paired windows; context B/A {self.kv_tokens_ratio:.3f}")
+
+
+def pure_decode_steps(windows: list[StepWindow]) -> dict[int, list[tuple[float, int]]]:
+    """batch -> [(step seconds, KV tokens)] of the windows that ran only decode batches at one batch
+    size on CUDA graphs."""
+    out: dict[int, list[tuple[float, int]]] = {}
+    for w in windows:
+        if w.prefills or not w.cuda_graph or w.running_start != w.running_end or w.running_start < 1:
+            continue
+        out.setdefault(w.running_start, []).append((w.wall_s / w.interval, (w.kv_tokens_start + w.kv_tokens_end) // 2))
+    return out
+
+
+def _weighted_geomean(ratios: list[float], weights: list[int]) -> float:
+    return math.exp(sum(w * math.log(r) for r, w in zip(ratios, weights)) / sum(weights))
+
+
+def _fit(a, b, common) -> tuple[list[float], list[float], float]:
+    """Least squares of step = c[server, batch] + k x tokens over every window of the common batches:
+    (A's c per batch, B's c per batch, k)."""
+    n = len(common)
+    rows, ys = [], []
+    for side, data in ((0, a), (1, b)):
+        for i, k in enumerate(common):
+            for step_s, tokens in data[k]:
+                row = [0.0] * (2 * n + 1)
+                row[side * n + i] = 1.0
+                row[-1] = tokens
+                rows.append(row)
+                ys.append(step_s)
+    x, *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
+    return list(x[:n]), list(x[n:2 * n]), float(x[-1])
+
+
+def _ratios(a, b, common) -> list[float]:
+    """Per common batch, B's fitted step over A's at their pooled mean context."""
+    ca, cb, k = _fit(a, b, common)
+    out = []
+    for i, batch in enumerate(common):
+        tokens = statistics.fmean(t for _, t in a[batch] + b[batch])
+        sa, sb = ca[i] + k * tokens, cb[i] + k * tokens
+        out.append(sb / sa if sa > 0 and sb > 0 else float("nan"))
+    return out
+
+
+def compare_decode_steps(a: dict[int, list[tuple[float, int]]], b: dict[int, list[tuple[float, int]]], *,
+                         seed: int = 0) -> DecodeStepComparison:
+    common = sorted(set(a) & set(b))
+    if not common:
+        return DecodeStepComparison(None, None)
+    rows = [BatchSteps(k, statistics.median(s for s, _ in a[k]) * 1e3, statistics.median(s for s, _ in b[k]) * 1e3,
+                       len(a[k]), len(b[k]), statistics.fmean(t for _, t in a[k]), statistics.fmean(t for _, t in b[k]))
+            for k in common]
+    weights = [min(r.a_windows, r.b_windows) for r in rows]
+    ratios = _ratios(a, b, common)
+    if not all(math.isfinite(r) and r > 0 for r in ratios):
+        return DecodeStepComparison(None, None, rows)
+    kv = [r.b_kv_tokens / r.a_kv_tokens for r in rows if r.a_kv_tokens > 0 and r.b_kv_tokens > 0]
+    kv_ratio = _weighted_geomean(kv, weights) if len(kv) == len(rows) else None
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(RESAMPLES):
+        ra = {k: [a[k][j] for j in rng.integers(0, len(a[k]), len(a[k]))] for k in common}
+        rb = {k: [b[k][j] for j in rng.integers(0, len(b[k]), len(b[k]))] for k in common}
+        rs = _ratios(ra, rb, common)
+        if all(math.isfinite(r) and r > 0 for r in rs):
+            draws.append(_weighted_geomean(rs, weights))
+    tail = (1 - INTERVAL_LEVEL) / 2 * 100
+    interval = (float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))) if draws else None
+    return DecodeStepComparison(_weighted_geomean(ratios, weights), interval, rows, kv_ratio)
+
+
+def compare_server_logs(a_log: str | Path, b_log: str | Path, *, seed: int = 0) -> DecodeStepComparison:
+    """B's pure-decode steps over A's, from two SGLang server logs (plain or gzipped)."""
+    return compare_decode_steps(pure_decode_steps(decode_windows(read_step_lines(a_log))),
+                                pure_decode_steps(decode_windows(read_step_lines(b_log))), seed=seed)
