@@ -3,7 +3,9 @@
 Latency follows a simple queueing shape: TTFT stays flat until the KV pool fills (set by
 attention-DP, KV dtype and the hierarchical cache) and then climbs steeply; TPOT grows with
 users. Trial 2 always fails with an out-of-memory error whose reason holds markup, and writes a
-server log inside its trial directory, so escaping and log serving are exercised.
+server log inside its trial directory, so escaping and log serving are exercised; trial 10 is
+refused by the server as an invalid combination (infeasible), so the report shows two failure
+classes whatever the sampler tries.
 """
 
 from __future__ import annotations
@@ -60,4 +62,6 @@ class FakeEvaluator(Evaluator):
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text("loading weights\ntorch.OutOfMemoryError: CUDA out of memory <script>x</script>\n")
             raise TrialError("oom", HOSTILE_REASON, log_path=str(log))
+        if request.trial_number == 10:
+            raise TrialError("infeasible", "the server refused this combination of flags")
         return FakeDeployment(request)

@@ -144,13 +144,33 @@ def _host_cache_variants(cfg: dict, space) -> list[dict]:
     return out
 
 
+MAX_CROSS_SEED_PASSES = 4  # a pass can only add what a study's new best brings; the bests settle fast
+
+
 def cross_seed(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool = True,
                ray_address: str | None = None, parallel: int = 1, workdir: str = "results/runs",
                wrap: Callable | None = None, say: Callable[[str], None] = lambda s: None) -> dict[str, list[dict]]:
     """Try every study's best configuration on each other study that can run it and has not run
     it to the end (hardware compared at the same configuration, not only at what each search
     found): a configuration never tried there is launched, one whose search was pruned there is
-    repeated unpruned (``repeat_trials``). Returns study -> [{from, params}] of those added."""
+    repeated unpruned (``repeat_trials``). A seeded configuration can become its study's new best,
+    which the studies seeded before it have not run: passes repeat until no study has anything left
+    to try (at most ``MAX_CROSS_SEED_PASSES``). Returns study -> [{from, params}] of those added."""
+    added: dict[str, list[dict]] = {}
+    for _ in range(MAX_CROSS_SEED_PASSES):
+        new = _cross_seed_pass(plan, storage, ran, use_ray=use_ray, ray_address=ray_address, parallel=parallel,
+                               workdir=workdir, wrap=wrap, say=say)
+        for name, sources in new.items():
+            added.setdefault(name, []).extend(sources)
+        if not new:
+            break
+    return added
+
+
+def _cross_seed_pass(plan: ComparePlan, storage: str, ran: list[Ran], *, use_ray: bool, ray_address: str | None,
+                     parallel: int, workdir: str, wrap: Callable | None,
+                     say: Callable[[str], None]) -> dict[str, list[dict]]:
+    """One pass of ``cross_seed`` over the bests as they are when it starts."""
     summaries = {e.spec.name: study_summary(storage, e.spec.name) for e in plan.entries}
     bests = {n: s["best"] for n, s in summaries.items() if s["best"] and not s["best"]["is_baseline"]}
     kinds = {r.name: r.backend_kind for r in ran}
