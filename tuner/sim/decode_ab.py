@@ -38,7 +38,8 @@ class BatchSteps:
     b_kv_tokens: float
 
     @property
-    def ratio(self) -> float:
+    def median_ratio(self) -> float:
+        """B's median step over A's, each at its own context (the comparison's ratio is at equal context)."""
         return self.b_step_ms / self.a_step_ms
 
 
@@ -60,15 +61,16 @@ class DecodeStepComparison:
         d = asdict(self)
         d["paired_windows"] = self.paired_windows
         for row, b in zip(d["batches"], self.batches):
-            row["ratio"] = b.ratio
+            row["median_ratio"] = b.median_ratio
         return d
 
     def summary(self) -> str:
         if self.ratio is None:
             return "no batch size with pure-decode windows in both logs"
         lo, hi = self.interval or (float("nan"), float("nan"))
+        context = "-" if self.kv_tokens_ratio is None else f"{self.kv_tokens_ratio:.3f}"
         return (f"pure-decode step B/A {self.ratio:.3f} [{lo:.3f}, {hi:.3f}] (90%) over {len(self.batches)} batch "
-                f"sizes, {self.paired_windows} paired windows; context B/A {self.kv_tokens_ratio:.3f}")
+                f"sizes, {self.paired_windows} paired windows; context B/A {context}")
 
 
 def pure_decode_steps(windows: list[StepWindow]) -> dict[int, list[tuple[float, int]]]:
