@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from tests.conftest import run_cli
 from tuner.errors import ConfigError
 from tuner.sim import serving_refit as sr
 
@@ -174,3 +175,87 @@ def test_the_command_refuses_to_write_a_change_the_kernels_do_not_explain(tmp_pa
     doc = json.loads(dry.output)
     assert dry.exit_code == 0 and doc["realisation"] > 1.5 and doc["written"] is None
     assert doc["kernels"] == [{"kind": "moe", "tag": "E128_N768_K2048_bf16", "calls": 48}]
+
+
+def _decode_logs(tmp_path, saving_ms: dict[int, float], *, windows=400, name="p"):
+    """A default and a tuned server's logs whose context-free decode step differs by ``saving_ms``."""
+    from tests.sim_tests.synthetic_steplogs import write_decode_log
+
+    c_default = {2: 8.0, 4: 9.0, 8: 11.0}
+    c_tuned = {b: c - saving_ms[b] for b, c in c_default.items()}
+    d, t = tmp_path / f"{name}-default.log", tmp_path / f"{name}-tuned.log"
+    write_decode_log(d, c_ms=c_default, k_ms_per_ktok=0.05, seed=3, windows=windows,
+                     tokens_of=lambda b, r: b * r.uniform(2000, 4000))
+    write_decode_log(t, c_ms=c_tuned, k_ms_per_ktok=0.05, seed=4, windows=windows,
+                     tokens_of=lambda b, r: b * r.uniform(3000, 6000))
+    return d, t
+
+
+MOE_SAVING_US = {2: 10.0, 4: 12.0, 8: 16.0}  # per layer call; 48 layers: 0.48-0.77 ms a step
+
+
+def _moe_term():
+    return _moe({b: 200.0 for b in MOE_SAVING_US}, {b: 200.0 - s for b, s in MOE_SAVING_US.items()})
+
+
+def test_decode_steps_that_save_what_the_kernels_predict_confirm_them(tmp_path):
+    from tuner.sim.decode_ab import paired_server_logs
+
+    d, t = _decode_logs(tmp_path, {b: 48 * s / 1000 for b, s in MOE_SAVING_US.items()})
+    fit = sr.decode_step_realisation([paired_server_logs(d, t)], [_moe_term()])
+    assert fit.realisation == pytest.approx(1.0, abs=0.25)
+    assert fit.confirms_kernels and fit.interval[0] < fit.realisation < fit.interval[1]
+    # the predicted saving is the kernels' over the default server's own step at that batch
+    row = next(r for r in fit.rows if r.batch == 8)
+    assert row.predicted_saving == pytest.approx(48 * 16e-3 / row.default_step_ms, rel=1e-6)
+
+
+def test_decode_steps_that_save_twice_the_prediction_do_not_confirm_them(tmp_path):
+    from tuner.sim.decode_ab import paired_server_logs
+
+    d, t = _decode_logs(tmp_path, {b: 2 * 48 * s / 1000 for b, s in MOE_SAVING_US.items()})
+    d2, t2 = _decode_logs(tmp_path, {b: 2 * 48 * s / 1000 for b, s in MOE_SAVING_US.items()}, name="q", windows=200)
+    fit = sr.decode_step_realisation([paired_server_logs(d, t), paired_server_logs(d2, t2)], [_moe_term()])
+    assert fit.realisation == pytest.approx(2.0, abs=0.3)
+    assert not fit.confirms_kernels and fit.interval[0] > 1.0
+    assert {r.pair for r in fit.rows} == {0, 1}  # both pairs pooled
+    path = tmp_path / "h200.yaml"
+    path.write_text("moe_tuned_speedup:\n  1: 1.6\n")
+    sr.write_gpu_calibration("h200", [], "decode steps", calibration_dir=tmp_path, terms=[_moe_term()],
+                             realised=fit.realisation)
+    doc = yaml.safe_load(path.read_text())
+    assert doc["tile_serving_realisation"] == pytest.approx(fit.realisation, abs=1e-4)
+    a = fit.realisation
+    assert doc["moe_tuned_speedup"][8] == pytest.approx(200 / (200 - a * 16), abs=1e-3)
+
+
+def test_refit_serving_from_logs_on_the_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    real = sr.CALIBRATION_DIR / "h200.yaml"
+    before = real.read_bytes()
+    summary = {"reports": [{"kind": "moe", "tag": "E128_N768_K2048_bf16",
+                            "rows": [{"batch_size": b, "shipped_us": 200.0, "chosen_us": 200.0 - s}
+                                     for b, s in MOE_SAVING_US.items()]}]}
+    (tmp_path / "s.json").write_text(json.dumps(summary))
+    d, t = _decode_logs(tmp_path, {b: 48 * s / 1000 for b, s in MOE_SAVING_US.items()})
+    base = ["kernels", "refit-serving", "--gpu", "h200", "--model", "qwen3-30b-a3b"]
+    res = CliRunner().invoke(cli, base + ["--logs", str(d), str(t), "--kernel-report", str(tmp_path / "s.json"),
+                                          "--json"])
+    doc = json.loads(res.output)
+    assert res.exit_code == 0 and doc["confirms_kernels"] and doc["written"] is None
+    assert real.read_bytes() == before  # confirmed: nothing to refit
+    # twice the predicted saving is outside the plausible band: refused, nothing written
+    d2, t2 = _decode_logs(tmp_path, {b: 3 * 48 * s / 1000 for b, s in MOE_SAVING_US.items()}, name="x")
+    res = CliRunner().invoke(cli, base + ["--logs", str(d2), str(t2), "--kernel-report", str(tmp_path / "s.json")])
+    assert res.exit_code == 1 and "the kernels do not explain the change" in res.output
+    assert real.read_bytes() == before
+    # the logs need the kernels' times; load points and logs do not mix
+    res = run_cli(base + ["--logs", str(d), str(t)])
+    assert res.returncode == 2 and "--kernel-report" in res.stderr
+    (tmp_path / "p.json").write_text(json.dumps([_point(8, 0.02, 400.0)]))
+    res = run_cli(base + ["--logs", str(d), str(t), "--default", str(tmp_path / "p.json"),
+                          "--tuned", str(tmp_path / "p.json")])
+    assert res.returncode == 2 and "not both" in res.stderr

@@ -412,10 +412,15 @@ def decode_steps_cmd(a_log, b_log, as_json):
 
 
 @kernels.command("refit-serving")
-@click.option("--default", "default_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--default", "default_points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Load points served with SGLang's shipped/default tiles (JSON list or JSONL of load points).")
-@click.option("--tuned", "tuned_points", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--tuned", "tuned_points", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Load points of the same workload and user counts with tuned tiles.")
+@click.option("--logs", "log_pairs", nargs=2, multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), metavar="DEFAULT_LOG TUNED_LOG",
+              help="Instead of load points: the two servers' own SGLang logs (repeatable, one pair per A/B). "
+                   "Their pure-decode steps at equal batch and context (`tuner kernels decode-steps`) are "
+                   "compared with the saving the tuned kernels predict at each batch; needs --kernel-report.")
 @click.option("--gpu", required=True, help="Catalog GPU name: writes tuner/sim/calibration/<gpu>.yaml.")
 @click.option("--model", default=None,
               help="The served model (with --kernel-report): a catalog name, or a directory holding its "
@@ -436,19 +441,31 @@ def decode_steps_cmd(a_log, b_log, as_json):
                    "instead of at the mean decode batch.")
 @click.option("--dry-run", is_flag=True, help="Print the fit, write nothing.")
 @json_option
-def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
-                      decode_padding, dry_run, as_json):
+def refit_serving_cmd(default_points, tuned_points, log_pairs, gpu, model, kernel_report, tp_size, dtype,
+                      accept_realisation, decode_padding, dry_run, as_json):
     """Refit the simulator's tile speedups from a measured serving difference (default vs tuned).
 
     Without --kernel-report the whole step change is put on the fused MoE. With it, each kernel gets
     the share of the change that its measured saving predicts, at the decode batch and at the prefill
     passes of each load point; the realisation (measured over predicted) scales every tuned batch
-    size's speedup, written to moe_tuned_speedup and gemm_tuned_speedup."""
+    size's speedup, written to moe_tuned_speedup and gemm_tuned_speedup.
+
+    With --logs the measurement is the servers' pure-decode steps instead of whole TPOTs: the window's
+    traffic (which prefills landed between tokens) is taken out. Where the realisation's 90% interval
+    holds 1 the kernel timings already explain the servers, and nothing is written."""
     from tuner.catalog import get_gpu
     from tuner.errors import ConfigError
     from tuner.sim import serving_refit as sr
 
     get_gpu(gpu)
+    if log_pairs and (default_points or tuned_points):
+        raise ConfigError("give either --default/--tuned load points or --logs pairs, not both", key="logs")
+    if not log_pairs and not (default_points and tuned_points):
+        raise ConfigError("give --default and --tuned load points, or --logs DEFAULT_LOG TUNED_LOG", key="default")
+    if log_pairs:
+        _refit_from_decode_steps(sr, log_pairs, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
+                                 dry_run, as_json)
+        return
     terms = None
     if kernel_report is not None:
         if model is None:
@@ -494,6 +511,58 @@ def refit_serving_cmd(default_points, tuned_points, gpu, model, kernel_report, t
         if not dry_run:
             raise SystemExit(1)
         return
+    click.echo(f"wrote {path}" if path else "dry run: nothing written")
+
+
+def _refit_from_decode_steps(sr, log_pairs, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
+                             dry_run, as_json):
+    from tuner.errors import ConfigError
+    from tuner.sim.decode_ab import paired_server_logs
+
+    if kernel_report is None or model is None:
+        raise ConfigError("--logs needs --kernel-report and --model (the kernels' predicted saving per step)",
+                          key="kernel_report")
+    terms = _terms_for(sr, kernel_report, model, tp_size, dtype)
+    pairs = [paired_server_logs(d, t) for d, t in log_pairs]
+    for (d, t), p in zip(log_pairs, pairs):
+        if p is None:
+            click.echo(f"no pure-decode batch in both {d} and {t}: pair left out", err=True)
+    fit = sr.decode_step_realisation(pairs, terms)
+    a, lo_hi = fit.realisation, fit.interval
+    plausible = sr.realisation_plausible(a)
+    write = a is not None and not fit.confirms_kernels and (plausible or accept_realisation) and not dry_run
+    refused = a is not None and not fit.confirms_kernels and not plausible and not accept_realisation
+    if a is None:
+        refused = True
+    path = (sr.write_gpu_calibration(gpu, [], "decode steps of " + "; ".join(f"{d} vs {t}" for d, t in log_pairs),
+                                     terms=terms, realised=a) if write else None)
+    if as_json:
+        emit_json({**fit.to_dict(), "kernels": [{"kind": t.kind.value, "tag": t.tag, "calls": t.calls} for t in terms],
+                   "written": str(path) if path else None, "refused": refused and not dry_run})
+        raise SystemExit(1 if refused and not dry_run else 0)
+    click.echo(f"{'pair':>4} {'batch':>5} {'windows':>7} {'step_ms':>8} {'predicted':>9} {'measured':>9}")
+    for r in fit.rows:
+        click.echo(f"{r.pair:>4} {r.batch:>5} {r.windows:>7} {r.default_step_ms:>8.2f} {r.predicted_saving:>9.2%} "
+                   f"{r.measured_saving:>9.2%}")
+    click.echo("kernels: " + ", ".join(f"{t.kind.value} {t.tag} x{t.calls}" for t in terms))
+    if a is None:
+        click.echo("the tuned kernels save nothing at these batches: no realisation", err=True)
+        raise SystemExit(1)
+    interval = f" [{lo_hi[0]:.2f}, {lo_hi[1]:.2f}] (90%)" if lo_hi else ""
+    click.echo(f"realisation (decode steps, pooled): {a:.2f}{interval}")
+    if fit.confirms_kernels:
+        click.echo("the interval holds 1: the kernel timings explain the servers' decode steps; nothing to refit")
+        return
+    if refused:
+        lo, hi = sr.REALISATION_PLAUSIBLE
+        click.echo(f"outside {lo}-{hi}: the kernels do not explain the change; "
+                   f"{'nothing written' if not dry_run else 'a write would be refused'} (--accept-realisation "
+                   f"writes it)", err=not dry_run)
+        if not dry_run:
+            raise SystemExit(1)
+        return
+    for key, table in sr.attributed_speedups(terms, a).items():
+        click.echo(f"{key}: " + ", ".join(f"{M}: {v:.3f}" for M, v in table.items()))
     click.echo(f"wrote {path}" if path else "dry run: nothing written")
 
 

@@ -105,15 +105,62 @@ def _fit(a, b, common) -> tuple[list[float], list[float], float]:
     return list(x[:n]), list(x[n:2 * n]), float(x[-1])
 
 
-def _ratios(a, b, common) -> list[float]:
-    """Per common batch, B's fitted step over A's at their pooled mean context."""
+def _ratios(a, b, common) -> tuple[list[float], list[float]]:
+    """Per common batch, B's fitted step over A's at their pooled mean context, and A's fitted step
+    (seconds) there."""
     ca, cb, k = _fit(a, b, common)
-    out = []
+    ratios, a_steps = [], []
     for i, batch in enumerate(common):
         tokens = statistics.fmean(t for _, t in a[batch] + b[batch])
         sa, sb = ca[i] + k * tokens, cb[i] + k * tokens
-        out.append(sb / sa if sa > 0 and sb > 0 else float("nan"))
-    return out
+        ratios.append(sb / sa if sa > 0 and sb > 0 else float("nan"))
+        a_steps.append(sa)
+    return ratios, a_steps
+
+
+@dataclass(frozen=True)
+class PairedBatches:
+    """The batches two servers both ran pure-decode windows at: per batch, B's fitted step over A's
+    and A's fitted step (seconds), both at the pooled context, weighted by the smaller window count;
+    ``draws``: (ratios, A's steps) of each resample of the windows that fitted."""
+
+    batches: list[int]
+    weights: list[int]
+    ratios: list[float]
+    a_steps_s: list[float]
+    draws: list[tuple[list[float], list[float]]] = field(default_factory=list)
+
+
+def _usable(ratios: list[float]) -> bool:
+    return all(math.isfinite(r) and r > 0 for r in ratios)
+
+
+def paired_batches(a: dict[int, list[tuple[float, int]]], b: dict[int, list[tuple[float, int]]], *,
+                   seed: int = 0, resamples: int = RESAMPLES) -> PairedBatches | None:
+    """None where the two share no batch or the fit gives a non-positive step."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    ratios, a_steps = _ratios(a, b, common)
+    if not _usable(ratios):
+        return None
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(resamples):
+        ra = {k: [a[k][j] for j in rng.integers(0, len(a[k]), len(a[k]))] for k in common}
+        rb = {k: [b[k][j] for j in rng.integers(0, len(b[k]), len(b[k]))] for k in common}
+        rs, steps = _ratios(ra, rb, common)
+        if _usable(rs):
+            draws.append((rs, steps))
+    return PairedBatches(common, [min(len(a[k]), len(b[k])) for k in common], ratios, a_steps, draws)
+
+
+def percentile_interval(values: list[float]) -> tuple[float, float] | None:
+    """The central ``INTERVAL_LEVEL`` interval of resampled values (None without any)."""
+    if not values:
+        return None
+    tail = (1 - INTERVAL_LEVEL) / 2 * 100
+    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
 
 
 def compare_decode_steps(a: dict[int, list[tuple[float, int]]], b: dict[int, list[tuple[float, int]]], *,
@@ -124,26 +171,23 @@ def compare_decode_steps(a: dict[int, list[tuple[float, int]]], b: dict[int, lis
     rows = [BatchSteps(k, statistics.median(s for s, _ in a[k]) * 1e3, statistics.median(s for s, _ in b[k]) * 1e3,
                        len(a[k]), len(b[k]), statistics.fmean(t for _, t in a[k]), statistics.fmean(t for _, t in b[k]))
             for k in common]
-    weights = [min(r.a_windows, r.b_windows) for r in rows]
-    ratios = _ratios(a, b, common)
-    if not all(math.isfinite(r) and r > 0 for r in ratios):
+    paired = paired_batches(a, b, seed=seed)
+    if paired is None:
         return DecodeStepComparison(None, None, rows)
+    weights = paired.weights
     kv = [r.b_kv_tokens / r.a_kv_tokens for r in rows if r.a_kv_tokens > 0 and r.b_kv_tokens > 0]
     kv_ratio = _weighted_geomean(kv, weights) if len(kv) == len(rows) else None
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(RESAMPLES):
-        ra = {k: [a[k][j] for j in rng.integers(0, len(a[k]), len(a[k]))] for k in common}
-        rb = {k: [b[k][j] for j in rng.integers(0, len(b[k]), len(b[k]))] for k in common}
-        rs = _ratios(ra, rb, common)
-        if all(math.isfinite(r) and r > 0 for r in rs):
-            draws.append(_weighted_geomean(rs, weights))
-    tail = (1 - INTERVAL_LEVEL) / 2 * 100
-    interval = (float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))) if draws else None
-    return DecodeStepComparison(_weighted_geomean(ratios, weights), interval, rows, kv_ratio)
+    interval = percentile_interval([_weighted_geomean(rs, weights) for rs, _ in paired.draws])
+    return DecodeStepComparison(_weighted_geomean(paired.ratios, weights), interval, rows, kv_ratio)
 
 
 def compare_server_logs(a_log: str | Path, b_log: str | Path, *, seed: int = 0) -> DecodeStepComparison:
     """B's pure-decode steps over A's, from two SGLang server logs (plain or gzipped)."""
     return compare_decode_steps(pure_decode_steps(decode_windows(read_step_lines(a_log))),
                                 pure_decode_steps(decode_windows(read_step_lines(b_log))), seed=seed)
+
+
+def paired_server_logs(a_log: str | Path, b_log: str | Path, *, seed: int = 0) -> PairedBatches | None:
+    """``paired_batches`` of two SGLang server logs (plain or gzipped)."""
+    return paired_batches(pure_decode_steps(decode_windows(read_step_lines(a_log))),
+                          pure_decode_steps(decode_windows(read_step_lines(b_log))), seed=seed)

@@ -112,11 +112,13 @@ def load_points(path: str | Path) -> list[dict]:
 
 
 def _rows_us(report: dict) -> tuple[dict[int, float], dict[int, float]]:
-    """({M: untuned us (shipped, else default)}, {M: chosen us}) of a tune report's rows."""
+    """({M: untuned us (shipped, else default)}, {M: chosen us}) of a tune report's rows, or of a
+    ``tuner kernels compare`` report's (``files_us``: the very files a server read, timed under the
+    routing it names)."""
     base, tuned = {}, {}
     for row in report.get("rows", []):
         b = row.get("shipped_us") or row.get("default_us")
-        c = row.get("chosen_us")
+        c = row.get("chosen_us") or row.get("files_us")
         if b and c and math.isfinite(b) and math.isfinite(c):
             base[int(row["batch_size"])] = float(b)
             tuned[int(row["batch_size"])] = float(c)
@@ -262,6 +264,69 @@ def realisation(pairs: list[ServingPair]) -> float | None:
     return statistics.median(values) if values else None
 
 
+@dataclass
+class DecodeStepRow:
+    """One batch of one log pair: the kernels' predicted saving of a decode step against the servers'."""
+
+    pair: int  # index of the log pair
+    batch: int
+    windows: int  # the smaller of the two servers' window counts (the row's weight)
+    default_step_ms: float  # the default server's fitted pure-decode step at the pooled context
+    predicted_saving: float  # the tuned kernels' saving over that step (fraction)
+    measured_saving: float  # 1 - tuned step / default step
+
+
+@dataclass
+class DecodeStepRealisation:
+    """How much of the tuned kernels' predicted saving the servers' pure-decode steps showed, pooled
+    over every batch of every log pair (``a = sum w x measured / sum w x predicted``), with a 90%
+    interval from resampling the windows. A step at equal batch and context carries no window
+    traffic, so unlike a whole-TPOT realisation it compares the kernels with the kernels."""
+
+    rows: list[DecodeStepRow]
+    realisation: float | None
+    interval: tuple[float, float] | None
+
+    @property
+    def confirms_kernels(self) -> bool:
+        """The interval holds 1: the kernel timings explain the servers' steps; nothing to refit."""
+        return self.interval is not None and self.interval[0] <= 1.0 <= self.interval[1]
+
+    def to_dict(self) -> dict:
+        return {"realisation": self.realisation, "interval": list(self.interval) if self.interval else None,
+                "confirms_kernels": self.confirms_kernels, "rows": [r.__dict__ for r in self.rows]}
+
+
+def _predicted_step_saving(terms: list[KernelTerm], batch: int, step_s: float) -> float:
+    return sum(t.saving_s(batch) for t in terms) / step_s if step_s > 0 else 0.0
+
+
+def _pooled(parts: list[tuple[list[int], list[int], list[float], list[float]]], terms: list[KernelTerm]) -> float | None:
+    """sum w x measured / sum w x predicted over (batches, weights, ratios, default steps) parts."""
+    num = den = 0.0
+    for batches, weights, ratios, steps in parts:
+        for b, w, r, st in zip(batches, weights, ratios, steps):
+            num += w * (1.0 - r)
+            den += w * _predicted_step_saving(terms, b, st)
+    return float(num / den) if den > 1e-12 else None
+
+
+def decode_step_realisation(pairs: list, terms: list[KernelTerm]) -> DecodeStepRealisation:
+    """``pairs``: ``decode_ab.PairedBatches`` of (default server, tuned server) log pairs."""
+    from .decode_ab import percentile_interval
+
+    pairs = [p for p in pairs if p is not None]
+    if not pairs:
+        raise ConfigError("no batch size with pure-decode windows in both logs of any pair", key="logs")
+    rows = [DecodeStepRow(i, b, w, float(st) * 1e3, float(_predicted_step_saving(terms, b, st)), float(1.0 - r))
+            for i, p in enumerate(pairs) for b, w, r, st in zip(p.batches, p.weights, p.ratios, p.a_steps_s)]
+    a = _pooled([(p.batches, p.weights, p.ratios, p.a_steps_s) for p in pairs], terms)
+    n = min(len(p.draws) for p in pairs)
+    draws = [_pooled([(p.batches, p.weights, *p.draws[i]) for p in pairs], terms) for i in range(n)]
+    interval = percentile_interval([d for d in draws if d is not None]) if a is not None else None
+    return DecodeStepRealisation(rows, a, interval)
+
+
 def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int, float]]:
     """{calibration key: {M: speedup}} at each tuned batch size: ``base / (base - a x saving)`` per kind."""
     out: dict[str, dict[int, float]] = {}
@@ -278,12 +343,14 @@ def attributed_speedups(terms: list[KernelTerm], a: float) -> dict[str, dict[int
     return out
 
 
-def refit_from_serving(pairs: list[ServingPair], calibration: dict, terms: list[KernelTerm] | None = None) -> dict:
+def refit_from_serving(pairs: list[ServingPair], calibration: dict, terms: list[KernelTerm] | None = None,
+                       realised: float | None = None) -> dict:
     """``calibration`` with ``moe_tuned_speedup`` set from the pairs (nearby kernel entries replaced).
 
-    With ``terms``: every tuned batch size's MoE and GEMM speedup from the median realisation."""
+    With ``terms``: every tuned batch size's MoE and GEMM speedup from the median realisation of the
+    pairs, or from ``realised`` (a decode-step realisation) where given."""
     if terms:
-        a = realisation(pairs)
+        a = realised if realised is not None else realisation(pairs)
         if a is None:
             raise ConfigError("the tuned kernels save nothing at the measured batch sizes: no realisation to fit",
                               key="kernel_report")
@@ -300,14 +367,15 @@ def refit_from_serving(pairs: list[ServingPair], calibration: dict, terms: list[
 
 
 def write_gpu_calibration(gpu: str, pairs: list[ServingPair], source_note: str,
-                          calibration_dir: Path = CALIBRATION_DIR, terms: list[KernelTerm] | None = None) -> Path:
+                          calibration_dir: Path = CALIBRATION_DIR, terms: list[KernelTerm] | None = None,
+                          realised: float | None = None) -> Path:
     """Rewrite ``calibration/<gpu>.yaml``'s tile speedups, keeping the file's own comments."""
     path = Path(calibration_dir) / f"{gpu}.yaml"
     current = _read(path) if path.exists() else {}
     base = load_calibration(gpu) if calibration_dir == CALIBRATION_DIR else current
     fitted = refit_from_serving(pairs, {**base, "moe_tuned_speedup": current.get("moe_tuned_speedup",
                                                                                  base.get("moe_tuned_speedup"))},
-                                terms)
+                                terms, realised)
     for key in ("moe_tuned_speedup", "gemm_tuned_speedup", "tile_serving_realisation"):
         if key in fitted:
             current[key] = fitted[key]
