@@ -148,6 +148,31 @@ def test_search_finds_near_optimum_of_synthetic_landscape():
     assert min(cost(c) for c in space) / res.best_us >= 0.97
 
 
+def test_search_stops_at_its_deadline_after_the_warm_start(monkeypatch):
+    from tuner.kernels import search as search_mod
+
+    space = feasible_space("fp8_w8a8", (128, 128), 232_448)
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(search_mod.time, "monotonic", lambda: clock["t"])
+
+    def evaluate(cfgs):  # one simulated second per timed config
+        clock["t"] += len(cfgs)
+        return [1.0 + (c.BLOCK_SIZE_M != 32) + 0.1 * c.num_stages for c in cfgs]
+
+    warm = sorted(space, key=str)[:3]
+    res = search_mod.search_batch_size(evaluate, space, 128, seed=1, batch=8, warm_start=warm,
+                                       deadline=clock["t"] + 20)
+    assert res.stopped_by_deadline and 16 <= res.evaluations <= 28  # rounds of 8 until 20 s are spent
+    assert set(warm) <= {c for c, _ in res.history}  # the warm start ran first
+    # a deadline already past still times the first round, and nothing more
+    past = search_mod.search_batch_size(evaluate, space, 128, seed=1, batch=8, warm_start=warm,
+                                        deadline=clock["t"] - 1)
+    assert past.evaluations == 8 and past.stopped_by_deadline
+    # without a deadline the evaluation budget alone decides
+    full = search_mod.search_batch_size(evaluate, space, 40, seed=1, batch=8)
+    assert full.evaluations == 40 and not full.stopped_by_deadline
+
+
 def test_cli_shape_json():
     from tuner.cli.kernels import kernels
 

@@ -427,3 +427,88 @@ def test_the_search_leaders_are_re_timed_and_the_truly_fastest_is_kept(fake_gpu,
     assert TileConfig.from_dict(row["joint_config"]) == leaders[0]
     assert row["search_best_us"] == pytest.approx(min(true), rel=1e-4)
     assert _cost(64, TileConfig.from_dict(row["up_config"])) <= min(true) + 1e-9  # the file keeps it
+
+
+def test_time_share_spreads_what_is_left_over_the_batch_sizes_to_tune():
+    from tuner.kernels.time_budget import DOWN_TIME_FRACTION, JOINT_TIME_FRACTION, time_share
+
+    assert time_share(None, 0, 3, 0.0, down=True) is None and time_share(0, 0, 3, 0.0, down=True) is None
+    ts = time_share(900, 300, 4, 1000.0, down=True)  # 600 s left over 4 batch sizes
+    assert ts.share_s == pytest.approx(150)
+    assert ts.joint_deadline == pytest.approx(1000 + JOINT_TIME_FRACTION * 150)
+    assert ts.down_deadline == pytest.approx(1000 + (JOINT_TIME_FRACTION + DOWN_TIME_FRACTION) * 150)
+    # without a down search the joint search has the down search's part too
+    assert time_share(900, 300, 4, 1000.0, down=False).joint_deadline == pytest.approx(ts.down_deadline)
+    # a spent budget leaves each search its warm-start round only (deadline now)
+    assert time_share(900, 950, 2, 5.0, down=True).share_s == 0 and time_share(900, 950, 2, 5.0, down=True).joint_deadline == 5.0
+
+
+def test_a_shape_time_budget_caps_the_searches_and_carries_over_calls(fake_gpu, tmp_path, monkeypatch):
+    import time as time_mod
+
+    from tuner.kernels.sglang_tune import tune_moe
+
+    clock = {"t": 10_000.0}
+    monkeypatch.setattr(time_mod, "monotonic", lambda: clock["t"])
+    compiled = set()
+
+    class _CompilingPool(_Pool):  # compiling a config the first time costs one (simulated) second
+        def ensure(self, tasks, on_done=None):
+            for _, cfg in tasks:
+                if cfg not in compiled:
+                    compiled.add(cfg)
+                    clock["t"] += 1.0
+            super().ensure(tasks, on_done)
+
+    monkeypatch.setattr(sys.modules["tuner.kernels.sglang_compile"], "SGLangCompilePool", _CompilingPool)
+    shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
+    out = tmp_path / "out"
+    t0 = clock["t"]
+    rep = tune_moe(shape, [1, 4, 16], out, budget=150, down_budget=60, shape_time_s=90, log=lambda m: None)
+    spent = clock["t"] - t0
+    rows = rep["rows"]
+    assert rep["complete"] and [r["batch_size"] for r in rows] == [1, 4, 16]
+    # far fewer than 150 + 60 evaluations fit 90 s of one-second compiles; every search still ran its warm start
+    assert all(r["stopped_by_time"] and 8 <= r["evaluations_joint"] < 150 for r in rows)
+    assert rows[0]["time_share_s"] == pytest.approx(30, abs=1)
+    assert spent <= 90 + 8  # a search stops at the end of the round that passes its deadline
+    assert rep["shape_time_s"] == 90
+    # the wall time the rows record is what a later call counts as spent (real clocks there)
+    assert rep["batch_sizes_wall_s"] == pytest.approx(sum(r["wall_s"] for r in rows), abs=0.5)
+    # without a time budget the evaluation budget alone decides
+    rep2 = tune_moe(shape, [1], tmp_path / "free", budget=40, down_budget=0, log=lambda m: None)
+    assert rep2["rows"][0]["evaluations_joint"] == 40 and not rep2["rows"][0]["stopped_by_time"]
+    assert rep2["shape_time_s"] is None
+
+
+def test_a_time_budget_replay_cuts_the_slow_batch_sizes_searches(tmp_path):
+    from tuner.kernels.convergence import FIRST_ROUND, time_budget_replay
+    from tuner.kernels.time_budget import DOWN_TIME_FRACTION, JOINT_TIME_FRACTION
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    up = lambda i: {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": i,
+                    "num_warps": 4, "num_stages": 3}
+    joint = [200.0 - i for i in range(40)]  # every evaluation a little better: the last one is the best
+    timing_rows = [{"batch_size": M, "config": up(i), "us": t} for M in (1, 64) for i, t in enumerate(joint)]
+    timing_rows += [{"batch_size": 64, "config": {"up": up(0), "down": up(i)}, "us": 100.0 - i} for i in range(20)]
+    (reports / "E8_N64_K128_bf16.timings.jsonl").write_text("\n".join(json.dumps(r) for r in timing_rows) + "\n")
+    report = {"rows": [{"batch_size": 1, "wall_s": 20.0, "evaluations_joint": 40, "evaluations_down": 0},
+                       {"batch_size": 64, "wall_s": 600.0, "evaluations_joint": 40, "evaluations_down": 20}]}
+    (reports / "E8_N64_K128_bf16.json").write_text(json.dumps(report))
+    doc = time_budget_replay(tmp_path, 220.0)
+    small, large = doc["rows"]
+    # M=1 took 20 s of its 110 s share: all of its search, and 90 s passed on to M=64
+    assert small["evaluations_at_budget"] == {"joint": 40} and small["best_at_budget"] == {"joint": 1.0}
+    assert large["share_s"] == pytest.approx(200.0)
+    rate = 60 / 600.0  # M=64 made 60 evaluations in 600 s
+    k_joint = max(FIRST_ROUND, int(JOINT_TIME_FRACTION * 200 * rate))
+    k_down = max(FIRST_ROUND, int(DOWN_TIME_FRACTION * 200 * rate))
+    assert large["evaluations_at_budget"] == {"joint": k_joint, "down": k_down} == {"joint": 12, "down": 8}
+    assert large["best_at_budget"]["joint"] == round((200.0 - (k_joint - 1)) / 161.0, 4)
+    assert large["best_at_budget"]["down"] == round((100.0 - (k_down - 1)) / 81.0, 4)
+    assert doc["joint_worst_best_at_budget"] == large["best_at_budget"]["joint"]
+    res = CliRunner().invoke(cli, ["kernels", "convergence", str(tmp_path), "--shape-time-s", "220"])
+    assert res.exit_code == 0 and "12/40" in res.output and "took 620 s" in res.output, res.output
+    bad = CliRunner().invoke(cli, ["kernels", "convergence", str(tmp_path), "--shape-time-s", "0"])
+    assert bad.exit_code != 0

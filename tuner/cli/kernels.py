@@ -111,6 +111,10 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
 @click.option("--grid", is_flag=True, help="Also time SGLang's exhaustive grid at every batch size (benchmark).")
 @click.option("--deadline-s", type=float, default=None,
               help="Stop starting new batch sizes after this many seconds; rerun the same command to continue.")
+@click.option("--shape-time-s", type=float, default=900.0, show_default=True,
+              help="Device time one shape may take over all its calls (SGLang's kernels): what is left is shared "
+                   "over the batch sizes still to tune, and each search stops at its share after its warm start. "
+                   "0: no time limit (the evaluation budget alone). Not applied with --grid.")
 @click.option("--gpu-ids", default="0", show_default=True, help="GPUs to spread batch sizes over (own kernel only).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path),
@@ -121,7 +125,7 @@ def shape_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expert
 @json_option
 def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, kernel_kind, impl,
              attn_tp_size, gemm_shapes, batch_sizes, budget, down_budget, routing, routed_pool, grid, deadline_s,
-             gpu_ids, seed, out_dir, as_json):
+             shape_time_s, gpu_ids, seed, out_dir, as_json):
     """Tune tile configs per batch size on this machine's GPU and write the files SGLang reads.
 
     With SGLang importable, the timed call is SGLang's own: the whole fused_experts call as its MoE
@@ -146,6 +150,8 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
         raise ConfigError(f"down budget must be >= 0, got {down_budget}", key="down_budget")
     if deadline_s is not None and deadline_s <= 0:
         raise ConfigError(f"deadline must be positive seconds, got {deadline_s}", key="deadline_s")
+    if shape_time_s < 0:
+        raise ConfigError(f"shape time must be >= 0 seconds (0: no limit), got {shape_time_s}", key="shape_time_s")
     routed_pool = _routed_pool(targets.moe, routing, routed_pool) if targets.moe is not None else None
     out_dir = check_output_dir(out_dir)
     use_sglang = impl == "sglang" or (impl == "auto" and sglang_importable())
@@ -183,7 +189,8 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
     for line in targets.describe():
         click.echo(f"tuning {line}", err=True)
     doc = run_sglang_tune(targets, sizes, out_dir, budget=budget, down_budget=down_budget, routing=routing,
-                          grid=grid, deadline_s=deadline_s, seed=seed, routed_pool=routed_pool)
+                          grid=grid, deadline_s=deadline_s, seed=seed, routed_pool=routed_pool,
+                          shape_time_s=shape_time_s or None)
     if as_json:
         emit_json(doc)
         return
@@ -271,16 +278,44 @@ def table_cmd(reports):
 
 @kernels.command("convergence")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--shape-time-s", type=float, default=None,
+              help="Instead: what a `tune --shape-time-s` budget would have kept of each recorded search (each "
+                   "batch size's share at the rate its evaluations ran, the best of that many first evaluations "
+                   "against the whole search's best; an estimate).")
 @json_option
-def convergence_cmd(directory, as_json):
+def convergence_cmd(directory, shape_time_s, as_json):
     """How many evaluations each tile search needed, from a tuned DIR's recorded timings (CPU).
 
     Replays every search of DIR/reports/*.timings.jsonl in its evaluation order: the evaluations to
     come within 2%, 1% and 0% of its own best (and of the grid's best, where `--grid` ran), and the
     best found within the first 25/50/75% of its budget. The evidence for a smaller --budget.
     """
-    from tuner.kernels.convergence import convergence
+    from tuner.errors import ConfigError
+    from tuner.kernels.convergence import convergence, time_budget_replay
 
+    if shape_time_s is not None:
+        if shape_time_s <= 0:
+            raise ConfigError(f"shape time must be positive seconds, got {shape_time_s}", key="shape_time_s")
+        doc = time_budget_replay(directory, shape_time_s)
+        if as_json:
+            emit_json(doc)
+            return
+        click.echo(f"{'shape':<36}{'M':>6}{'full s':>8}{'share s':>8}  {'joint evals':>12}{'reach':>7}"
+                   f"  {'down evals':>11}{'reach':>7}")
+        for r in doc["rows"]:
+            ev, at, best = r["evaluations_full"], r["evaluations_at_budget"], r["best_at_budget"]
+            cell = lambda k: (f"{at[k]:>5}/{ev[k]:<6}", f"{best[k]:>7.3f}" if best.get(k) else f"{'-':>7}") \
+                if k in ev else (f"{'-':>12}", f"{'-':>7}")
+            (je, jr), (de, dr) = cell("joint"), cell("down")
+            click.echo(f"{r['shape']:<36}{r['batch_size']:>6}{r['full_wall_s']:>8.0f}{r['share_s']:>8.0f}  {je:>12}{jr}"
+                       f"  {de:>11}{dr}")
+        for tag, sh in doc["shapes"].items():
+            click.echo(f"{tag}: {sh['batch_sizes']} batch sizes took {sh['full_wall_s']:.0f} s with the whole "
+                       f"evaluation budget; budget {shape_time_s:.0f} s")
+        worst = doc["joint_worst_best_at_budget"]
+        click.echo("reach: the best of the evaluations the share pays for over the whole search's best (1.000: "
+                   f"nothing lost); worst joint {worst:.3f}" if worst else "no search to replay")
+        return
     doc = convergence(directory)
     if as_json:
         emit_json(doc)

@@ -90,11 +90,8 @@ def timings_files(directory: Path) -> list[Path]:
     return sorted([*directory.glob(f"*{TIMINGS_SUFFIX}"), *directory.glob(f"*{LEGACY_TIMINGS_SUFFIX}")])
 
 
-def read_traces(path: str | Path) -> list[SearchTrace]:
-    """The searches of one ``<shape>.timings.jsonl.gz`` (or plain ``.jsonl``) file, per batch size and
-    search."""
-    path = Path(path)
-    shape = path.name.removesuffix(TIMINGS_SUFFIX).removesuffix(LEGACY_TIMINGS_SUFFIX)
+def _read_groups(path: Path) -> dict[int, dict[str, list[dict]]]:
+    """A timings file's rows, {M: {"joint" | "down" | "grid": rows in evaluation order}}."""
     by_m: dict[int, dict[str, list[dict]]] = {}
     try:
         if path.name.endswith(".gz"):
@@ -115,6 +112,19 @@ def read_traces(path: str | Path) -> list[SearchTrace]:
             raise ConfigError(f"line {n}: not a timing row (batch_size, config, us)", file=str(path)) from None
         kind = "grid" if r.get("pass") == "grid" else ("down" if isinstance(cfg, dict) and "up" in cfg else "joint")
         by_m.setdefault(M, {}).setdefault(kind, []).append(r)
+    return by_m
+
+
+def _shape_of(path: Path) -> str:
+    return path.name.removesuffix(TIMINGS_SUFFIX).removesuffix(LEGACY_TIMINGS_SUFFIX)
+
+
+def read_traces(path: str | Path) -> list[SearchTrace]:
+    """The searches of one ``<shape>.timings.jsonl.gz`` (or plain ``.jsonl``) file, per batch size and
+    search."""
+    path = Path(path)
+    shape = _shape_of(path)
+    by_m = _read_groups(path)
     out = []
     for M in sorted(by_m):
         groups = by_m[M]
@@ -146,3 +156,79 @@ def convergence(directory: str | Path) -> dict:
     return {"directory": str(d), "searches": [asdict(t) for t in traces],
             "joint_worst_best_so_far_at_share": worst,
             "joint_max_share_of_budget_to_within_2pct": round(max(needed), 3) if needed else None}
+
+
+# the first round of a search (its warm start) runs whatever the time: ``search_batch_size``'s batch
+FIRST_ROUND = 8
+
+
+@dataclass
+class BudgetReplayRow:
+    shape: str
+    batch_size: int
+    full_wall_s: float  # what the batch size took with its whole evaluation budget
+    share_s: float  # its part of the time budget (what earlier batch sizes left, shared evenly)
+    evaluations_full: dict[str, int]  # search -> evaluations made
+    evaluations_at_budget: dict[str, int]  # search -> evaluations the share pays for, at the same rate
+    best_at_budget: dict[str, float | None]  # search -> best of those / the whole search's best
+
+
+def _best_of_first(rows: list[dict], k: int) -> float | None:
+    times = [_us(r) for r in rows]
+    finite = [t for t in times if math.isfinite(t)]
+    head = [t for t in times[:k] if math.isfinite(t)]
+    return round(min(head) / min(finite), 4) if head and finite else None
+
+
+def time_budget_replay(directory: str | Path, shape_time_s: float) -> dict:
+    """What a ``shape_time_s`` budget would have kept of each recorded search (CPU estimate).
+
+    Per shape, the batch sizes in ascending order get what is left shared evenly (``time_share``); a
+    batch size whose whole search took less passes the rest on. A cut search makes evaluations at
+    the rate its batch size ran them (compiles, timings and re-timing included), its joint and down
+    parts at ``JOINT_TIME_FRACTION`` / ``DOWN_TIME_FRACTION`` of the share, never fewer than its first
+    round; the best of its first k recorded evaluations against its full best is what it would have
+    reached, were the order the same (a shorter TPE phase moves refinement earlier: an estimate)."""
+    from tuner.kernels.time_budget import DOWN_TIME_FRACTION, JOINT_TIME_FRACTION
+
+    d = Path(directory)
+    reports = d / "reports" if (d / "reports").is_dir() else d
+    files = timings_files(reports)
+    if not files:
+        raise ConfigError("no *.timings.jsonl.gz here or under reports/ (written by `tuner kernels tune`)",
+                          file=str(d))
+    out: list[BudgetReplayRow] = []
+    shapes = {}
+    for f in files:
+        shape = _shape_of(f)
+        try:
+            rep = json.loads((reports / f"{shape}.json").read_text())
+        except (OSError, ValueError):
+            continue  # timings without their report: no wall times to replay
+        groups = _read_groups(f)
+        rows = [r for r in sorted(rep.get("rows", []), key=lambda r: r["batch_size"]) if r.get("wall_s")]
+        left, total_full = float(shape_time_s), 0.0
+        for i, r in enumerate(rows):
+            M, wall = int(r["batch_size"]), float(r["wall_s"])
+            total_full += wall
+            share = max(0.0, left) / (len(rows) - i)
+            searches = groups.get(M, {})
+            full = {k: len(searches.get(k, [])) for k in ("joint", "down") if searches.get(k)}
+            made = {"joint": int(r.get("evaluations_joint", r.get("evaluations", 0)) or 0),
+                    "down": int(r.get("evaluations_down", 0) or 0)}
+            rate = sum(made.values()) / wall if wall > 0 else 0.0
+            fits = wall <= share
+            at_budget, reach = {}, {}
+            for kind, n in full.items():
+                frac = (JOINT_TIME_FRACTION if kind == "joint" else DOWN_TIME_FRACTION) + (
+                    DOWN_TIME_FRACTION if kind == "joint" and "down" not in full else 0.0)
+                k = n if fits else min(n, max(FIRST_ROUND, math.floor(frac * share * rate)))
+                at_budget[kind] = k
+                reach[kind] = _best_of_first(searches[kind], k)
+            left -= min(wall, share) if fits else share
+            if full:
+                out.append(BudgetReplayRow(shape, M, wall, round(share, 1), full, at_budget, reach))
+        shapes[shape] = {"full_wall_s": round(total_full, 1), "batch_sizes": len(rows)}
+    joint = [r.best_at_budget.get("joint") for r in out if r.best_at_budget.get("joint") is not None]
+    return {"directory": str(d), "shape_time_s": shape_time_s, "shapes": shapes, "rows": [asdict(r) for r in out],
+            "joint_worst_best_at_budget": max(joint) if joint else None}

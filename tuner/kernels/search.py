@@ -6,6 +6,9 @@ Trials are asked in small batches, so new kernels compile in parallel before the
 3. refinement: the incumbent's one-parameter neighbours, hill-climbing until the budget is spent.
 Configs outside the feasible set (shared-memory limit, block-shape rule) are told a penalty without
 being timed; repeats are answered from the cache. Only timed configs count as evaluations.
+
+A ``deadline`` (``time.monotonic()``) ends the search early, at a round's end: the first round (the
+warm start) always runs, TPE stops asking at its share of the time and refinement at the deadline.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class SearchResult:
     evaluations: int
     wall_s: float
     history: list[tuple[TileConfig, float]] = field(default_factory=list)
+    stopped_by_deadline: bool = False  # the time ran out before the evaluation budget
 
     def top(self, n: int) -> list[TileConfig]:
         ok = sorted((t, c) for c, t in self.history if math.isfinite(t))
@@ -43,8 +47,9 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
                       warm_start: Iterable = (), seed: int = 0, batch: int = 8,
                       refine_fraction: float = 0.3, on_eval: Callable[[int], None] | None = None,
                       param_values: dict[str, tuple] = PARAM_VALUES,
-                      make: Callable[[dict], object] | None = None) -> SearchResult:
-    """Find a fast config with at most ``budget`` timed evaluations.
+                      make: Callable[[dict], object] | None = None,
+                      deadline: float | None = None) -> SearchResult:
+    """Find a fast config with at most ``budget`` timed evaluations (and, with ``deadline``, by then).
 
     ``param_values`` names the searched parameters and their choices; ``make`` builds a config from
     them (default: a TileConfig of the six fused-MoE parameters). Configs are hashable values.
@@ -55,6 +60,17 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
         raise ValueError("the feasible tile space is empty")
     budget = max(1, min(budget, len(feasible)))
     t0 = time.perf_counter()
+    start = time.monotonic()
+    # TPE gets the time the evaluation budget gives it; refinement the rest
+    tpe_deadline = None if deadline is None else start + (deadline - start) * (1 - refine_fraction)
+    out_of_time = {"stopped": False}
+
+    def past(limit: float | None) -> bool:
+        if limit is None or not measured or time.monotonic() < limit:
+            return False
+        out_of_time["stopped"] = True
+        return True
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=False, constant_liar=True,
                                          n_startup_trials=max(8, budget // 8), n_ei_candidates=48)
@@ -102,14 +118,14 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
             study.enqueue_trial(_params(cfg, param_values), skip_if_exists=True)
 
     tpe_budget = budget - int(budget * refine_fraction)
-    while len(measured) < tpe_budget:
+    while len(measured) < tpe_budget and not past(tpe_deadline):
         trials = ask_round(min(batch, tpe_budget - len(measured)))
         if not trials:
             break
         run_round(trials)
 
     # Refinement: walk to better one-parameter neighbours of the incumbent.
-    while len(measured) < budget:
+    while len(measured) < budget and not past(deadline):
         finite = [(t, c) for c, t in measured.items() if math.isfinite(t)]
         if not finite:
             break
@@ -141,4 +157,5 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
         raise RuntimeError("no tile config could be timed")
     best_us, best = min(finite, key=lambda tc: (tc[0], str(tc[1])))
     return SearchResult(best=best, best_us=best_us, evaluations=len(measured),
-                        wall_s=time.perf_counter() - t0, history=history)
+                        wall_s=time.perf_counter() - t0, history=history,
+                        stopped_by_deadline=out_of_time["stopped"] and len(measured) < budget)

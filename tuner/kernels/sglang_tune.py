@@ -17,6 +17,10 @@ fp8 block GEMM
 Each finished batch size is appended to ``OUT/state/<tag>.jsonl``; a rerun skips those (so a long
 list can be spread over several calls with ``deadline_s``), and the config files and the report
 ``OUT/reports/<tag>.json`` are rewritten from every finished batch size at the end of each call.
+
+``shape_time_s`` caps a shape's device time over all its calls: what is left (less the finished batch
+sizes' wall time and this call's so far) is shared evenly over the batch sizes still to tune, and
+each search stops at its part of the share (``time_share``), after its warm-start round at least.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
+from tuner.kernels.time_budget import time_share
 from tuner.kernels.sglang_env import Found, Lookup, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
 from tuner.kernels.sglang_layout import gemm_config_filename
 from tuner.kernels.shapes import MoEShape
@@ -103,6 +108,11 @@ class _State:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _spent_before(rows: dict) -> float:
+    """The wall time of a shape's finished batch sizes (earlier calls' included)."""
+    return sum(float(r.get("wall_s") or 0.0) for r in rows.values())
 
 
 def _identity_diff(old: dict, new: dict) -> str:
@@ -228,7 +238,7 @@ def pair_at(up: Lookup, down: Lookup, M: int) -> tuple[TileConfig, DownTileConfi
 def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
              down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
              deadline_s: float | None = None, seed: int = 0, log: Log = _stamp,
-             routed_pool: int | None = None) -> dict:
+             routed_pool: int | None = None, shape_time_s: float | None = None) -> dict:
     import torch
     import triton
 
@@ -265,6 +275,9 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
         f"{' + grid ' + str(len(space)) if grid else ''}; {len(state.rows)} batch size(s) already done")
     problem = SGLangMoE(shape, routing=routing, seed=seed, routed_pool=routed_pool)
     todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
+    shape_time_s = None if grid else shape_time_s  # a grid times everything, whatever it costs
+    spent_before = _spent_before(state.rows)
+    _log_time_budget(log, shape_time_s, spent_before, len(todo))
     act_bytes = max(batch_sizes) * shape.topk * max(2 * shape.intermediate, shape.hidden) * 2 * 3
     # a compile process holds a stand-in with fewer experts where that builds the same binaries
     workers = workers_for(moe_stand_in_bytes(shape, todo or batch_sizes) + act_bytes)
@@ -281,17 +294,20 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
         with SGLangCompilePool("moe", shape, routing=str(routing), workers=workers,
                                routed_pool=routed_pool) as pool:
             log(f"{workers} compile process(es)")
-            for M in todo:
+            for i, M in enumerate(todo):
                 if _stop_before(M, deadline, state.rows, log):
                     stopped = True
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
+                now = time.monotonic()
+                ts = time_share(shape_time_s, spent_before + now - t_start, len(todo) - i, now, down=do_down)
                 dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                       shape.config_dtype, shape.block_shape)
                 ship = pair_at(shipped_up, shipped_dn, M)
                 warm = prev_joint[:4] + ([ship[0]] if ship else []) + [dflt]
                 joint = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
-                                          warm_start=warm, seed=seed + M, batch=max(8, workers))
+                                          warm_start=warm, seed=seed + M, batch=max(8, workers),
+                                          deadline=ts.joint_deadline if ts else None)
                 best_up = joint.best
                 down_res = None
                 if do_down:
@@ -306,7 +322,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                     down_res = search_batch_size(
                         _evaluator(timer, pool, M, wrap=lambda d, up=best_up: (up, d), log_rows=tried),
                         dspace, down_budget, warm_start=dwarm, seed=seed + 7919 + M, batch=max(8, workers),
-                        param_values=pv, make=lambda p, bm=bm: DownTileConfig(BLOCK_SIZE_M=bm, **p))
+                        param_values=pv, make=lambda p, bm=bm: DownTileConfig(BLOCK_SIZE_M=bm, **p),
+                        deadline=ts.down_deadline if ts else None)
                 grid_res = None
                 if grid:
                     grid_res = _grid(timer, pool, M, space, [best_up, dflt] + ([ship[0]] if ship else []),
@@ -337,6 +354,8 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                        "speedup_vs_default": (med["default"] / med[pick]) if med[pick] > 0 else None,
                        "evaluations_joint": joint.evaluations,
                        "evaluations_down": down_res.evaluations if down_res else 0,
+                       "time_share_s": round(ts.share_s, 1) if ts else None,
+                       "stopped_by_time": joint.stopped_by_deadline or bool(down_res and down_res.stopped_by_deadline),
                        "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
                        "down_config": down_res.best.as_dict() if down_res else None,
                        "shipped_config": describe_config(cands["shipped"]) if "shipped" in cands else None,
@@ -368,7 +387,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
               "batch_sizes_requested": (requested := _requested(out_dir, shape.tag, batch_sizes)),
               "complete": not stopped and all(M in state.rows for M in requested),
               "this_call_wall_s": round(time.monotonic() - t_start, 1), "this_call_compile_wall_s": round(compile_wall, 1),
-              "compile_workers": workers, "files": files,
+              "compile_workers": workers, "files": files, **_time_budget_report(shape_time_s, state.rows),
               "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
@@ -391,7 +410,8 @@ def _requested(out_dir: Path, tag: str, batch_sizes) -> list[int]:
 
 
 def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
-              grid: bool = False, deadline_s: float | None = None, seed: int = 0, log: Log = _stamp) -> dict:
+              grid: bool = False, deadline_s: float | None = None, seed: int = 0, log: Log = _stamp,
+              shape_time_s: float | None = None) -> dict:
     import triton
 
     from tuner.kernels.sglang_compile import SGLangCompilePool, workers_for
@@ -412,6 +432,10 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                 "device": facts["device_name"], "triton": triton.__version__, "sglang": rt.version, "seed": seed}
     state = _State(out_dir, shape.tag, identity)
     log(f"GEMM {shape.tag}: shipped {shipped.found.value}; budget {budget}; {len(state.rows)} done")
+    todo = [M for M in sorted(set(batch_sizes)) if M not in state.rows]
+    shape_time_s = None if grid else shape_time_s
+    spent_before = _spent_before(state.rows)
+    _log_time_budget(log, shape_time_s, spent_before, len(todo))
     problem = SGLangBlockGemm(shape, seed=seed)
     workers = workers_for(shape.N * shape.K * 2 + max(batch_sizes) * (shape.K + 2 * shape.N) * 4)
     timer = GraphTimer(problem)
@@ -421,17 +445,20 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
     compile_wall, compile_reused = 0.0, 0
     try:
         with SGLangCompilePool("gemm", shape, workers=workers) as pool:
-            for M in [M for M in sorted(set(batch_sizes)) if M not in state.rows]:
+            for i, M in enumerate(todo):
                 if _stop_before(M, deadline, state.rows, log):
                     stopped = True
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
+                now = time.monotonic()
+                ts = time_share(shape_time_s, spent_before + now - t_start, len(todo) - i, now, down=False)
                 dflt = gemm_default_config(shape.block_shape)
                 ship_d = shipped.nearest(M)
                 ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
                 res = search_batch_size(_evaluator(timer, pool, M, log_rows=tried), feasible, budget,
                                         warm_start=prev[:4] + ([ship] if ship else []) + [dflt], seed=seed + M,
-                                        batch=max(8, workers), param_values=GEMM_PARAM_VALUES)
+                                        batch=max(8, workers), param_values=GEMM_PARAM_VALUES,
+                                        deadline=ts.joint_deadline if ts else None)
                 grid_res = _grid(timer, pool, M, space, [res.best, dflt], deadline, tried) if grid else None
                 cands = {"default": dflt, "found": res.best}
                 _add_leaders(cands, "found", res.top(RETIMED_SEARCH_LEADERS))
@@ -453,6 +480,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                        "speedup_vs_baseline": med[base_key] / med[pick] if med[pick] > 0 else None,
                        "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
                        "evaluations": res.evaluations, "default_config": dflt.as_dict(),
+                       "time_share_s": round(ts.share_s, 1) if ts else None, "stopped_by_time": res.stopped_by_deadline,
                        "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
                        "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
                        "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
@@ -479,7 +507,8 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
               "complete": not stopped and all(M in state.rows for M in requested),
               "this_call_wall_s": round(time.monotonic() - t_start, 1),
               "this_call_compile_wall_s": round(compile_wall, 1), "compile_workers": workers,
-              "this_call_compiles_reused": compile_reused, "files": files, "rows": _rows(state)}
+              "this_call_compiles_reused": compile_reused, "files": files,
+              **_time_budget_report(shape_time_s, state.rows), "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
     return _clean(report)
 
@@ -544,6 +573,17 @@ def _stop_before(M: int, deadline: float | None, rows: dict, log: Log) -> bool:
     log(f"deadline: batch size {M} would not end before it (the last one took {expected:.0f} s); rerun the "
         "same command to continue")
     return True
+
+
+def _log_time_budget(log: Log, shape_time_s: float | None, spent_s: float, todo: int) -> None:
+    if shape_time_s and todo:
+        left = max(0.0, shape_time_s - spent_s)
+        log(f"time budget {shape_time_s:.0f} s for the shape: {spent_s:.0f} s spent by finished batch sizes, "
+            f"{todo} to tune, about {left / todo:.0f} s each")
+
+
+def _time_budget_report(shape_time_s: float | None, rows: dict) -> dict:
+    return {"shape_time_s": shape_time_s, "batch_sizes_wall_s": round(_spent_before(rows), 1)}
 
 
 def _fmt(v) -> str:

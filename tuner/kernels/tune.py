@@ -191,9 +191,11 @@ def write_summary(out_dir: Path, *, last_call_wall_s: float | None = None) -> Pa
 
 def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: int | None = None,
                     down_budget: int | None = None, routing: str = "sglang-tuner", grid: bool = False,
-                    deadline_s: float | None = None, seed: int = 0, routed_pool: int | None = None) -> dict:
+                    deadline_s: float | None = None, seed: int = 0, routed_pool: int | None = None,
+                    shape_time_s: float | None = None) -> dict:
     """Tune every target with SGLang's own kernels; write the files and reports, and merge this
-    call's shapes into OUT/summary.json. Returns this call's reports."""
+    call's shapes into OUT/summary.json. Returns this call's reports. ``shape_time_s``: each shape's
+    device-time budget over all its calls (None: the evaluation budget alone)."""
     import time as _time
 
     _check_gpu()
@@ -217,12 +219,13 @@ def run_sglang_tune(targets, batch_sizes: list[int], out_dir: Path, *, budget: i
     if targets.moe is not None:
         reports.append(tune_moe(targets.moe, batch_sizes, out_dir, budget=budget, down_budget=down_budget,
                                 routing=routing, grid=grid, deadline_s=left(), seed=seed,
-                                routed_pool=routed_pool))
+                                routed_pool=routed_pool, shape_time_s=shape_time_s))
     for g in targets.gemms:
         if reports and expired():
             not_started.append(g.tag)
             continue
-        reports.append(tune_gemm(g, batch_sizes, out_dir, budget=budget, grid=grid, deadline_s=left(), seed=seed))
+        reports.append(tune_gemm(g, batch_sizes, out_dir, budget=budget, grid=grid, deadline_s=left(), seed=seed,
+                                 shape_time_s=shape_time_s))
     wall = round(_time.monotonic() - t0, 1)
     doc = {"impl": "sglang", "wall_s": wall, "complete": all(r["complete"] for r in reports) and not not_started,
            "reports": reports, "not_started": not_started}
