@@ -537,16 +537,20 @@ def refit_serving_cmd(default_points, tuned_points, log_pairs, gpu, model, kerne
         for key, table in fitted.items():
             click.echo(f"{key}: " + ", ".join(f"{M}: {v:.3f}" for M, v in table.items()))
     if refused:
-        lo, hi = sr.REALISATION_PLAUSIBLE
-        msg = (f"serving showed {a:.2f}x the saving the tuned kernels' times predict" if a is not None
-               else "the tuned kernels save nothing at the measured batch sizes")
-        click.echo(f"{msg} (outside {lo}-{hi}): the kernels do not explain the change; "
-                   f"{'nothing written' if not dry_run else 'a write would be refused'} "
-                   f"(--accept-realisation writes it)", err=not dry_run)
-        if not dry_run:
-            raise SystemExit(1)
+        _say_refused(sr, f"serving showed {a:.2f}x the saving the tuned kernels' times predict" if a is not None
+                     else "the tuned kernels save nothing at the measured batch sizes", dry_run)
         return
     click.echo(f"wrote {path}" if path else "dry run: nothing written")
+
+
+def _say_refused(sr, msg: str, dry_run: bool) -> None:
+    """A realisation the kernels do not explain: said, and (unless a dry run) exit 1."""
+    lo, hi = sr.REALISATION_PLAUSIBLE
+    click.echo(f"{msg} (outside {lo}-{hi}): the kernels do not explain the change; "
+               f"{'nothing written' if not dry_run else 'a write would be refused'} (--accept-realisation writes it)",
+               err=not dry_run)
+    if not dry_run:
+        raise SystemExit(1)
 
 
 def _refit_from_decode_steps(sr, log_pairs, gpu, model, kernel_report, tp_size, dtype, accept_realisation,
@@ -566,9 +570,7 @@ def _refit_from_decode_steps(sr, log_pairs, gpu, model, kernel_report, tp_size, 
     a, lo_hi = fit.realisation, fit.interval
     plausible = sr.realisation_plausible(a)
     write = a is not None and not fit.confirms_kernels and (plausible or accept_realisation) and not dry_run
-    refused = a is not None and not fit.confirms_kernels and not plausible and not accept_realisation
-    if a is None:
-        refused = True
+    refused = a is None or (not fit.confirms_kernels and not plausible and not accept_realisation)
     path = (sr.write_gpu_calibration(gpu, [], "decode steps of " + "; ".join(f"{d} vs {t}" for d, t in log_pairs),
                                      terms=terms, realised=a) if write else None)
     if as_json:
@@ -589,12 +591,8 @@ def _refit_from_decode_steps(sr, log_pairs, gpu, model, kernel_report, tp_size, 
         click.echo("the interval holds 1: the kernel timings explain the servers' decode steps; nothing to refit")
         return
     if refused:
-        lo, hi = sr.REALISATION_PLAUSIBLE
-        click.echo(f"outside {lo}-{hi}: the kernels do not explain the change; "
-                   f"{'nothing written' if not dry_run else 'a write would be refused'} (--accept-realisation "
-                   f"writes it)", err=not dry_run)
-        if not dry_run:
-            raise SystemExit(1)
+        _say_refused(sr, f"the servers' decode steps showed {a:.2f}x the saving the tuned kernels' times predict",
+                     dry_run)
         return
     for key, table in sr.attributed_speedups(terms, a).items():
         click.echo(f"{key}: " + ", ".join(f"{M}: {v:.3f}" for M, v in table.items()))
