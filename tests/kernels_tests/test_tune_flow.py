@@ -473,8 +473,9 @@ def test_a_shape_time_budget_caps_the_searches_and_carries_over_calls(fake_gpu, 
     assert rows[0]["time_share_s"] == pytest.approx(30, abs=1)
     assert spent <= 90 + 8  # a search stops at the end of the round that passes its deadline
     assert rep["shape_time_s"] == 90
-    # the wall time the rows record is what a later call counts as spent (real clocks there)
-    assert rep["batch_sizes_wall_s"] == pytest.approx(sum(r["wall_s"] for r in rows), abs=0.5)
+    # the rows' wall times and the call's start-up are what a later call counts as spent (real clocks there)
+    assert rows[0]["call_setup_s"] >= 0 and rows[1]["call_setup_s"] == rows[2]["call_setup_s"] == 0
+    assert rep["shape_device_s"] == pytest.approx(sum(r["wall_s"] + r["call_setup_s"] for r in rows), abs=0.5)
     # without a time budget the evaluation budget alone decides
     rep2 = tune_moe(shape, [1], tmp_path / "free", budget=40, down_budget=0, log=lambda m: None)
     assert rep2["rows"][0]["evaluations_joint"] == 40 and not rep2["rows"][0]["stopped_by_time"]
