@@ -464,13 +464,16 @@ def test_a_shape_time_budget_caps_the_searches_and_carries_over_calls(fake_gpu, 
     shape = moe_shape("qwen3-30b-a3b", 1, 1, "bf16")
     out = tmp_path / "out"
     t0 = clock["t"]
-    rep = tune_moe(shape, [1, 4, 16], out, budget=150, down_budget=60, shape_time_s=90, log=lambda m: None)
+    lines: list[str] = []
+    rep = tune_moe(shape, [1, 4, 16], out, budget=150, down_budget=60, shape_time_s=90, log=lines.append)
     spent = clock["t"] - t0
     rows = rep["rows"]
     assert rep["complete"] and [r["batch_size"] for r in rows] == [1, 4, 16]
     # far fewer than 150 + 60 evaluations fit 90 s of one-second compiles; every search still ran its warm start
     assert all(r["stopped_by_time"] and 8 <= r["evaluations_joint"] < 150 for r in rows)
     assert rows[0]["time_share_s"] == pytest.approx(30, abs=1)
+    assert any(line.startswith("time budget 90 s for the shape") for line in lines)
+    assert sum("(cut by time)" in line for line in lines) == 3  # each batch size's line says so
     assert spent <= 90 + 8  # a search stops at the end of the round that passes its deadline
     assert rep["shape_time_s"] == 90
     # the rows' wall times and the call's start-up are what a later call counts as spent (real clocks there)

@@ -372,7 +372,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                 log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, joint "
                     f"{_fmt(med['joint'])}, tuned {_fmt(med.get('tuned'))}"
                     f"{', grid ' + _fmt(med.get('grid_best')) if grid else ''} us -> {pick} ({row['wall_s']} s: "
-                    f"{_fmt_breakdown(row['wall_breakdown_s'])})")
+                    f"{_fmt_breakdown(row['wall_breakdown_s'])}; {_fmt_effort(row)})")
             compile_wall = pool.compile_wall_s
     except KeyboardInterrupt:  # the call's backstop: keep and write what is finished
         stopped = True
@@ -494,7 +494,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                 problem.drop_batch(M)
                 log(f"M={M}: default {_fmt(med['default'])}, shipped {_fmt(med.get('shipped'))}, found "
                     f"{_fmt(med['found'])} us{', grid ' + _fmt(med.get('grid_best')) if grid else ''} -> {pick} "
-                    f"({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])})")
+                    f"({row['wall_s']} s: {_fmt_breakdown(row['wall_breakdown_s'])}; {_fmt_effort(row)})")
             compile_wall, compile_reused = pool.compile_wall_s, pool.reused
     except KeyboardInterrupt:  # the call's backstop: keep and write what is finished
         stopped = True
@@ -590,6 +590,15 @@ def _log_time_budget(log: Log, shape_time_s: float | None, spent_s: float, todo:
 def _time_budget_report(shape_time_s: float | None, rows: dict) -> dict:
     """The budget and the shape's device time so far (batch sizes and the calls' start-ups)."""
     return {"shape_time_s": shape_time_s, "shape_device_s": round(_spent_before(rows), 1)}
+
+
+def _fmt_effort(row: dict) -> str:
+    """The evaluations a batch size made and, under a time budget, its share and whether it cut a search."""
+    evals = (f"{row['evaluations_joint']}+{row['evaluations_down']}" if "evaluations_joint" in row
+             else str(row.get("evaluations")))
+    share = row.get("time_share_s")
+    return f"{evals} evaluations" + ("" if share is None else
+                                     f", share {share:.0f} s{' (cut by time)' if row.get('stopped_by_time') else ''}")
 
 
 def _fmt(v) -> str:
