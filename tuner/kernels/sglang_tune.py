@@ -39,7 +39,7 @@ from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
-from tuner.kernels.time_budget import time_share
+from tuner.kernels.time_budget import TimeShare, time_share
 from tuner.kernels.sglang_env import Found, Lookup, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
 from tuner.kernels.sglang_layout import gemm_config_filename
 from tuner.kernels.shapes import MoEShape
@@ -108,6 +108,14 @@ class _State:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _share_now(shape_time_s: float | None, spent_before: float, t_start: float, remaining: int, *,
+               down: bool) -> tuple[float, TimeShare | None]:
+    """As a batch size starts: this call's time so far (at the first, its start-up) and the batch
+    size's share of the shape's time budget."""
+    now = time.monotonic()
+    return now - t_start, time_share(shape_time_s, spent_before + now - t_start, remaining, now, down=down)
 
 
 def _spent_before(rows: dict) -> float:
@@ -300,9 +308,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                     stopped = True
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
-                now = time.monotonic()
-                setup_s = now - t_start if i == 0 else setup_s
-                ts = time_share(shape_time_s, spent_before + now - t_start, len(todo) - i, now, down=do_down)
+                elapsed, ts = _share_now(shape_time_s, spent_before, t_start, len(todo) - i, down=do_down)
                 dflt = default_config(M, shape.num_experts, shape.intermediate, shape.hidden, shape.topk,
                                       shape.config_dtype, shape.block_shape)
                 ship = pair_at(shipped_up, shipped_dn, M)
@@ -358,7 +364,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
                        "evaluations_down": down_res.evaluations if down_res else 0,
                        "time_share_s": round(ts.share_s, 1) if ts else None,
                        "stopped_by_time": joint.stopped_by_deadline or bool(down_res and down_res.stopped_by_deadline),
-                       "call_setup_s": round(setup_s, 1) if i == 0 else 0.0,
+                       "call_setup_s": round(elapsed, 1) if i == 0 else 0.0,
                        "default_config": dflt.as_dict(), "joint_config": best_up.as_dict(),
                        "down_config": down_res.best.as_dict() if down_res else None,
                        "shipped_config": describe_config(cands["shipped"]) if "shipped" in cands else None,
@@ -453,9 +459,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                     stopped = True
                     break
                 tm, mark = time.perf_counter(), _phase_mark(timer, pool)
-                now = time.monotonic()
-                setup_s = now - t_start if i == 0 else setup_s
-                ts = time_share(shape_time_s, spent_before + now - t_start, len(todo) - i, now, down=False)
+                elapsed, ts = _share_now(shape_time_s, spent_before, t_start, len(todo) - i, down=False)
                 dflt = gemm_default_config(shape.block_shape)
                 ship_d = shipped.nearest(M)
                 ship = TileConfig.from_dict(ship_d, where="shipped") if ship_d else None
@@ -485,7 +489,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
                        "speedup_vs_default": med["default"] / med[pick] if med[pick] > 0 else None,
                        "evaluations": res.evaluations, "default_config": dflt.as_dict(),
                        "time_share_s": round(ts.share_s, 1) if ts else None, "stopped_by_time": res.stopped_by_deadline,
-                       "call_setup_s": round(setup_s, 1) if i == 0 else 0.0,
+                       "call_setup_s": round(elapsed, 1) if i == 0 else 0.0,
                        "found_config": res.best.as_dict(), "shipped_config": ship.as_dict() if ship else None,
                        "config": cands[pick].as_dict(), "wall_s": round(time.perf_counter() - tm, 1),
                        "wall_breakdown_s": _phase_breakdown(timer, pool, mark, time.perf_counter() - tm)}
