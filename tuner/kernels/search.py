@@ -63,12 +63,13 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
     start = time.monotonic()
     # TPE gets the time the evaluation budget gives it; refinement the rest
     tpe_deadline = None if deadline is None else start + (deadline - start) * (1 - refine_fraction)
-    out_of_time = {"stopped": False}
+    ran_out_of_time = False
 
     def past(limit: float | None) -> bool:
+        nonlocal ran_out_of_time
         if limit is None or not measured or time.monotonic() < limit:
             return False
-        out_of_time["stopped"] = True
+        ran_out_of_time = True
         return True
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -158,4 +159,4 @@ def search_batch_size(evaluate: Evaluate, feasible: Iterable, budget: int, *,
     best_us, best = min(finite, key=lambda tc: (tc[0], str(tc[1])))
     return SearchResult(best=best, best_us=best_us, evaluations=len(measured),
                         wall_s=time.perf_counter() - t0, history=history,
-                        stopped_by_deadline=out_of_time["stopped"] and len(measured) < budget)
+                        stopped_by_deadline=ran_out_of_time and len(measured) < budget)

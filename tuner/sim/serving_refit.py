@@ -42,6 +42,7 @@ from tuner.kernels.shapes import moe_shape
 from tuner.kernels.targets import Kernel
 from tuner.planner.memory import decode_capture_sizes
 from tuner.sim.calibrate import CALIBRATION_DIR, _read, interpolated_speedup, load_calibration
+from tuner.sim.decode_ab import percentile_interval
 
 SPEEDUP_BOUNDS = (0.25, 4.0)
 # Serving that shows much more (or much less) than the tuned kernels' own saving is not explained by
@@ -313,8 +314,6 @@ def _pooled(parts: list[tuple[list[int], list[int], list[float], list[float]]], 
 
 def decode_step_realisation(pairs: list, terms: list[KernelTerm]) -> DecodeStepRealisation:
     """``pairs``: ``decode_ab.PairedBatches`` of (default server, tuned server) log pairs."""
-    from .decode_ab import percentile_interval
-
     pairs = [p for p in pairs if p is not None]
     if not pairs:
         raise ConfigError("no batch size with pure-decode windows in both logs of any pair", key="logs")
