@@ -58,7 +58,9 @@ def _study(tmp: Path, name: str = "fake-sglang", trials: int = 3, env: dict | No
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fake-sglang")
-    study = _study(tmp)
+    # two trials: the baseline (a whole capacity search, several load points) and one other
+    # configuration (fp8 KV cache), pruned after its first point
+    study = _study(tmp, trials=2)
     storage = f"sqlite:///{tmp}/t.db"
     # in-process: Ray on this CPU machine has no GPU to give a trial (see the next test)
     r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp)
@@ -147,7 +149,9 @@ def test_a_fresh_servers_first_load_point_warms_up_longer(finished):
 def test_the_kernel_warmup_runs_before_a_fresh_servers_first_load_point_only(tmp_path):
     measurement = {"warmup_s": 1, "duration_s": 2, "request_timeout_s": 30, "time_scale": 0.1,
                    "kernel_warmup": True}
-    study = _study(tmp_path, name="fake-warm", trials=1, measurement=measurement)
+    # two load points (4 and 8 users): the first on the fresh server, the second on a warm one
+    study = _study(tmp_path, name="fake-warm", trials=1, measurement=measurement,
+                   capacity={"start_users": 4, "max_users": 8, "resolution_users": 4, "growth_factor": 2})
     storage = f"sqlite:///{tmp_path}/t.db"
     r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -250,14 +254,17 @@ def test_dummy_weights_need_a_backend_that_can_load_them(tmp_path):
 
 
 def test_time_limit_starts_no_trial_that_cannot_finish_and_resume_continues(tmp_path):
-    study = _study(tmp_path, name="fake-time", trials=6)
+    # trials of two load points (4 and 8 users, about 10 s each): the first one fits the limit, and
+    # then says the next one would not
+    study = _study(tmp_path, name="fake-time", trials=6,
+                   capacity={"start_users": 4, "max_users": 8, "resolution_users": 4, "growth_factor": 2})
     storage = f"sqlite:///{tmp_path}/t.db"
     r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray", "--no-pruning",
-                 "--time-limit", "20"], cwd=tmp_path)
+                 "--time-limit", "14"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     outcome = json.loads(r.stdout)
     assert "time limit" in outcome["stopped_reason"]
-    assert outcome["wall_time_s"] < 40  # no trial was started that the first one said could not fit
+    assert outcome["wall_time_s"] < 2 * 14  # no trial was started that the first one said could not fit
     con = sqlite3.connect(tmp_path / "t.db")
     first = con.execute("SELECT count(*) FROM tuner_trials WHERE status != 'running'").fetchone()[0]
     assert 1 <= first < 6

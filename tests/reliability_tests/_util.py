@@ -36,7 +36,8 @@ TINY_WORKLOAD = {
 
 def write_study(tmp: Path, name: str, *, trials: int, backend: str = "serve-sim", options: dict | None = None,
                 **overrides) -> Path:
-    """A GLM-5.1 / 8xH200 study with a tiny workload and 1-second load points (seconds per trial)."""
+    """A GLM-5.1 / 8xH200 study with a tiny workload and two 1-second load points, 2 and 4 users
+    (seconds per trial)."""
     data = {
         "name": name,
         "model": "glm-5.1",
@@ -45,7 +46,7 @@ def write_study(tmp: Path, name: str, *, trials: int, backend: str = "serve-sim"
         "search_space": "glm-5.1",
         "slo": {"p90_ttft_s": 30.0, "p90_tpot_s": 0.05},
         "target_users": 2,
-        "capacity": {"start_users": 2, "max_users": 8, "resolution_users": 2},
+        "capacity": {"start_users": 2, "max_users": 4, "resolution_users": 2},
         "measurement": {"warmup_s": 0, "duration_s": 1, "max_error_rate": 0.05, "request_timeout_s": 4},
         "baseline": {"tp-size": 8, "quantization": "modelopt_fp4"},
         "trials": trials,

@@ -94,7 +94,7 @@ def test_gpu_trials_are_placed_on_free_gpus_of_the_right_node(cluster, tmp_path)
     assert sorted(nodes.values()) == [2.0, 2.0, 8.0]
     big_node = next(n for n, g in nodes.items() if g == 8)
     mark = new_mark()
-    study = write_study(tmp_path, "gpus", trials=10, search_space=GPU_SPACE, model="qwen3-30b-a3b",
+    study = write_study(tmp_path, "gpus", trials=6, search_space=GPU_SPACE, model="qwen3-30b-a3b",
                         baseline={"tp-size": 8, "quantization": "fp8"},
                         options={"request_gpus": True})
     db = tmp_path / "tuner.db"
@@ -175,7 +175,7 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
     env = tuner_env(mark)
     study = write_study(tmp_path, "load", trials=12, backend="simulator", options={},
                         capacity={"start_users": 8, "max_users": 64, "resolution_users": 8},
-                        measurement={"warmup_s": 20, "duration_s": 60})
+                        measurement={"warmup_s": 5, "duration_s": 20})
     # the simulator backend takes no backend_options
     db_path = tmp_path / "tuner.db"
     url = f"sqlite:///{db_path}"

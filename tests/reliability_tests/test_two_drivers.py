@@ -16,8 +16,8 @@ import time
 import pytest
 
 from tests.reliability_tests._util import (
-    check_case, kill_marked, new_mark, query, run_tuner, spawn_tuner, table_rows, trial_rows, tuner_env, wait_until,
-    write_study,
+    check_case, kill_marked, new_mark, no_orphans, query, run_tuner, spawn_tuner, table_rows, trial_rows, tuner_env,
+    wait_until, write_study,
 )
 from tests.reliability_tests.test_kill9_moments import _measuring, _starting_server
 from tests.storage_tests.pg import fresh_pg_database, needs_pg
@@ -143,7 +143,7 @@ def test_a_resume_during_the_drivers_start_up_is_refused_with_who_holds_it(tmp_p
 def test_two_resumes_of_a_dead_drivers_study_one_takes_it_over(tmp_path):
     mark = new_mark()
     env = tuner_env(mark)
-    study = write_study(tmp_path, "twice", trials=4)
+    study = write_study(tmp_path, "twice", trials=3)
     db = tmp_path / "tuner.db"
     storage = f"sqlite:///{db}"
     procs = []
@@ -163,12 +163,45 @@ def test_two_resumes_of_a_dead_drivers_study_one_takes_it_over(tmp_path):
         check_case(done[1], code=4, message=r"Error: study 'twice' is being run by `tuner study resume` PID \d+",
                    db=db, mark=mark)
         rows = trial_rows(db, "twice")
-        assert sum(t["launched"] for t in rows.values()) == 4 and sum(t["status"] == "interrupted" for t in rows.values()) == 1
+        assert sum(t["launched"] for t in rows.values()) == 3 and sum(t["status"] == "interrupted" for t in rows.values()) == 1
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
         kill_marked(mark)
+
+
+@pytest.fixture(scope="module")
+def one_trial_run(tmp_path_factory):
+    """What each remote-lease case starts from, run once: a real `tuner study start --trials 1` of
+    the 2-trial study `remote` (serve-sim), finished; each case resumes a copy of its database."""
+    tmp = tmp_path_factory.mktemp("one-trial")
+    mark = new_mark()
+    study = write_study(tmp, "remote", trials=2)
+    try:
+        r = run_tuner(["study", "start", str(study), "--storage", f"sqlite:///{tmp}/tuner.db", "--no-ray", "--trials",
+                       "1"], cwd=tmp, env=tuner_env(mark, TUNER_LEASE_TTL_S="3"), timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert no_orphans(mark) == []
+    finally:
+        kill_marked(mark)
+    return tmp
+
+
+def _copy_of_run(src, tmp_path):
+    """The finished one-trial run's study file and database (SQLite's backup: a consistent copy)."""
+    import shutil
+    import sqlite3
+
+    shutil.copy(src / "remote.yaml", tmp_path / "remote.yaml")
+    db = tmp_path / "tuner.db"
+    source, copy = sqlite3.connect(src / "tuner.db"), sqlite3.connect(db)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+        copy.close()
+    return db
 
 
 def _remote_lease(db, name, *, age_s: float, token="remote") -> None:
@@ -184,17 +217,13 @@ def _remote_lease(db, name, *, age_s: float, token="remote") -> None:
 
 
 @pytest.mark.parametrize("age_s", [0.0, 600.0], ids=["fresh heartbeat", "heartbeat long expired"])
-def test_a_driver_on_another_host_is_taken_over_once_its_heartbeat_expires(age_s, tmp_path):
+def test_a_driver_on_another_host_is_taken_over_once_its_heartbeat_expires(age_s, tmp_path, one_trial_run):
     mark = new_mark()
     ttl = 3.0
     env = tuner_env(mark, TUNER_LEASE_TTL_S=str(ttl))
-    study = write_study(tmp_path, "remote", trials=2)
-    db = tmp_path / "tuner.db"
+    db = _copy_of_run(one_trial_run, tmp_path)  # `remote` after `study start --trials 1`
     storage = f"sqlite:///{db}"
     try:
-        r = run_tuner(["study", "start", str(study), "--storage", storage, "--no-ray", "--trials", "1"], cwd=tmp_path,
-                      env=env, timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
         _remote_lease(db, "remote", age_s=age_s)
         t0 = time.monotonic()
         r = run_tuner(["study", "resume", "remote", "--storage", storage, "--no-ray", "--trials", "2"], cwd=tmp_path,
@@ -209,7 +238,7 @@ def test_a_driver_on_another_host_is_taken_over_once_its_heartbeat_expires(age_s
         kill_marked(mark)
 
 
-def test_a_driver_on_another_host_whose_heartbeat_moves_is_refused(tmp_path):
+def test_a_driver_on_another_host_whose_heartbeat_moves_is_refused(tmp_path, one_trial_run):
     """A beating remote lease (a thread of this test renews it, as that host's driver would)."""
     import threading
 
@@ -217,28 +246,24 @@ def test_a_driver_on_another_host_whose_heartbeat_moves_is_refused(tmp_path):
 
     mark = new_mark()
     env = tuner_env(mark, TUNER_LEASE_TTL_S="3")
-    study = write_study(tmp_path, "alive", trials=2)
-    db = tmp_path / "tuner.db"
+    db = _copy_of_run(one_trial_run, tmp_path)  # `remote` after `study start --trials 1`
     storage = f"sqlite:///{db}"
     stop = threading.Event()
     try:
-        r = run_tuner(["study", "start", str(study), "--storage", storage, "--no-ray", "--trials", "1"], cwd=tmp_path,
-                      env=env, timeout=120)
-        assert r.returncode == 0, r.stderr[-2000:]
-        _remote_lease(db, "alive", age_s=0)
+        _remote_lease(db, "remote", age_s=0)
         engine = db_mod.get_engine(storage)
-        beating = threading.Thread(target=lambda: [leases.beat(engine, "alive", "remote") for _ in iter(
+        beating = threading.Thread(target=lambda: [leases.beat(engine, "remote", "remote") for _ in iter(
             lambda: stop.wait(0.2), True)])
         beating.start()
-        r = run_tuner(["study", "resume", "alive", "--storage", storage, "--no-ray", "--trials", "2"], cwd=tmp_path,
+        r = run_tuner(["study", "resume", "remote", "--storage", storage, "--no-ray", "--trials", "2"], cwd=tmp_path,
                       env=env, timeout=60)
         stop.set()
         beating.join()
         check_case(r, code=4, db=db, mark=mark, allow_running=True,
-                   message=r"study 'alive' is being run by `tuner study start` PID 4242 on host elsewhere .*"
+                   message=r"study 'remote' is being run by `tuner study start` PID 4242 on host elsewhere .*"
                            r"its heartbeat is live")
         assert query(db, "SELECT token FROM tuner_driver_leases") == [("remote",)]
-        assert [t["launched"] for t in trial_rows(db, "alive").values()].count(True) == 1, "nothing ran"
+        assert [t["launched"] for t in trial_rows(db, "remote").values()].count(True) == 1, "nothing ran"
     finally:
         stop.set()
         kill_marked(mark)

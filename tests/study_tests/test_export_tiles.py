@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import yaml
 
 from tests.conftest import REPO, run_cli
@@ -40,8 +41,15 @@ def _tuned_study(tmp_path):
     return storage
 
 
-def test_export_ships_moe_and_gemm_tiles_and_names_where_each_version_reads_gemm_files(tmp_path):
-    storage = _tuned_study(tmp_path)
+@pytest.fixture(scope="module")
+def tuned_study(tmp_path_factory):
+    """One finished study with tuned tiles, for the tests that only export it (each into its own
+    directory); a test that damages the tuned files runs a study of its own."""
+    return _tuned_study(tmp_path_factory.mktemp("tiles"))
+
+
+def test_export_ships_moe_and_gemm_tiles_and_names_where_each_version_reads_gemm_files(tmp_path, tuned_study):
+    storage = tuned_study
     for version, subdir in (("0.5.17", "sglang/kernels/ops/quantization/configs/"),
                             ("0.5.23", "sglang/kernels/ops/gemm/configs/")):
         out = tmp_path / version / "best.yaml"
@@ -80,8 +88,8 @@ def _fake_sglang(tmp_path, shipped: dict[int, dict]):
     return site
 
 
-def test_export_merges_the_tuned_file_over_sglangs_shipped_one_where_sglang_is_installed(tmp_path):
-    storage = _tuned_study(tmp_path)
+def test_export_merges_the_tuned_file_over_sglangs_shipped_one_where_sglang_is_installed(tmp_path, tuned_study):
+    storage = tuned_study
     big = {**CFG[1], "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128}
     site = _fake_sglang(tmp_path, {1: big, 2048: big})
     out = tmp_path / "best.yaml"
