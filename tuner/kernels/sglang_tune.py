@@ -39,13 +39,13 @@ from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
 from tuner.kernels.search import search_batch_size
-from tuner.kernels.time_budget import TimeShare, time_share
 from tuner.kernels.sglang_env import Found, Lookup, shipped_down_configs, shipped_gemm_configs, shipped_moe_configs
 from tuner.kernels.sglang_layout import gemm_config_filename
 from tuner.kernels.shapes import MoEShape
 from tuner.kernels.space import (DOWN_PARAM_VALUES, GEMM_PARAM_VALUES, DownTileConfig, TileConfig,
                                  default_config, down_space, feasible_space, gemm_default_config,
                                  gemm_feasible_space, gemm_search_space, search_space_for)
+from tuner.kernels.time_budget import TimeShare, time_share
 
 Log = Callable[[str], None]
 
