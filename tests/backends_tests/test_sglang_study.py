@@ -58,9 +58,9 @@ def _study(tmp: Path, name: str = "fake-sglang", trials: int = 3, env: dict | No
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fake-sglang")
-    # two trials: the baseline (a whole capacity search, several load points) and one other
-    # configuration (fp8 KV cache), pruned after its first point
-    study = _study(tmp, trials=2)
+    # two trials: the baseline (a whole capacity search: 4 then 8 users, so a first load point on a
+    # fresh server and a later one) and one other configuration (fp8 KV cache), pruned after its first point
+    study = _study(tmp, trials=2, capacity={"start_users": 4, "max_users": 8, "resolution_users": 4, "growth_factor": 2})
     storage = f"sqlite:///{tmp}/t.db"
     # in-process: Ray on this CPU machine has no GPU to give a trial (see the next test)
     r = run_cli(["study", "start", str(study), "--storage", storage, "--json", "--no-ray"], cwd=tmp)

@@ -14,7 +14,7 @@ def _small_study(tmp_path: Path, trials: int = 5) -> Path:
     data = yaml.safe_load((REPO / "studies/h200.yaml").read_text())
     data.update(name="e2e", trials=trials)
     data["capacity"] = {"start_users": 16, "max_users": 128, "resolution_users": 8}
-    data["measurement"] = {"warmup_s": 60, "duration_s": 240}
+    data["measurement"] = {"warmup_s": 30, "duration_s": 120}  # simulated seconds
     p = tmp_path / "e2e.yaml"
     p.write_text(yaml.safe_dump(data))
     return p
