@@ -21,7 +21,7 @@ if [ ! -f .sglkit/install.sh ]; then
   echo "kit copied: $(du -sh .sglkit | cut -f1)"
 fi
 ray=.sglkit/ray/ray-2.60.0-slim.tar.xz
-if [ ! -f .sglkit/ray/.repacked ]; then
+if [ -z "${SKIP_RAY:-}" ] && [ ! -f .sglkit/ray/.repacked ]; then
   echo "repacking Ray with xz -9e (about 10 minutes on 2 cores)"
   xz -dc "$ray" | xz -9e -T0 > "$ray.tmp"
   mv "$ray.tmp" "$ray" && touch .sglkit/ray/.repacked
