@@ -6,7 +6,7 @@
 #             unpacked as `pip install --target` would, test suites removed, C extensions stripped
 # Usage, from the repository root: bash results/h200-sglang/build-carry.sh [KIT_DIR]
 # (KIT_DIR defaults to ../shared/sglang-h200-kit). Each part is skipped when it is already there.
-# The Ray repack takes about 10 minutes on 2 cores.
+# The Ray repack takes about 10 minutes on 2 cores; SKIP_RAY=1 leaves it for later (a kernel call carries no Ray).
 set -euo pipefail
 kit=${1:-../shared/sglang-h200-kit}
 [ -f "$kit/install.sh" ] || { echo "no kit at $kit (expected $kit/install.sh)" >&2; exit 2; }
