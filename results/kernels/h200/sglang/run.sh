@@ -26,7 +26,7 @@
 #   dsv3-fp8-moe-capped DeepSeek-V3's shape again under the default 15-minute cap (`--shape-time-s`,
 #                   SHAPE_TIME_S, default 900) from a cold Triton cache of its own (CAPPED_CACHE, default
 #                   /tmp/triton-capped: kept on a warm machine, so the next call continues as one tune would),
-#                   into capped/; two calls finish it. Its files against the uncapped ones: compare-dsv3
+#                   into capped/ (CAPPED_DIR: another folder, e.g. for another GPU); two calls finish it. Its files against the uncapped ones: compare-dsv3
 #                   with COMPARE_DIR=capped COMPARE_ROUTINGS=serving beside compare/dsv3-serving.json
 #   grid-qwen3-bf16 search against SGLang's exhaustive grid (GRID_BS batch sizes, default 1,64), into
 #                   grid/ (a benchmark, not trial files: its file covers only GRID_BS, and the tuned
@@ -101,7 +101,7 @@ for step in $STEPS; do
                   --tp-size 1 --dtype fp8_w8a8 --block-shape 128,128 --kernel moe --routing collapsed \
                   --batch-sizes "${COLLAPSED_BS:-16,128,512,2048}" --budget "${COLLAPSED_BUDGET:-64}" \
                   --down-budget "${COLLAPSED_DOWN_BUDGET:-26}" ;;
-    dsv3-fp8-moe-capped) TRITON_CACHE_DIR=${CAPPED_CACHE:-/tmp/triton-capped} tune "$step" "$HERE/capped" \
+    dsv3-fp8-moe-capped) TRITON_CACHE_DIR=${CAPPED_CACHE:-/tmp/triton-capped} tune "$step" "$HERE/${CAPPED_DIR:-capped}" \
                   "${DEADLINE_dsv3_capped:-480}" --model deepseek-v3 --tp-size 1 --dtype fp8_w8a8 --block-shape 128,128 \
                   --kernel moe --batch-sizes "$BATCH_SIZES" --shape-time-s "${SHAPE_TIME_S:-900}" ;;
     grid-qwen3-bf16) tune "$step" "$HERE/grid" "${DEADLINE_grid:-400}" --model qwen3-30b-a3b --tp-size 1 --dtype bf16 \
