@@ -55,3 +55,36 @@ def test_the_fit_uses_only_the_chosen_trials_and_reports_the_others_as_unseen(tm
     assert "fp8_block_gemm_s" not in values["overhead"]
     cal = load_calibration("h200", out)
     assert cal["overhead"]["cpu_step_s"] == values["overhead"]["cpu_step_s"]
+
+
+def test_recheck_groups_the_points_by_context_and_records_them_in_the_entry(tmp_path, monkeypatch):
+    import shutil
+
+    import tuner.sim.calibrate as calibrate
+
+    cal_dir = tmp_path / "calibration"
+    shutil.copytree(calibrate.CALIBRATION_DIR, cal_dir)
+    monkeypatch.setattr(calibrate, "CALIBRATION_DIR", cal_dir)  # --write goes to the copy
+    res = CliRunner().invoke(cli, ["calibration", "recheck", "--results", RESULTS, "--json"])
+    assert res.exit_code == 0, res.output
+    (group,) = json.loads(res.output)["groups"]  # every committed point is 0.5.17, triton, eager prefill
+    assert group["gpu"] == "h200" and group["fitted"] == ["h200-sglang-0.5.17-triton-eager-prefill"]
+    assert group["context"] == {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    record = group["rechecked"]
+    assert record["load_points"] >= 40 and 0 < record["mape"]["p90_ttft_s"] < 1 and group["written"] is None
+    before = (cal_dir / "h200.yaml").read_text()
+    res = CliRunner().invoke(cli, ["calibration", "recheck", "--results", RESULTS, "--write"])
+    assert res.exit_code == 0, res.output
+    assert "48 load points" in res.output or "load points, P90 TTFT MAPE" in res.output
+    entry = next(e for e in yaml.safe_load((cal_dir / "h200.yaml").read_text())["fitted"]
+                 if e["name"] == "h200-sglang-0.5.17-triton-eager-prefill")
+    assert entry["rechecked"]["load_points"] == record["load_points"]
+    assert entry["values"] == next(e for e in yaml.safe_load(before)["fitted"] if e["name"] == entry["name"])["values"]
+    # the warm start's trust line now prints it
+    cal = load_calibration("h200", context=group["context"])
+    assert cal["fitted_rechecks"][0]["mape"] == record["mape"]
+
+
+def test_recheck_without_real_points_says_so_and_fails(tmp_path, capsys):
+    code, err = _main(["calibration", "recheck", "--results", str(tmp_path), "--write"], capsys)
+    assert code != 0 and "no real measurements found" in err and str(tmp_path) in err

@@ -120,3 +120,25 @@ def test_an_idle_server_receives_an_arrival_at_once():
     rank.waiting.append(b)
     eng.step()
     assert b.sched_t == 5.0 and b.first_t is not None
+
+
+def test_record_recheck_adds_a_later_check_and_keeps_the_fit(tmp_path):
+    from tuner.sim.calibrate import fitted_entries, record_recheck
+
+    (tmp_path / "h200.yaml").write_text("# header kept\nmemory_efficiency: 0.8\n")
+    when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.005}}, name="two", source="s2",
+                 checked={"load_points": 9}, directory=tmp_path)
+    record_recheck("h200", when=when, rechecked={"load_points": 20, "date": "d1"}, directory=tmp_path)
+    record_recheck("h200", when=when, rechecked={"load_points": 48, "date": "d2"}, directory=tmp_path)
+    text = (tmp_path / "h200.yaml").read_text()
+    entry = yaml.safe_load(text)["fitted"][0]
+    assert text.startswith("# header kept")
+    assert entry["values"] == {"overhead": {"cpu_step_s": 0.005}} and entry["checked"] == {"load_points": 9}
+    assert entry["rechecked"] == {"load_points": 48, "date": "d2"}  # the later record replaces the earlier
+    assert [e["name"] for e in fitted_entries("h200", {**when, "prefill_cuda_graph": False}, directory=tmp_path)] == ["two"]
+    assert fitted_entries("h200", {**when, "sglang_version": "0.5.23"}, directory=tmp_path) == []
+    cal = apply_fitted({"fitted": yaml.safe_load(text)["fitted"]}, when)
+    assert cal["fitted_rechecks"] == [{"load_points": 48, "date": "d2"}]
+    with pytest.raises(ConfigError, match="no fitted entry"):
+        record_recheck("h200", when={**when, "sglang_version": "0.5.23"}, rechecked={}, directory=tmp_path)

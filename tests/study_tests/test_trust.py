@@ -63,6 +63,19 @@ def test_the_warm_start_says_how_far_the_simulator_was_checked():
     assert "not calibrated on real servers" in trust.trust_line(load_study("h200"))
 
 
+def test_the_trust_line_adds_a_later_recheck(monkeypatch):
+    spec = load_study(str(REPO / "studies" / "h200-sglang-qwen3.yaml"))
+    real = trust.simulator_trust(spec)
+    assert "rechecked" not in trust.trust_line(spec) or real["rechecked"]
+    later = {"load_points": 48, "mape": {"p90_ttft_s": 0.207, "p90_tpot_s": 0.085}, "verdict_agreement": 0.917,
+             "date": "2026-12-05"}
+    monkeypatch.setattr(trust, "simulator_trust", lambda s: {**real, "rechecked": [later]})
+    line = trust.trust_line(spec)
+    assert line.endswith("rechecked by today's simulator: P90 TTFT MAPE 21%, P90 TPOT MAPE 8%, verdicts 92% "
+                         "over 48 real load points (2026-12-05)")
+    assert line.index("checked:") < line.index("rechecked")  # the fit-time record still comes first
+
+
 STUDY = """
 name: ledger
 model: {name: qwen3-30b-a3b, overrides: {num_hidden_layers: 4}}

@@ -161,6 +161,75 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
         click.echo(f"wrote {doc['out']} (try it: tuner bench fidelity --calibration {doc['out']})")
 
 
+@calibration.command()
+@click.option("--results", "results_dirs", multiple=True, default=("results",), show_default=True,
+              help="Directory (or database) with real measurements, as `tuner bench fidelity` reads them. "
+                   "Repeat for several.")
+@click.option("--write", is_flag=True,
+              help="Record the figures in each matching fitted entry of tuner/sim/calibration/<gpu>.yaml as its "
+                   "`rechecked` record (its values and fit-time `checked` record stay), which the warm start's "
+                   "trust line then prints.")
+@json_option
+def recheck(results_dirs, write, as_json):
+    """Check the committed fitted entries again, with today's simulator, on every real load point.
+
+    A fitted entry's `checked` record holds the fidelity of the simulator it was fitted with, on the
+    load points of that day. The simulator and the measurements move on; this predicts every real
+    load point (as `tuner bench fidelity`), groups the points by the calibration context they run
+    under (GPU, SGLang version, attention backend, prefill CUDA graphs) and prints each group's
+    figures beside the entry that applies to it. Without any real load point it is an error.
+    """
+    from datetime import date
+
+    from tuner.bench.fidelity import run_fidelity, summarize_points
+    from tuner.catalog import get_gpu, get_model
+    from tuner.sim.calibrate import calibration_context, fitted_entries, record_recheck
+
+    fid = run_fidelity(results_dirs)
+    groups: dict[tuple, list[dict]] = {}
+    contexts: dict[tuple, tuple[str, dict]] = {}
+    for pt in fid["points"]:
+        gpu = get_gpu(pt["gpu"])
+        ctx = calibration_context(get_model(pt["model"]), gpu, pt.get("flags") or {}, pt.get("sglang_version"))
+        key = (gpu.name, tuple(sorted(ctx.items())))
+        groups.setdefault(key, []).append(pt)
+        contexts[key] = (gpu.name, ctx)
+    rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
+    rows = []
+    for key, pts in groups.items():
+        gpu, ctx = contexts[key]
+        summary = summarize_points(pts)
+        record = {"load_points": len(pts), "mape": rnd(summary["mape"]),
+                  "verdict_agreement": summary["verdict_agreement"], "date": date.today().isoformat(),
+                  "command": "tuner calibration recheck --results " + " ".join(results_dirs)}
+        entries = fitted_entries(gpu, ctx)
+        row = {"gpu": gpu, "context": ctx, "fitted": [e.get("name") for e in entries], "rechecked": record,
+               "checked": [e.get("checked") for e in entries], "written": None}
+        if write:
+            for e in entries:
+                row["written"] = str(record_recheck(gpu, when=e.get("when") or {}, rechecked=record))
+        rows.append(row)
+    if as_json:
+        emit_json({"groups": rows, "skipped": fid["skipped"]})
+    else:
+        for row in rows:
+            c, r = row["context"], row["rechecked"]
+            where = (f"{row['gpu']}, SGLang {c['sglang_version']}, {c['attention_backend']} attention, "
+                     f"{'prefill CUDA graphs' if c['prefill_cuda_graph'] else 'eager prefill'}")
+            m = r["mape"]
+            click.echo(f"{where}: {r['load_points']} load points, P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
+                       f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, verdicts {r['verdict_agreement']:.1%}")
+            if not row["fitted"]:
+                click.echo("  no fitted entry applies: these points run on the priors")
+            for name, chk in zip(row["fitted"], row["checked"]):
+                then = (f"{chk.get('load_points')} points on {chk.get('date')}: P90 TTFT MAPE "
+                        f"{chk['mape']['p90_ttft_s']:.1%}, P90 TPOT MAPE {chk['mape']['p90_tpot_s']:.1%}, verdicts "
+                        f"{chk['verdict_agreement']:.1%}") if isinstance(chk, dict) and chk.get("mape") else "no record"
+                click.echo(f"  fitted entry {name}; checked when fitted: {then}")
+            if row["written"]:
+                click.echo(f"  recorded in {row['written']}")
+
+
 def _source(results_dirs, res, selection) -> str:
     from datetime import date
 

@@ -82,7 +82,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     entries = cal.pop("fitted", None) or []
     if not isinstance(entries, list):
         raise ConfigError("must be a list of {when, values, source}", file=file, key="fitted")
-    applied, checks = [], []
+    applied, checks, rechecks = [], [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
             raise ConfigError("needs a mapping 'values'", file=file, key=f"fitted[{i}]")
@@ -96,8 +96,11 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
             applied.append(str(entry.get("name") or entry.get("source") or f"fitted[{i}]"))
             if isinstance(entry.get("checked"), dict):
                 checks.append(entry["checked"])
+            if isinstance(entry.get("rechecked"), dict):
+                rechecks.append(entry["rechecked"])
     cal["fitted_applied"] = applied
     cal["fitted_checks"] = checks
+    cal["fitted_rechecks"] = rechecks  # later checks of the same values by today's simulator
     return cal
 
 
@@ -324,6 +327,33 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
         entry["checked"] = checked  # the fidelity figures of the calibrated simulator on these data
     entries.append(entry)
     current["fitted"] = entries
+    _write_keeping_header(path, current)
+    return path
+
+
+def fitted_entries(gpu: str, context: dict[str, Any], *, directory: Path | None = None) -> list[dict[str, Any]]:
+    """The ``fitted`` entries of ``<gpu>.yaml`` whose ``when`` holds in ``context`` (file order)."""
+    path = Path(directory or CALIBRATION_DIR) / f"{gpu}.yaml"
+    entries = (_read(path).get("fitted") or []) if path.exists() else []
+    return [e for e in entries if isinstance(e, dict) and _matches(e.get("when") or {}, context)]
+
+
+def record_recheck(gpu: str, *, when: dict[str, Any], rechecked: dict[str, Any],
+                   directory: Path | None = None) -> Path:
+    """Store a later fidelity check of the fitted entry for ``when`` as its ``rechecked`` record
+    (replacing an earlier one); its values and its fit-time ``checked`` record stay as they are."""
+    path = safewrite.check_target(Path(directory or CALIBRATION_DIR) / f"{gpu}.yaml")
+    current = _read(path) if path.exists() else {}
+    entry = next((e for e in (current.get("fitted") or []) if (e or {}).get("when") == when), None)
+    if entry is None:
+        raise ConfigError(f"no fitted entry for {when} (run `tuner calibration fit --write` first)",
+                          file=str(path), key="fitted")
+    entry["rechecked"] = rechecked
+    _write_keeping_header(path, current)
+    return path
+
+
+def _write_keeping_header(path: Path, current: dict[str, Any]) -> None:
     header = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -334,4 +364,3 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
         if header:
             f.write("\n".join(header) + "\n")
         yaml.safe_dump(current, f, sort_keys=False)
-    return path

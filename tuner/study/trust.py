@@ -79,7 +79,8 @@ def simulator_trust(spec) -> dict[str, Any]:
     context = calibration_context(model, gpu, flags, options.get("sglang_version"))
     cal = load_calibration(gpu.name, options.get("calibration"), context=context)
     return {"context": context, "fitted": list(cal.get("fitted_applied") or []),
-            "checked": list(cal.get("fitted_checks") or [])}
+            "checked": list(cal.get("fitted_checks") or []),
+            "rechecked": list(cal.get("fitted_rechecks") or [])}
 
 
 def trust_line(spec) -> str:
@@ -93,17 +94,24 @@ def trust_line(spec) -> str:
                 "UNVERIFIED efficiencies (docs/calibration.md), so treat its ranking as a rough guess")
     parts = []
     for chk in t["checked"]:
-        m = chk.get("mape") or {}
-        fig = (f"P90 TTFT MAPE {m.get('p90_ttft_s', 0):.0%}, P90 TPOT MAPE {m.get('p90_tpot_s', 0):.0%}, "
-               f"verdicts {chk.get('verdict_agreement', 0):.0%}")
+        fig = _figures(chk)
         held = chk.get("held_out") or {}
         if held:
             hm = held.get("mape") or {}
             fig += (f"; held out by {held.get('by')}: P90 TTFT {hm.get('p90_ttft_s', 0):.0%}, "
                     f"P90 TPOT {hm.get('p90_tpot_s', 0):.0%}")
         parts.append(f"{fig} over {chk.get('load_points')} real load points ({chk.get('date', '?')})")
+    later = [f"{_figures(chk)} over {chk.get('load_points')} real load points ({chk.get('date', '?')})"
+             for chk in t.get("rechecked") or []]
     return (f"simulator: calibrated for {where} ({', '.join(t['fitted'])}); checked: "
-            + ("; ".join(parts) if parts else "no fidelity record"))
+            + ("; ".join(parts) if parts else "no fidelity record")
+            + ("; rechecked by today's simulator: " + "; ".join(later) if later else ""))
+
+
+def _figures(chk: dict) -> str:
+    m = chk.get("mape") or {}
+    return (f"P90 TTFT MAPE {m.get('p90_ttft_s', 0):.0%}, P90 TPOT MAPE {m.get('p90_tpot_s', 0):.0%}, "
+            f"verdicts {chk.get('verdict_agreement', 0):.0%}")
 
 
 def backfill_predictions(engine, *, study: str | None = None, force: bool = False, progress=None) -> dict[str, int]:
