@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import click
 
 from tuner.cli._common import emit_json, json_option, profiles_option, use_profile_dirs
@@ -69,8 +71,6 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     it came from.
     """
     use_profile_dirs(profile_dirs)
-    from datetime import date
-
     from tuner.bench.fidelity import format_report, held_out, run_fidelity, summarize_points
     from tuner.sim.calibrate import load_calibration, write_fitted
     from tuner.sim.measured import TrialSelection, trial_label
@@ -111,21 +111,18 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     fid = run_fidelity(results_dirs, calibration=written)
     doc["fidelity"] = {k: fid[k] for k in ("mape", "verdict_agreement", "target_results", "passed")}
     doc["fidelity"]["points"] = fid["points"]
-    rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
-    checked = {"load_points": len(fid["points"]), "mape": rnd(fid["mape"]), "verdict_agreement": fid["verdict_agreement"],
-               "date": date.today().isoformat(), "command": "tuner bench fidelity --results "
-                                                            + " ".join(results_dirs)}
+    checked = _fidelity_record(len(fid["points"]), fid, "tuner bench fidelity --results " + " ".join(results_dirs))
     fitted_on = set(res.trials)
     unseen = [pt for pt in fid["points"] if trial_label(pt["study"], pt["trial"]) not in fitted_on]
     if left_out and unseen:  # the honest check: load points of trials the fit never saw
         doc["unseen"] = {"trials": sorted({trial_label(pt["study"], pt["trial"]) for pt in unseen}),
                          **summarize_points(unseen), "points": unseen}
         checked["unseen"] = {"trials": doc["unseen"]["trials"], "load_points": len(unseen),
-                             "mape": rnd(doc["unseen"]["mape"]),
+                             "mape": _rounded(doc["unseen"]["mape"]),
                              "verdict_agreement": doc["unseen"]["verdict_agreement"]}
     if hold_out != "none":
         doc["held_out"] = held_out(trials, points, by=hold_out, progress=say)
-        checked["held_out"] = {"by": hold_out, "mape": rnd(doc["held_out"]["mape"]),
+        checked["held_out"] = {"by": hold_out, "mape": _rounded(doc["held_out"]["mape"]),
                                "verdict_agreement": doc["held_out"]["verdict_agreement"]}
     if write:
         gpu = trials[0].gpu.name
@@ -179,29 +176,21 @@ def recheck(results_dirs, write, as_json):
     under (GPU, SGLang version, attention backend, prefill CUDA graphs) and prints each group's
     figures beside the entry that applies to it. Without any real load point it is an error.
     """
-    from datetime import date
-
     from tuner.bench.fidelity import run_fidelity, summarize_points
     from tuner.catalog import get_gpu, get_model
     from tuner.sim.calibrate import calibration_context, fitted_entries, record_recheck
 
     fid = run_fidelity(results_dirs)
     groups: dict[tuple, list[dict]] = {}
-    contexts: dict[tuple, tuple[str, dict]] = {}
     for pt in fid["points"]:
         gpu = get_gpu(pt["gpu"])
         ctx = calibration_context(get_model(pt["model"]), gpu, pt.get("flags") or {}, pt.get("sglang_version"))
-        key = (gpu.name, tuple(sorted(ctx.items())))
-        groups.setdefault(key, []).append(pt)
-        contexts[key] = (gpu.name, ctx)
-    rnd = lambda d: {k: None if v is None else round(v, 4) for k, v in d.items()}
+        groups.setdefault((gpu.name, tuple(sorted(ctx.items()))), []).append(pt)
     rows = []
-    for key, pts in groups.items():
-        gpu, ctx = contexts[key]
-        summary = summarize_points(pts)
-        record = {"load_points": len(pts), "mape": rnd(summary["mape"]),
-                  "verdict_agreement": summary["verdict_agreement"], "date": date.today().isoformat(),
-                  "command": "tuner calibration recheck --results " + " ".join(results_dirs)}
+    for (gpu, ctx_items), pts in groups.items():
+        ctx = dict(ctx_items)
+        record = _fidelity_record(len(pts), summarize_points(pts),
+                                  "tuner calibration recheck --results " + " ".join(results_dirs))
         entries = fitted_entries(gpu, ctx)
         row = {"gpu": gpu, "context": ctx, "fitted": [e.get("name") for e in entries], "rechecked": record,
                "checked": [e.get("checked") for e in entries], "written": None}
@@ -230,9 +219,18 @@ def recheck(results_dirs, write, as_json):
                 click.echo(f"  recorded in {row['written']}")
 
 
-def _source(results_dirs, res, selection) -> str:
-    from datetime import date
+def _rounded(mape: dict) -> dict:
+    return {k: None if v is None else round(v, 4) for k, v in mape.items()}
 
+
+def _fidelity_record(load_points: int, summary: dict, command: str) -> dict:
+    """A fitted entry's fidelity record (``checked`` at the fit, ``rechecked`` later): the MAPEs and
+    verdict agreement of a fidelity summary over that many load points, with the day and the command."""
+    return {"load_points": load_points, "mape": _rounded(summary["mape"]),
+            "verdict_agreement": summary["verdict_agreement"], "date": date.today().isoformat(), "command": command}
+
+
+def _source(results_dirs, res, selection) -> str:
     chosen = "".join(f" --only-trials {','.join(selection.only)}" if selection.only else "") + (
         f" --exclude-trials {','.join(selection.exclude)}" if selection.exclude else "")
     return (f"tuner calibration fit --results {' '.join(results_dirs)}{chosen} on {date.today().isoformat()}: "
