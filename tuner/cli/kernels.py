@@ -11,7 +11,8 @@ from tuner.cli._common import emit_json, json_option
 
 @click.group()
 def kernels():
-    """Tune fused-MoE Triton kernel tile configs and write SGLang's config files."""
+    """Tile configs for SGLang's fused-MoE and fp8 block-GEMM kernels: tune them on a GPU and write the
+    files SGLang reads, time them against SGLang's, and check that a server loaded them."""
 
 
 def _shape_options(fn):
