@@ -115,8 +115,11 @@ def test_file_covering_the_range_is_accepted(tmp_path):
 def test_coverage_follows_sglangs_nearest_key_rule():
     assert uncovered_batch_sizes([1, 4, 16], (1, 8192)) == (8192, 16)
     assert uncovered_batch_sizes([64, 4096], (1, 100)) == (1, 64)  # decode M=1 served by M=64 tiles
-    assert uncovered_batch_sizes([1, 2, 4], (1, 16)) is None  # 16 = 4 x 4
-    assert uncovered_batch_sizes([1, 2, 4], (1, 17)) == (17, 4)
+    assert uncovered_batch_sizes([1, 2, 4], (1, 10)) is None  # 10 = 2.5 x 4
+    assert uncovered_batch_sizes([1, 2, 4], (1, 11)) == (11, 4)
+    assert uncovered_batch_sizes([1, 2, 4], (1, 16), max_ratio=4) is None
+    # measured: tiles tuned up to M=512 served M=2048 (4x) 1.27x slower than SGLang's default
+    assert uncovered_batch_sizes([1, 4, 16, 32, 64, 128, 512], (1, 2048)) == (2048, 512)
     # between keys: 16 serves M up to 72, the midpoint of 16 and 128, and 72 / 16 = 4.5
     assert uncovered_batch_sizes([16, 128], (16, 128)) == (72, 16)
     assert uncovered_batch_sizes([1, 4, 16, 32, 64, 128, 512, 2048, 4096], (1, 8192)) is None
