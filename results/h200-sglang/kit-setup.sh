@@ -4,6 +4,20 @@
 # Python libraries (.whl/pylibs.tar.xz, or the wheels in .whl/), then export PYTHONPATH and PATH.
 # A warm machine keeps /tmp/site between calls: a marker skips the unpacking then.
 # Writes its log to $LOGS/install.log; returns non-zero when anything failed.
+# expect_gpu: stop the call at once when the GPU is not the one the results are for (EXPECT_GPU, default
+# H200; empty: any), before the install: a call may be given another card, and these folders' tile
+# files and timings are per GPU
+expect_gpu() {
+  local want=${EXPECT_GPU-H200} name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [ -z "$want" ] && return 0
+  case "$name" in
+    *"$want"*) return 0 ;;
+    *) echo "this machine's GPU is '${name:-none found}', not $want (EXPECT_GPU=$want; EXPECT_GPU= runs anyway): stopping" >&2
+       return 1 ;;
+  esac
+}
+
 kit_setup() {
   local t0 marker="/tmp/site/.tuner-kit-with-libs-ray${KIT_RAY:-0}" ray_pid="" libs_pid=""
   t0=$(date +%s)

@@ -40,6 +40,7 @@ rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
 trap 'tar -czf "$OUT/call-logs-$STUDY.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 # the kit, Ray and the study's libraries (skipped on a warm machine that has them already)
 source results/h200-sglang/kit-setup.sh
+expect_gpu || exit 3
 KIT_RAY=1 kit_setup || exit 1
 # unbuffered: a call cut off by the machine's limit still brings back every line written so far
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 TUNER_HEARTBEAT_GRACE_S=15 PYTHONUNBUFFERED=1

@@ -67,6 +67,7 @@ pack() {
 }
 trap pack EXIT
 source results/h200-sglang/kit-setup.sh
+expect_gpu || exit 3
 kit_setup || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
 
