@@ -65,7 +65,7 @@ def test_missing_keys_keep_the_shipped_entries_and_the_down_file_gets_the_same_k
     down = read_configs(_trial_file(tiles, DOWN))
     # no shipped _down: SGLang would have reused the shipped up file for the down GEMM
     assert down == {**_shipped_entries(), **TUNED_DOWN}
-    assert tiles.merged_from_shipped == {f"configs/triton_3_6_0/{UP}": [2, 8, 2048, 4096],
+    assert tiles.filled_from_sglang == {f"configs/triton_3_6_0/{UP}": [2, 8, 2048, 4096],
                                          f"configs/triton_3_6_0/{DOWN}": [2, 8, 2048, 4096]}
     assert sorted(tiles.expected) == [UP, DOWN]
     # the other shipped files are there too, and the installed copy was not written to
@@ -98,16 +98,65 @@ def test_a_shipped_file_of_an_older_triton_fills_the_tuned_one(tmp_path, caplog)
     assert not _trial_file(root, DOWN).exists()  # SGLang reuses the merged up file for the down GEMM
 
 
-def test_no_shipped_file_of_that_name_copies_the_tuned_file(tmp_path):
-    name = "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+FP8_NAME = "E=257,N=256,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+FP8_DOWN = FP8_NAME.removesuffix(".json") + "_down.json"
+#: SGLang 0.5.17's get_default_config for block-fp8 [128, 128] (the same at every M)
+FP8_BLOCK_DEFAULT = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32,
+                     "num_warps": 4, "num_stages": 3}
+
+
+def test_no_shipped_file_of_that_name_copies_a_tuned_file_that_covers_every_batch_size(tmp_path):
+    shipped = _shipped_root(tmp_path, {f"triton_3_6_0/{UP}": _shipped_entries()})
+    complete = {k: _cfg(32, 64, 4) for k in (1, 4, 16, 32, 64, 128, 512, 2048, 4096)}
+    src = _tuned_dir(tmp_path, {FP8_NAME: complete})
+    tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", src, triton_version="3.6.0",
+                                                   shipped_root=shipped, required_gemm=[])
+    out = _trial_file(tiles, FP8_NAME)
+    assert out.read_bytes() == (src / "configs/triton_3_6_0" / FP8_NAME).read_bytes()
+    assert tiles.filled_from_sglang == {}
+
+
+def test_no_shipped_file_fills_the_uncovered_batch_sizes_with_sglangs_default(tmp_path, caplog):
+    # a tune cut short at M=16 (a time cap): without the fill SGLang would serve every prefill chunk
+    # with the M=16 tiles
+    shipped = _shipped_root(tmp_path, {f"triton_3_6_0/{UP}": _shipped_entries()})
+    src = _tuned_dir(tmp_path, {FP8_NAME: TUNED_UP, FP8_DOWN: TUNED_DOWN})
+    with caplog.at_level(logging.INFO, logger=moe_configs.__name__):
+        tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", src, triton_version="3.6.0",
+                                                       shipped_root=shipped, required_gemm=[])
+    filled = [48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]  # more than 2.5x from 1, 4, 16
+    up = read_configs(_trial_file(tiles, FP8_NAME))
+    assert up == {**TUNED_UP, **{k: FP8_BLOCK_DEFAULT for k in filled}}
+    down = read_configs(_trial_file(tiles, FP8_DOWN))
+    assert down == {**TUNED_DOWN, **{k: FP8_BLOCK_DEFAULT for k in filled}}
+    assert tiles.filled_from_sglang == {f"configs/triton_3_6_0/{FP8_NAME}": filled,
+                                        f"configs/triton_3_6_0/{FP8_DOWN}": filled}
+    # the batch sizes SGLang serves: tuned tiles near the tuned keys, its default beyond them
+    from tuner.kernels.configfile import nearest_config
+    assert nearest_config(up, 24) == TUNED_UP[16] and nearest_config(up, 2000) == FP8_BLOCK_DEFAULT
+    assert any("filled with SGLang's default config" in r.getMessage() for r in caplog.records)
+
+
+def test_bf16_default_fill_follows_sglangs_m_against_e_rule():
+    name = "E=128,N=768,device_name=NVIDIA_H200.json"
+    got = moe_configs.sglang_default_entries(name, [128, 256])
+    assert got[128] == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                        "num_warps": 4, "num_stages": 3}  # M <= E (Triton's launch defaults spelled out)
+    assert got[256] == {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8,
+                        "num_warps": 4, "num_stages": 3}
+    # a dtype whose default rules we do not replicate is not filled (the file is copied as it is)
+    assert moe_configs.sglang_default_entries("E=128,N=768,device_name=NVIDIA_H200,dtype=int8_w8a16.json",
+                                              [256]) is None
+
+
+def test_no_shipped_file_of_an_unreplicated_dtype_copies_the_tuned_file(tmp_path):
+    name = "E=128,N=768,device_name=NVIDIA_H200,dtype=int8_w8a16.json"
     shipped = _shipped_root(tmp_path, {f"triton_3_6_0/{UP}": _shipped_entries()})
     src = _tuned_dir(tmp_path, {name: TUNED_UP})
     tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", src, triton_version="3.6.0",
                                                    shipped_root=shipped, required_gemm=[])
-    out = _trial_file(tiles, name)
-    assert out.read_bytes() == (src / "configs/triton_3_6_0" / name).read_bytes()
-    assert read_configs(out) == TUNED_UP
-    assert tiles.merged_from_shipped == {}
+    assert read_configs(_trial_file(tiles, name)) == TUNED_UP
+    assert tiles.filled_from_sglang == {}
 
 
 def test_without_shipped_files_nothing_is_merged(tmp_path):
@@ -117,7 +166,7 @@ def test_without_shipped_files_nothing_is_merged(tmp_path):
                                                    include_shipped=False, shipped_root=shipped, required_gemm=[])
     for name in (UP, DOWN):
         assert _trial_file(tiles, name).read_bytes() == (src / "configs/triton_3_6_0" / name).read_bytes()
-    assert tiles.merged_from_shipped == {}
+    assert tiles.filled_from_sglang == {}
     assert not _trial_file(tiles, "E=64,N=1408,device_name=NVIDIA_H200.json").exists()
 
 
@@ -145,7 +194,7 @@ def test_a_filled_down_entry_takes_the_block_size_m_of_the_up_entry(tmp_path):
     up = _shipped_entries()
     assert all(down[k] == {**shipped_down[k], "BLOCK_SIZE_M": up[k]["BLOCK_SIZE_M"]} for k in (2, 8, 2048, 4096))
     assert read_configs(_trial_file(tiles, UP)) == up  # the shipped copy, untouched
-    assert tiles.merged_from_shipped == {f"configs/triton_3_6_0/{DOWN}": [2, 8, 2048, 4096]}
+    assert tiles.filled_from_sglang == {f"configs/triton_3_6_0/{DOWN}": [2, 8, 2048, 4096]}
 
 
 def test_the_plan_records_the_keys_kept_from_shipped(tmp_path, monkeypatch):
@@ -159,7 +208,7 @@ def test_the_plan_records_the_keys_kept_from_shipped(tmp_path, monkeypatch):
     plan = SGLangBackend().build_plan(
         request(tmp_path, {"tp-size": 8, "quantization": "fp8"}, {"moe-tile-configs": "tuned"},
                 moe_config_dir=str(src), triton_version="3.6.0"), tmp_path / "trial")
-    assert plan.facts["tile_keys_from_shipped"] == {f"configs/triton_3_6_0/{name}": [2, 8, 2048, 4096]}
+    assert plan.facts["tile_keys_from_sglang"] == {f"configs/triton_3_6_0/{name}": [2, 8, 2048, 4096]}
     assert read_configs(Path(plan.files["moe_config_dir"]) / "configs/triton_3_6_0" / name) == \
         {**_shipped_entries(), **TUNED_UP}
 

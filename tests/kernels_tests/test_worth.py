@@ -87,13 +87,14 @@ def test_file_tuned_at_small_batches_only_is_refused_for_a_trial_running_large_o
     assert v.worth, v.reason
 
 
-def test_a_partial_file_over_sglangs_own_exact_file_is_judged_by_its_gain_alone(tmp_path):
+def test_a_partial_file_over_sglangs_own_file_or_default_is_judged_by_its_gain_alone(tmp_path):
     # the trial's file is merged over the shipped one: untuned batch sizes keep SGLang's entries
     d = _fp8_tuned(tmp_path, [1, 4, 16], complete=False, requested=[1, 4, 16, 4096])
     rep_path = next((d / "reports").glob("*.json"))
     rep = json.loads(rep_path.read_text())
     rng = trial_batch_range(8192, cuda_graph_max_bs=256)
-    for found, worth in (("exact", True), ("fallback", False), ("none", False)):
+    # none shipped: the trial's file is filled with SGLang's default config there instead
+    for found, worth in (("exact", True), ("fallback", False), ("none", True)):
         rep_path.write_text(json.dumps({**rep, "shipped_up": {"found": found, "path": None}}))
         v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                      batch_range=rng)

@@ -20,7 +20,10 @@ file written is the tuned configs *merged over* what SGLang would have read with
 other keys (a file of another Triton version, SGLang's fallback, only beyond the tuned keys' range).
 An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
 file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
-name the tuned file is copied unchanged.
+name, the batch sizes no tuned key covers (``MAX_KEY_RATIO``) get SGLang's default config, which is
+what SGLang runs there without our file (a tune cut short by its time cap would otherwise serve 2048-
+token chunks with its M=512 tiles, measured 1.27x slower); a file that covers them all is copied
+unchanged.
 
 The fp8 block GEMM's files (``N=…,K=…,device_name=…,dtype=fp8_w8a8,block_shape=[128, 128].json``) have
 no environment variable in any SGLang version: ``get_w8a8_block_fp8_configs`` reads the ``configs/``
@@ -43,12 +46,14 @@ from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import moe_config_filename, nearest_config, read_configs, write_configs
+from tuner.kernels.configfile import key_covers, moe_config_filename, nearest_config, read_configs, write_configs
 from tuner.kernels.gemm_shapes import gemm_shapes
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.sglang_env import (Found, Lookup, installed_sglang, sglang_at, shipped_down_configs,
                                       shipped_moe_configs)
 from tuner.kernels.sglang_layout import MOE_CONFIG_SUBDIR, gemm_config_filename, parse_gemm_config_filename
+from tuner.kernels.space import default_config
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +185,7 @@ def _twin_names(name: str) -> tuple[str, str]:
 class _Merged:
     configs: dict[int, dict]  # what the trial's file holds
     filled: list[int]  # keys the tuned file lacked, filled as _merge_over_shipped says
-    shipped: Lookup  # where they came from
+    shipped: Lookup  # where they came from (found NONE: SGLang's default config)
 
 
 def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: dict[int, dict] | None,
@@ -198,7 +203,8 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     down_name = _twin_names(up_name)[1]
     ship_up = shipped_moe_configs(shipped_root, up_name, vdir)
     if ship_up.found is Found.NONE:
-        return {}  # a shipped _down without its up file is not something SGLang ships
+        # (a shipped _down without its up file is not something SGLang ships)
+        return _merge_over_default(up_name, tuned_up, tuned_down)
     ship_down = shipped_down_configs(shipped_root, up_name, down_name, vdir)
     tuned_keys = set(tuned_up or ()) | set(tuned_down or ())
     shipped_up = ship_up.configs
@@ -220,12 +226,48 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     return out
 
 
+def sglang_default_entries(up_name: str, keys: Iterable[int]) -> dict[int, dict] | None:
+    """SGLang's ``get_default_config`` at ``keys`` for the shape of file ``up_name`` (what SGLang runs
+    when it finds no file); None for a dtype whose default we do not replicate."""
+    key = parse_config_file_name(up_name)
+    if key is None or key.dtype not in (None, "fp8_w8a8") or key.per_channel_quant:
+        return None
+    # the CUDA rules read only M, E, dtype and block shape (K and top-k do not matter there)
+    return {M: default_config(M, key.E, key.N, 0, 0, key.dtype, key.block_shape).as_dict() for M in keys}
+
+
+def _merge_over_default(up_name: str, tuned_up: dict[int, dict] | None,
+                        tuned_down: dict[int, dict] | None) -> dict[str, _Merged]:
+    """With no shipped file, the batch sizes the tune left uncovered get SGLang's default config.
+
+    Without it SGLang would serve them with the nearest tuned key's tiles: DeepSeek-V3's fp8 shape
+    tuned up to M=512 served M=2048 and 4096 1.27x and 1.65x slower than SGLang's default
+    (``results/kernels/h100/sglang``). Filled: SGLang's tuning batch sizes more than
+    ``MAX_KEY_RATIO`` from every tuned key. Both files of the pair get the same keys; a filled
+    ``_down`` entry is the default up config (SGLang runs the down GEMM with it when no file is read).
+    {} when the tuned keys cover every batch size (the file is copied unchanged).
+    """
+    tuned_keys = sorted(set(tuned_up or ()) | set(tuned_down or ()))
+    fill = [M for M in SGLANG_BATCH_SIZES if not any(key_covers(k, M) for k in tuned_keys)]
+    defaults = sglang_default_entries(up_name, fill) if fill and tuned_keys else None
+    if not defaults:
+        return {}
+    down_name = _twin_names(up_name)[1]
+    source = Lookup(Found.NONE, None, defaults)
+    out: dict[str, _Merged] = {}
+    if tuned_up is not None:
+        out[up_name] = _Merged(dict(sorted({**defaults, **tuned_up}.items())), fill, source)
+    if tuned_down is not None:
+        out[down_name] = _Merged(dict(sorted({**defaults, **tuned_down}.items())), fill, source)
+    return out
+
+
 def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, triton_version: str | None = None,
                         include_shipped: bool = True, required: Iterable[MoEConfigKey] = (),
                         shipped_root: Path | None = None, merge_shipped: bool | None = None,
                         ) -> tuple[Path, list[str], dict[str, list[int]]]:
-    """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled from the
-    shipped file. ``merge_shipped`` (default: ``include_shipped``) merges the tuned files over the
+    """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled with
+    SGLang's own entries (the shipped file's, else its default config). ``merge_shipped`` (default: ``include_shipped``) merges the tuned files over the
     shipped ones without copying SGLang's other files (an export: only the model's shape is read)."""
     merge_shipped = include_shipped if merge_shipped is None else merge_shipped
     source = Path(tuned_source)
@@ -270,8 +312,12 @@ def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, trit
         if m is not None and m.filled:
             write_configs(dest, m.configs)
             from_shipped[rel] = m.filled
-            log.info("%s: %d tuned key(s), %d kept from SGLang's %s (%s)", rel, len(tile_configs),
-                     len(m.filled), m.shipped.path, m.shipped.found.value)
+            if m.shipped.found is Found.NONE:
+                log.info("%s: %d tuned key(s), %d filled with SGLang's default config (no shipped file): M=%s",
+                         rel, len(tile_configs), len(m.filled), m.filled)
+            else:
+                log.info("%s: %d tuned key(s), %d kept from SGLang's %s (%s)", rel, len(tile_configs),
+                         len(m.filled), m.shipped.path, m.shipped.found.value)
         else:
             shutil.copyfile(path, dest)  # nothing shipped to merge over, or the tuned file covers it all
         written.append(rel)
@@ -399,8 +445,9 @@ class TrialTileFiles:
     moe_files: list[str]  # relative to moe_dir
     gemm_files: list[str]  # relative to gemm_site
     expected: list[str]  # file names the server log must show loaded (see tuner.kernels.logproof)
-    #: merged MoE file (relative to moe_dir) -> the keys it lacked, filled from SGLang's shipped file
-    merged_from_shipped: dict[str, list[int]] = field(default_factory=dict)
+    #: merged MoE file (relative to moe_dir) -> the keys it lacked, filled with SGLang's own entries
+    #: (its shipped file's, or its default config where it ships none)
+    filled_from_sglang: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def our_dirs(self) -> list[Path]:

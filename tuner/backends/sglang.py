@@ -465,7 +465,7 @@ def _tile_files(study, options, model, checkpoint, flags, knobs, topo, trial_dir
         files["gemm_config_site"] = str(tiles.gemm_site)
     facts["moe_config_files"] = list(tiles.moe_files) + list(tiles.gemm_files)
     facts["tile_files_expected"] = tiles.expected
-    facts["tile_keys_from_shipped"] = tiles.merged_from_shipped
+    facts["tile_keys_from_sglang"] = tiles.filled_from_sglang
     facts["tile_files_required"] = [k.file_name for k in required] + list(required_gemm)
     if checkpoint is not None and routed_expert_pool(model, {LOAD_FORMAT_FLAG: facts.get("load_format")}) is not None:
         # random weights under a biased gate: tiles tuned with tokens routed apart run slower than SGLang's own

@@ -111,6 +111,17 @@ def read_configs(path: str | os.PathLike) -> dict[int, dict[str, int]]:
     return _validate(data, str(path))
 
 
+#: a file key serves a batch size M well only within this factor of M (either way): the widest gap
+#: that the tune steps' batch sizes 1,4,16,32,64,128,512,2048,4096 need (2.5x at the midpoints 10, 320
+#: and 1280; 8192 is 2x from 4096). 4x was too wide: DeepSeek-V3's fp8 shape tuned up to M=512 served
+#: M=2048 1.27x slower than SGLang's default (H100, results/kernels/h100/sglang)
+MAX_KEY_RATIO = 2.5
+
+
+def key_covers(key: int, M: int, max_ratio: float = MAX_KEY_RATIO) -> bool:
+    return key > 0 and M > 0 and max(M / key, key / M) <= max_ratio
+
+
 def nearest_config(configs: dict[int, dict], M: int) -> dict:
     """The entry SGLang uses for a batch of M tokens: the key nearest to M (first on ties)."""
     if not configs:

@@ -7,9 +7,9 @@ Only where the measurements say it can matter:
   file's entry at the nearest key (``min(keys, key=lambda k: abs(k - M))``), so a file tuned only at
   M = 1..16 serves 64..8192-token prefill chunks with its M = 16 tiles, which may well be slower than
   SGLang's shipped file. Every M of the trial's range must be within ``MAX_KEY_RATIO`` of the key
-  that serves it, unless the tune found SGLang's shipped file for this Triton version: a trial's
-  file is merged over that one (``tuner.backends.moe_configs``), so the batch sizes not tuned keep
-  SGLang's own entries;
+  that serves it, unless the tune found SGLang's shipped file for this Triton version, or none at
+  all: a trial's file is merged over that one, or over SGLang's default config
+  (``tuner.backends.moe_configs``), so the batch sizes not tuned keep SGLang's own entries;
 * its tune report measured a gain over what SGLang would use anyway (its shipped file, else its
   default) of at least ``min_gain`` at some batch size of that range.
 
@@ -27,14 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.kernels.configfile import MAX_KEY_RATIO
 from tuner.kernels.tune import shape_reports
 
 DEFAULT_MIN_GAIN = 1.03
-#: a batch size M is covered when the file key serving it is within this factor of M (either way):
-#: the widest that the tune steps' batch sizes 1,4,16,32,64,128,512,2048,4096 need (2.5x at the
-#: midpoints 10, 320 and 1280; 8192 is 2x from 4096). 4x was too wide: DeepSeek-V3's fp8 shape tuned
-#: up to M=512 served M=2048 1.27x slower than SGLang's default (H100, results/kernels/h100/sglang)
-MAX_KEY_RATIO = 2.5
 _VERSION_DIR = re.compile(r"^triton_(\d+(?:_\d+)*)$")
 
 
@@ -171,8 +167,11 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
     if batch_range is not None:
         keys = sorted(read_configs(path))
         gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)
-        merged_over_shipped = any((rep.get("shipped_up") or {}).get("found") == "exact" for rep in reports)
-        if gap is not None and not merged_over_shipped:
+        # the trial's file is merged over what SGLang runs without it (its shipped file for this Triton,
+        # or its default config where it ships none: tuner.backends.moe_configs), so batch sizes the
+        # tune left uncovered keep SGLang's own tiles; only a fallback file leaves interior gaps tuned
+        merged_over_sglang = any((rep.get("shipped_up") or {}).get("found") in ("exact", "none") for rep in reports)
+        if gap is not None and not merged_over_sglang:
             M, key = gap
             incomplete = [rep for rep in reports if rep.get("complete") is False]
             todo = sorted({int(b) for rep in incomplete for b in rep.get("batch_sizes_requested") or []} - set(keys))

@@ -143,8 +143,8 @@ def export_study(storage: str, name: str, *, output: str | None = None,
             moe_dir = moe_root.resolve()
             notes.append(f"copied {len(written)} tuned MoE tile file(s) to {moe_root}")
             for rel, keys in filled.items():
-                notes.append(f"{rel}: kept SGLang's shipped entries at batch sizes {', '.join(map(str, keys))} "
-                             f"(not tuned)")
+                notes.append(f"{rel}: SGLang's own entries (its shipped file's, else its default config) at batch "
+                             f"sizes {', '.join(map(str, keys))} (not tuned)")
             if installed_sglang_config_root() is None:
                 notes.append("SGLang is not installed here: the tuned files are copied as they are (SGLang "
                              "serves a batch size they lack with their nearest tuned entry)")
