@@ -21,8 +21,9 @@ from tuner.errors import BackendUnavailableError, ConfigError
 from tuner.kernels.configfile import config_relpath, write_configs
 from tuner.kernels.shapes import MoEShape
 from tuner.kernels.space import search_space_for
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+DEFAULT_BATCH_SIZES = SGLANG_BATCH_SIZES
 
 
 def parse_int_list(text: str, key: str) -> list[int]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 
 KEY = "fresh_server_stalls"
 
@@ -101,7 +102,7 @@ def stall_schedule(cal: dict, fresh_server: bool) -> list[tuple[float, float]]:
 # ---- stalls on a new fused-MoE kernel variant -------------------------------------------------
 
 # the token counts SGLang's fused-MoE config files are tuned at (every file has these keys)
-MOE_CONFIG_KEYS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+MOE_CONFIG_KEYS: tuple[int, ...] = SGLANG_BATCH_SIZES
 
 # SGLang 0.5.17 on the H200, the configs its servers logged using: keys whose tile configs are
 # equal share one compiled kernel. Keyed by the config file's shape selector, the part of SGLang's
