@@ -87,3 +87,47 @@ def test_bad_input_exits_2_with_the_key(tmp_path):
     r = run_cli(base + ["--rounds", "0"])
     assert r.returncode == 2 and "rounds" in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_as_served_times_the_copy_a_trial_gets(tmp_path, monkeypatch):
+    """--as-served times the trial's copy: a file cut short at M=512 (no shipped file) gets SGLang's
+    default beyond it. The GPU timing is replaced by a look-up of what it would time."""
+    import json
+
+    from click.testing import CliRunner
+
+    import tuner.backends.moe_configs as moe_configs
+    import tuner.kernels.sglang_compare as sglang_compare
+    import tuner.kernels.tune as tune
+    from tuner.cli.kernels import kernels
+
+    shape = _dsv3()
+    tuned = tmp_path / "tuned"
+    _write(tuned, shape, down=True)
+    for path in (tuned / "configs/triton_3_6_0").iterdir():  # cut short: keys 1 and 512 only
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "2048"}))
+    shipped = tmp_path / "sglang_utils" / "configs"
+    (shipped / "triton_3_6_0").mkdir(parents=True)  # an SGLang that ships nothing for this shape
+    monkeypatch.setattr(moe_configs, "installed_sglang_config_root", lambda: shipped)
+    monkeypatch.setattr(tune, "_check_gpu", lambda: 1)
+    monkeypatch.setattr(tune, "sglang_importable", lambda: True)
+    timed: list[dict] = []
+
+    def fake_compare(shape, sizes, config_dir, **_):
+        up, down = files_in(config_dir, shape, DEV, "triton_3_6_0")
+        timed.append({M: up.nearest(M)["BLOCK_SIZE_M"] for M in sizes})
+        return {"config_dir": str(config_dir), "files": {"up": str(up.path)}, "rows": []}
+
+    monkeypatch.setattr(sglang_compare, "compare_moe", fake_compare)
+    args = ["compare", "--model", "deepseek-v3", "--tp-size", "1", "--dtype", "fp8_w8a8", "--block-shape",
+            "128,128", "--configs", str(tuned), "--batch-sizes", "512,2048,4096", "--json"]
+    raw = CliRunner().invoke(kernels, args)
+    served = CliRunner().invoke(kernels, args + ["--as-served"])
+    assert raw.exit_code == 0 and served.exit_code == 0, (raw.output, served.output)
+    # as they are, 2048 and 4096 run the M=512 tiles; as served, SGLang's default (BLOCK_SIZE_M 64)
+    assert timed == [{512: 32, 2048: 32, 4096: 32}, {512: 32, 2048: 64, 4096: 64}]
+    doc = json.loads(served.output)
+    assert doc["as_served"] is True and doc["config_dir"] == str(tuned)
+    assert doc["files"]["up"].startswith(str(tuned))
+    filled = next(iter(doc["keys_from_sglang"].values()))
+    assert 2048 in filled and 4096 in filled and 512 not in filled

@@ -219,11 +219,15 @@ def tune_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts
 @click.option("--rounds", type=int, default=5, show_default=True,
               help="Interleaved timing rounds (each times every candidate once; the median is kept).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--as-served", is_flag=True,
+              help="Time the copy a trial serves instead of DIR's files as they are: merged over the installed "
+                   "SGLang's shipped file, or filled with its default config at the batch sizes no tuned key "
+                   "covers (docs/kernels.md, 'Partial files').")
 @click.option("-o", "--output", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the result as JSON here.")
 @json_option
 def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_experts_fusion, config_dir, routing,
-                routed_pool, batch_sizes, rounds, seed, out_file, as_json):
+                routed_pool, batch_sizes, rounds, seed, as_served, out_file, as_json):
     """Time SGLang's fused-MoE call with a tuned directory's files against SGLang's own choice.
 
     Per batch size, the entries SGLang would read from DIR's file (nearest batch size, and its
@@ -232,6 +236,7 @@ def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expe
     whether tiles tuned under one routing still win under another (GPU and SGLang only).
     """
     import json
+    import tempfile
 
     from tuner.errors import BackendUnavailableError, ConfigError
     from tuner.kernels.targets import check_batch_sizes
@@ -250,8 +255,18 @@ def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expe
         raise BackendUnavailableError("comparing configs times SGLang's own kernel; sglang is not importable here")
     from tuner.kernels.sglang_compare import compare_moe, compare_table
 
-    doc = compare_moe(s, sizes, config_dir, routing=routing, routed_pool=routed_pool, rounds=rounds, seed=seed,
-                      log=lambda m: click.echo(m, err=True))
+    with tempfile.TemporaryDirectory(prefix="tuner-served-") as tmp:
+        timed_dir, filled = config_dir, {}
+        if as_served:
+            from tuner.backends.moe_configs import build_trial_moe_dir
+
+            timed_dir, _, filled = build_trial_moe_dir(Path(tmp), config_dir, include_shipped=False,
+                                                       merge_shipped=True)
+        doc = compare_moe(s, sizes, timed_dir, routing=routing, routed_pool=routed_pool, rounds=rounds, seed=seed,
+                          log=lambda m: click.echo(m, err=True))
+    if as_served:
+        doc = json.loads(json.dumps(doc).replace(str(timed_dir), str(config_dir)))
+        doc.update(as_served=True, keys_from_sglang=filled)
     if out_file is not None:
         write_text(out_file, json.dumps(doc, indent=1) + "\n")
     if as_json:

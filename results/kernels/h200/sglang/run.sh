@@ -35,6 +35,7 @@
 #                   GRID_BS default 16,32,64,128,512,2048: Triton builds one binary per config for every M
 #                   divisible by 16, so the grid compiles its space once and then only times (~11 ms a config)
 #   compare-dsv3    DeepSeek-V3's tuned files (this folder, or its COMPARE_DIR; COMPARE_DIRS: several) against SGLang's default, timed side by side
+#                   (DIR:served in COMPARE_DIRS: the copy a trial serves, --as-served)
 #                   with `tuner kernels compare` under each of COMPARE_ROUTINGS (default: collapsed, the
 #                   dummy-weight server's, then serving) at COMPARE_BS, into compare/dsv3-<routing>.json
 #   gpu-tests       pytest -m gpu tests/kernels_tests, with the server-load test
@@ -113,17 +114,20 @@ for step in $STEPS; do
     compare-dsv3) mkdir -p "$HERE/compare"
                # COMPARE_DIRS: several folders in one call ("." is this one), e.g. "capped ." times the
                # capped files and the uncapped ones against the same default on the same machine
-               for d in ${COMPARE_DIRS:-${COMPARE_DIR:-.}}; do
-               suffix=""; [ "$d" = . ] || suffix="-$d"
+               # a folder written DIR:served times the copy a trial serves (--as-served: filled with SGLang's
+               # own entries where the tune left batch sizes uncovered), into compare/dsv3-DIR-served-<routing>.json
+               for spec in ${COMPARE_DIRS:-${COMPARE_DIR:-.}}; do
+               d=${spec%:served}; served=""; [ "$d" = "$spec" ] || served="--as-served"
+               suffix=""; [ "$d" = . ] || suffix="-$d"; [ -z "$served" ] || suffix="$suffix-served"
                for r in ${COMPARE_ROUTINGS:-collapsed serving}; do
-                 l=$(left); [ "$l" -gt 60 ] || { echo "$step $d $r: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
+                 l=$(left); [ "$l" -gt 60 ] || { echo "$step $spec $r: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                  ts=$(date +%s)
                  timeout -s INT $(( l - 10 )) python3 -m tuner kernels compare --model deepseek-v3 --tp-size 1 \
-                   --dtype fp8_w8a8 --block-shape 128,128 --configs "$HERE/$d" --routing "$r" \
+                   --dtype fp8_w8a8 --block-shape 128,128 --configs "$HERE/$d" --routing "$r" $served \
                    --batch-sizes "${COMPARE_BS:-16,64,128,256,512,1024}" \
                    -o "$HERE/compare/dsv3$suffix-$r.json" \
                    > "$LOGS/$step$suffix-$r.log" 2>&1
-                 echo "$step $d $r: rc $? in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"; tail -12 "$LOGS/$step$suffix-$r.log"
+                 echo "$step $spec $r: rc $? in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"; tail -12 "$LOGS/$step$suffix-$r.log"
                done
                done ;;
     cache-check) l=$(left); [ "$l" -gt 60 ] || { echo "cache-check: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
