@@ -124,7 +124,7 @@ def test_no_shipped_file_fills_the_uncovered_batch_sizes_with_sglangs_default(tm
     with caplog.at_level(logging.INFO, logger=moe_configs.__name__):
         tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", src, triton_version="3.6.0",
                                                        shipped_root=shipped, required_gemm=[])
-    filled = [48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]  # more than 2.5x from 1, 4, 16
+    filled = [24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]  # every key above 16
     up = read_configs(_trial_file(tiles, FP8_NAME))
     assert up == {**TUNED_UP, **{k: FP8_BLOCK_DEFAULT for k in filled}}
     down = read_configs(_trial_file(tiles, FP8_DOWN))
@@ -133,8 +133,17 @@ def test_no_shipped_file_fills_the_uncovered_batch_sizes_with_sglangs_default(tm
                                         f"configs/triton_3_6_0/{FP8_DOWN}": filled}
     # the batch sizes SGLang serves: tuned tiles near the tuned keys, its default beyond them
     from tuner.kernels.configfile import nearest_config
-    assert nearest_config(up, 24) == TUNED_UP[16] and nearest_config(up, 2000) == FP8_BLOCK_DEFAULT
+    assert nearest_config(up, 18) == TUNED_UP[16] and nearest_config(up, 2000) == FP8_BLOCK_DEFAULT
     assert any("filled with SGLang's default config" in r.getMessage() for r in caplog.records)
+
+
+def test_interior_gaps_wider_than_the_key_ratio_are_filled_too(tmp_path):
+    shipped = _shipped_root(tmp_path, {f"triton_3_6_0/{UP}": _shipped_entries()})
+    src = _tuned_dir(tmp_path, {FP8_NAME: {k: _cfg(32, 64, 4) for k in (1, 64, 4096)}})
+    tiles = moe_configs.prepare_trial_tile_configs(tmp_path / "t", src, triton_version="3.6.0",
+                                                   shipped_root=shipped, required_gemm=[])
+    # 4..24 are more than 2.5x from 1 and 64 (64 / 24 = 2.67); 256..1536 from 64 and 4096
+    assert tiles.filled_from_sglang == {f"configs/triton_3_6_0/{FP8_NAME}": [4, 8, 16, 24, 256, 512, 1024, 1536]}
 
 
 def test_bf16_default_fill_follows_sglangs_m_against_e_rule():

@@ -20,10 +20,10 @@ file written is the tuned configs *merged over* what SGLang would have read with
 other keys (a file of another Triton version, SGLang's fallback, only beyond the tuned keys' range).
 An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
 file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
-name, the batch sizes no tuned key covers (``MAX_KEY_RATIO``) get SGLang's default config, which is
-what SGLang runs there without our file (a tune cut short by its time cap would otherwise serve 2048-
-token chunks with its M=512 tiles, measured 1.27x slower); a file that covers them all is copied
-unchanged.
+name, the batch sizes above the largest tuned key or that no tuned key covers (``MAX_KEY_RATIO``)
+get SGLang's default config, which is what SGLang runs there without our file (a tune cut short by
+its time cap would otherwise serve 2048-token chunks with its M=512 tiles, measured 1.30x slower); a
+complete tune's file is copied unchanged.
 
 The fp8 block GEMM's files (``N=…,K=…,device_name=…,dtype=fp8_w8a8,block_shape=[128, 128].json``) have
 no environment variable in any SGLang version: ``get_w8a8_block_fp8_configs`` reads the ``configs/``
@@ -240,15 +240,18 @@ def _merge_over_default(up_name: str, tuned_up: dict[int, dict] | None,
                         tuned_down: dict[int, dict] | None) -> dict[str, _Merged]:
     """With no shipped file, the batch sizes the tune left uncovered get SGLang's default config.
 
-    Without it SGLang would serve them with the nearest tuned key's tiles: DeepSeek-V3's fp8 shape
-    tuned up to M=512 served M=2048 and 4096 1.27x and 1.65x slower than SGLang's default
-    (``results/kernels/h100/sglang``). Filled: SGLang's tuning batch sizes more than
-    ``MAX_KEY_RATIO`` from every tuned key. Both files of the pair get the same keys; a filled
-    ``_down`` entry is the default up config (SGLang runs the down GEMM with it when no file is read).
-    {} when the tuned keys cover every batch size (the file is copied unchanged).
+    Without it SGLang would serve them with the nearest tuned key's tiles. Filled: every one of
+    SGLang's tuning batch sizes above the largest tuned key, and the others more than
+    ``MAX_KEY_RATIO`` from every tuned key. Above the tuned range a key's tiles are sized for fewer
+    tokens per expert than the batch brings: DeepSeek-V3's fp8 shape tuned up to M=512 ran M=768,
+    1024, 1280, 2048 and 4096 1.02x, 1.08x, 1.14x, 1.30x and 1.65x slower than SGLang's default
+    (``results/kernels/h100/sglang``). Both files of the pair get the same keys; a filled ``_down``
+    entry is the default up config (SGLang runs the down GEMM with it when no file is read).
+    {} when nothing is to be filled (the file is copied unchanged).
     """
     tuned_keys = sorted(set(tuned_up or ()) | set(tuned_down or ()))
-    fill = [M for M in SGLANG_BATCH_SIZES if not any(key_covers(k, M) for k in tuned_keys)]
+    top = max(tuned_keys, default=0)
+    fill = [M for M in SGLANG_BATCH_SIZES if M > top or not any(key_covers(k, M) for k in tuned_keys)]
     defaults = sglang_default_entries(up_name, fill) if fill and tuned_keys else None
     if not defaults:
         return {}
