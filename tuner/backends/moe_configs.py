@@ -270,8 +270,9 @@ def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, trit
                         shipped_root: Path | None = None, merge_shipped: bool | None = None,
                         ) -> tuple[Path, list[str], dict[str, list[int]]]:
     """``prepare_trial_moe_dir`` plus, per merged file (relative to the dir), the keys filled with
-    SGLang's own entries (the shipped file's, else its default config). ``merge_shipped`` (default: ``include_shipped``) merges the tuned files over the
-    shipped ones without copying SGLang's other files (an export: only the model's shape is read)."""
+    SGLang's own entries (the shipped file's, else its default config). ``merge_shipped`` (default:
+    ``include_shipped``) merges the tuned files over the shipped ones without copying SGLang's other
+    files (an export: only the model's shape is read)."""
     merge_shipped = include_shipped if merge_shipped is None else merge_shipped
     source = Path(tuned_source)
     if not source.is_dir():
@@ -306,7 +307,7 @@ def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, trit
             for name, m in _merge_over_shipped(shipped_root, vname, up_name, up, down).items():
                 merged[(vname, name)] = m
     written: list[str] = []
-    from_shipped: dict[str, list[int]] = {}
+    filled: dict[str, list[int]] = {}
     for (vname, name), (path, tile_configs) in sorted(tuned.items()):
         dest = configs / vname / name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +315,7 @@ def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, trit
         m = merged.get((vname, name))
         if m is not None and m.filled:
             write_configs(dest, m.configs)
-            from_shipped[rel] = m.filled
+            filled[rel] = m.filled
             if m.shipped.found is Found.NONE:
                 log.info("%s: %d tuned key(s), %d filled with SGLang's default config (no shipped file): M=%s",
                          rel, len(tile_configs), len(m.filled), m.filled)
@@ -328,7 +329,7 @@ def build_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *, trit
     missing = [k.file_name for k in required if k.file_name not in names]
     if missing:
         log.warning("tuned MoE configs lack %s; SGLang uses shipped/default tiles for them", missing)
-    return root, written, from_shipped
+    return root, written, filled
 
 
 def prepare_trial_moe_dir(trial_dir: str | Path, tuned_source: str | Path, *,
@@ -476,7 +477,7 @@ def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, 
     """
     required = None if required is None else list(required)
     required_gemm = None if required_gemm is None else list(required_gemm)
-    moe_dir, moe_files, from_shipped = build_trial_moe_dir(
+    moe_dir, moe_files, filled = build_trial_moe_dir(
         trial_dir, tuned_source, triton_version=triton_version, include_shipped=include_shipped,
         required=required or (), shipped_root=Path(shipped_root) if shipped_root else None)
     site, gemm_files = None, []
@@ -490,7 +491,7 @@ def prepare_trial_tile_configs(trial_dir: str | Path, tuned_source: str | Path, 
         moe_names = [n for n in moe_names if n in wanted]
     if required_gemm is not None:
         gemm_names = [n for n in gemm_names if n in set(required_gemm)]
-    return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names, from_shipped)
+    return TrialTileFiles(moe_dir, site, moe_files, gemm_files, moe_names + gemm_names, filled)
 
 
 def trial_gemm_file_names(model, gpu, weight_format: str, *, tp_size: int, attn_tp_size: int | None = None,

@@ -118,8 +118,13 @@ def read_configs(path: str | os.PathLike) -> dict[int, dict[str, int]]:
 MAX_KEY_RATIO = 2.5
 
 
+def key_ratio(key: int, M: int) -> float:
+    """How far a file key is from the batch size M it serves, as a factor either way (>= 1)."""
+    return max(M / key, key / M)
+
+
 def key_covers(key: int, M: int, max_ratio: float = MAX_KEY_RATIO) -> bool:
-    return key > 0 and M > 0 and max(M / key, key / M) <= max_ratio
+    return key > 0 and M > 0 and key_ratio(key, M) <= max_ratio
 
 
 def nearest_config(configs: dict[int, dict], M: int) -> dict:

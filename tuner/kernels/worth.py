@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import MAX_KEY_RATIO
+from tuner.kernels.configfile import MAX_KEY_RATIO, key_ratio
+from tuner.kernels.sglang_env import Found
 from tuner.kernels.tune import shape_reports
 
 DEFAULT_MIN_GAIN = 1.03
@@ -86,7 +87,7 @@ def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
         if first > last:
             continue
         for M in (first, last):
-            ratio = max(M / k, k / M)
+            ratio = key_ratio(k, M)
             if worst is None or ratio > worst[0]:
                 worst = (ratio, M, k)
     if worst is None or worst[0] <= max_ratio:
@@ -170,7 +171,8 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
         # the trial's file is merged over what SGLang runs without it (its shipped file for this Triton,
         # or its default config where it ships none: tuner.backends.moe_configs), so batch sizes the
         # tune left uncovered keep SGLang's own tiles; only a fallback file leaves interior gaps tuned
-        merged_over_sglang = any((rep.get("shipped_up") or {}).get("found") in ("exact", "none") for rep in reports)
+        merged_over_sglang = any((rep.get("shipped_up") or {}).get("found") in (Found.EXACT.value, Found.NONE.value)
+                                 for rep in reports)
         if gap is not None and not merged_over_sglang:
             M, key = gap
             incomplete = [rep for rep in reports if rep.get("complete") is False]
