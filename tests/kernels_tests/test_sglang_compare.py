@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.conftest import run_cli
 from tuner.kernels.configfile import write_configs
 from tuner.kernels.sglang_compare import _both, compare_table, files_in
@@ -128,6 +130,6 @@ def test_as_served_times_the_copy_a_trial_gets(tmp_path, monkeypatch):
     assert timed == [{512: 32, 2048: 32, 4096: 32}, {512: 32, 2048: 64, 4096: 64}]
     doc = json.loads(served.output)
     assert doc["as_served"] is True and doc["config_dir"] == str(tuned)
-    assert doc["files"]["up"].startswith(str(tuned))
+    assert doc["files"]["up"].startswith(str(tuned)) and Path(doc["files"]["up"]).is_file()
     filled = next(iter(doc["keys_from_sglang"].values()))
     assert 2048 in filled and 4096 in filled and 512 not in filled

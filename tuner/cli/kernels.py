@@ -255,17 +255,24 @@ def compare_cmd(model, tp_size, ep_size, dtype, block_shape, disable_shared_expe
         raise BackendUnavailableError("comparing configs times SGLang's own kernel; sglang is not importable here")
     from tuner.kernels.sglang_compare import compare_moe, compare_table
 
-    with tempfile.TemporaryDirectory(prefix="tuner-served-") as tmp:
-        timed_dir, filled = config_dir, {}
-        if as_served:
-            from tuner.backends.moe_configs import build_trial_moe_dir
+    def run(timed_dir: Path) -> dict:
+        return compare_moe(s, sizes, timed_dir, routing=routing, routed_pool=routed_pool, rounds=rounds, seed=seed,
+                           log=lambda m: click.echo(m, err=True))
 
-            timed_dir, _, filled = build_trial_moe_dir(Path(tmp), config_dir, include_shipped=False,
-                                                       merge_shipped=True)
-        doc = compare_moe(s, sizes, timed_dir, routing=routing, routed_pool=routed_pool, rounds=rounds, seed=seed,
-                          log=lambda m: click.echo(m, err=True))
-    if as_served:
-        doc = json.loads(json.dumps(doc).replace(str(timed_dir), str(config_dir)))
+    if not as_served:
+        doc = run(config_dir)
+    else:
+        from tuner.backends.moe_configs import build_trial_moe_dir
+
+        with tempfile.TemporaryDirectory(prefix="tuner-served-") as tmp:
+            served_dir, _, filled = build_trial_moe_dir(Path(tmp), config_dir, include_shipped=False,
+                                                        merge_shipped=True)
+            doc = run(served_dir)
+        # the served copy is gone once timed: name the files by where they were built from
+        doc["config_dir"] = str(config_dir)
+        for key in ("up", "down_path"):
+            if doc["files"].get(key):
+                doc["files"][key] = str(config_dir / Path(doc["files"][key]).relative_to(served_dir))
         doc.update(as_served=True, keys_from_sglang=filled)
     if out_file is not None:
         write_text(out_file, json.dumps(doc, indent=1) + "\n")
