@@ -119,6 +119,7 @@ for step in $STEPS; do
                for spec in ${COMPARE_DIRS:-${COMPARE_DIR:-.}}; do
                d=${spec%:served}; served=""; [ "$d" = "$spec" ] || served="--as-served"
                suffix=""; [ "$d" = . ] || suffix="-$d"; [ -z "$served" ] || suffix="$suffix-served"
+               suffix="$suffix${COMPARE_TAG:-}"  # e.g. COMPARE_TAG=-gaps keeps another batch-size list apart
                for r in ${COMPARE_ROUTINGS:-collapsed serving}; do
                  l=$(left); [ "$l" -gt 60 ] || { echo "$step $spec $r: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
                  ts=$(date +%s)
