@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 from tuner.errors import ConfigError
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.configfile import read_configs, write_configs
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.worth import (find_tuned_file, tile_configs_worth_trial, trial_batch_range,
@@ -76,15 +77,19 @@ def test_newest_triton_directory_wins(tmp_path):
 
 
 def test_file_tuned_at_small_batches_only_is_refused_for_a_trial_running_large_ones(tmp_path):
-    d = _fp8_tuned(tmp_path, [1, 4, 16], complete=False, requested=[1, 4, 16, 32, 64, 4096])
+    d = _fp8_tuned(tmp_path, [1, 2, 4, 8, 16], complete=False, requested=[1, 2, 4, 8, 16, 32, 64, 4096])
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                  batch_range=trial_batch_range(8192, cuda_graph_max_bs=256))
     assert not v.worth
-    assert "M=8192 would use the M=16 tiles" in v.reason and "incomplete" in v.reason and "[32, 64, 4096]" in v.reason
-    # the same file is fine for a trial that never runs more than 32 tokens at once
+    assert "M=4096 would use the M=16 tiles (256x above them)" in v.reason
+    assert "incomplete" in v.reason and "[32, 64, 4096]" in v.reason
+    # the same file is fine for a trial that never runs more than 24 tokens at once (1.5x above 16)
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 batch_range=trial_batch_range(24, max_running_requests=16))
+    assert v.worth, v.reason
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                  batch_range=trial_batch_range(32, max_running_requests=16))
-    assert v.worth, v.reason
+    assert not v.worth and "M=32 would use the M=16 tiles (2x above them)" in v.reason
 
 
 def test_a_partial_file_over_sglangs_own_file_or_default_is_judged_by_its_gain_alone(tmp_path):
@@ -93,12 +98,18 @@ def test_a_partial_file_over_sglangs_own_file_or_default_is_judged_by_its_gain_a
     rep_path = next((d / "reports").glob("*.json"))
     rep = json.loads(rep_path.read_text())
     rng = trial_batch_range(8192, cuda_graph_max_bs=256)
-    # none shipped: the trial's file is filled with SGLang's default config there instead
-    for found, worth in (("exact", True), ("fallback", False), ("none", True)):
+    # another Triton's file (a fallback) or none shipped: the trial's file is filled from the fallback,
+    # or with SGLang's default config, there instead
+    for found in ("exact", "fallback", "none"):
         rep_path.write_text(json.dumps({**rep, "shipped_up": {"found": found, "path": None}}))
         v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                      batch_range=rng)
-        assert v.worth is worth, (found, v.reason)
+        assert v.worth, (found, v.reason)
+    # a report that does not say what SGLang ships: the file itself must cover the range
+    rep_path.write_text(json.dumps({k: v for k, v in rep.items() if k != "shipped_up"}))
+    v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
+                                 batch_range=rng)
+    assert not v.worth and "M=4096 would use the M=16 tiles" in v.reason
     rep_path.write_text(json.dumps({**rep, "shipped_up": {"found": "exact"},
                                     "rows": [{**r, "speedup_vs_baseline": 1.01} for r in rep["rows"]]}))
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
@@ -107,23 +118,30 @@ def test_a_partial_file_over_sglangs_own_file_or_default_is_judged_by_its_gain_a
 
 
 def test_file_covering_the_range_is_accepted(tmp_path):
-    d = _fp8_tuned(tmp_path, [1, 4, 16, 32, 64, 128, 512, 2048, 4096])
+    d = _fp8_tuned(tmp_path, list(SGLANG_BATCH_SIZES))
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                  batch_range=trial_batch_range(8192, max_running_requests=128))
     assert v.worth, v.reason
 
 
 def test_coverage_follows_sglangs_nearest_key_rule():
-    assert uncovered_batch_sizes([1, 4, 16], (1, 8192)) == (8192, 16)
+    # above 4096 every file, SGLang's own too, serves with its M=4096 entry: checked up to there
+    assert uncovered_batch_sizes([1, 4, 16], (1, 8192)) == (4096, 16)
     assert uncovered_batch_sizes([64, 4096], (1, 100)) == (1, 64)  # decode M=1 served by M=64 tiles
-    assert uncovered_batch_sizes([1, 2, 4], (1, 10)) is None  # 10 = 2.5 x 4
-    assert uncovered_batch_sizes([1, 2, 4], (1, 11)) == (11, 4)
-    assert uncovered_batch_sizes([1, 2, 4], (1, 16), max_ratio=4) is None
-    # measured: tiles tuned up to M=512 served M=2048 (4x) 1.27x slower than SGLang's default
+    assert uncovered_batch_sizes([1, 2, 4], (1, 6)) is None  # 6 = 1.5 x 4
+    assert uncovered_batch_sizes([1, 2, 4], (1, 7)) == (7, 4)
+    assert uncovered_batch_sizes([1, 2, 4], (1, 16), above=4) is None
+    assert uncovered_batch_sizes([4, 8], (2, 8)) is None  # 2 is 2x below 4 (up to 2.5x)
+    assert uncovered_batch_sizes([4, 8], (1, 8)) == (1, 4)
+    # measured (H200): tiles tuned up to M=512 served M=2048 (4x) 1.33x slower than SGLang's default,
+    # and M=1024 and 1280 (2x and 2.5x above the M=512 key, below 2048's) 1.13x and 1.31x
     assert uncovered_batch_sizes([1, 4, 16, 32, 64, 128, 512], (1, 2048)) == (2048, 512)
+    assert uncovered_batch_sizes([512, 2048], (512, 2048)) == (1280, 512)
+    assert uncovered_batch_sizes([512, 768, 1024, 1536, 2048], (512, 2048)) is None
     # between keys: 16 serves M up to 72, the midpoint of 16 and 128, and 72 / 16 = 4.5
     assert uncovered_batch_sizes([16, 128], (16, 128)) == (72, 16)
-    assert uncovered_batch_sizes([1, 4, 16, 32, 64, 128, 512, 2048, 4096], (1, 8192)) is None
+    # SGLang's own list of tuning batch sizes covers every M a trial runs
+    assert uncovered_batch_sizes(list(SGLANG_BATCH_SIZES), (1, 8192)) is None
     assert uncovered_batch_sizes([], (1, 8)) == (1, 0)
 
 
@@ -144,9 +162,11 @@ def test_cli_on_the_committed_h200_directory():
     assert r.returncode == (0 if doc["worth"] else 1)
     if not has_large:
         assert not doc["worth"] and "tuned at M=" in doc["reason"], doc
+    # a trial running one token at a time is served by the file's M=1 key
+    assert 1 in read_configs(find_tuned_file(d / "configs", FP8))
     r = run_cli(["kernels", "worth", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--quantization", "fp8",
-                 "--tp-size", "1", "--tuned-dir", str(d), "--chunked-prefill-size", "16",
-                 "--max-running-requests", "16"])
+                 "--tp-size", "1", "--tuned-dir", str(d), "--chunked-prefill-size", "1",
+                 "--max-running-requests", "1"])
     assert r.returncode == 0 and "worth a trial: tuned tiles gain up to" in r.stdout, r.stdout + r.stderr
 
 

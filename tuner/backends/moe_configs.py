@@ -20,10 +20,10 @@ file written is the tuned configs *merged over* what SGLang would have read with
 other keys (a file of another Triton version, SGLang's fallback, only beyond the tuned keys' range).
 An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
 file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
-name, the batch sizes above the largest tuned key or that no tuned key covers (``MAX_KEY_RATIO``)
-get SGLang's default config, which is what SGLang runs there without our file (a tune cut short by
-its time cap would otherwise serve 2048-token chunks with its M=512 tiles, measured 1.30x slower); a
-complete tune's file is copied unchanged.
+name, the batch sizes above the largest tuned key, or that their nearest tuned key does not cover
+(``key_covers``), get SGLang's default config, which is what SGLang runs there without our file (a
+tune cut short by its time cap would otherwise serve 2048-token chunks with its M=512 tiles, measured
+1.33x slower); a file tuned at all of SGLang's batch sizes is copied unchanged.
 
 The fp8 block GEMM's files (``N=…,K=…,device_name=…,dtype=fp8_w8a8,block_shape=[128, 128].json``) have
 no environment variable in any SGLang version: ``get_w8a8_block_fp8_configs`` reads the ``configs/``
@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import key_covers, moe_config_filename, nearest_config, read_configs, write_configs
+from tuner.kernels.configfile import (key_covers, moe_config_filename, nearest_config, nearest_key, read_configs,
+                                      write_configs)
 from tuner.kernels.gemm_shapes import gemm_shapes
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.sglang_env import (Found, Lookup, installed_sglang, sglang_at, shipped_down_configs,
@@ -210,9 +211,12 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
     shipped_up = ship_up.configs
     if ship_up.found is Found.FALLBACK and tuned_keys:
         # another Triton version's file (SGLang itself calls it sub-optimal; our fp8 tunes beat it at
-        # every batch size timed): it fills only beyond the tuned range, where no tuned entry is near
-        lo, hi = min(tuned_keys), max(tuned_keys)
-        shipped_up = {k: v for k, v in shipped_up.items() if k < lo or k > hi}
+        # every batch size timed): it fills only where no tuned key covers, beyond the tuned range and
+        # in gaps between tuned keys (key_covers)
+        ordered = sorted(tuned_keys)
+        lo, hi = ordered[0], ordered[-1]
+        shipped_up = {k: v for k, v in shipped_up.items()
+                      if k < lo or k > hi or not key_covers(nearest_key(ordered, k), k)}
     keys = sorted(tuned_keys | set(shipped_up))
     up_entries = dict(sorted({**shipped_up, **(tuned_up or {})}.items()))  # SGLang's up file, merged
     up_at = {k: nearest_config(up_entries, k) for k in keys}
@@ -241,17 +245,18 @@ def _merge_over_default(up_name: str, tuned_up: dict[int, dict] | None,
     """With no shipped file, the batch sizes the tune left uncovered get SGLang's default config.
 
     Without it SGLang would serve them with the nearest tuned key's tiles. Filled: every one of
-    SGLang's tuning batch sizes above the largest tuned key, and the others more than
-    ``MAX_KEY_RATIO`` from every tuned key. Above the tuned range a key's tiles are sized for fewer
-    tokens per expert than the batch brings: DeepSeek-V3's fp8 shape tuned up to M=512 ran M=768,
-    1024, 1280, 2048 and 4096 1.02x, 1.08x, 1.14x, 1.30x and 1.65x slower than SGLang's default
-    (``results/kernels/h100/sglang``). Both files of the pair get the same keys; a filled ``_down``
-    entry is the default up config (SGLang runs the down GEMM with it when no file is read).
-    {} when nothing is to be filled (the file is copied unchanged).
+    SGLang's tuning batch sizes above the largest tuned key, and each other one whose nearest tuned
+    key does not cover it (``key_covers``: more than 1.5x above, or 2.5x below). Above a key its
+    tiles are sized for fewer tokens per expert than the batch brings: DeepSeek-V3's fp8 shape ran
+    M=1024 and 1280 with its M=512 tiles 1.13x and 1.31x slower than SGLang's default (H200), and a
+    tune cut short at M=512 ran M=2048 1.33x slower (``results/kernels/h200/sglang``). Both files of
+    the pair get the same keys; a filled ``_down`` entry is the default up config (SGLang runs the
+    down GEMM with it when no file is read). {} when nothing is to be filled (the file is copied
+    unchanged).
     """
     tuned_keys = sorted(set(tuned_up or ()) | set(tuned_down or ()))
     top = max(tuned_keys, default=0)
-    fill = [M for M in SGLANG_BATCH_SIZES if M > top or not any(key_covers(k, M) for k in tuned_keys)]
+    fill = [M for M in SGLANG_BATCH_SIZES if M > top or not key_covers(nearest_key(tuned_keys, M), M)] if top else []
     defaults = sglang_default_entries(up_name, fill) if fill and tuned_keys else None
     if not defaults:
         return {}

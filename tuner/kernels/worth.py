@@ -6,10 +6,11 @@ Only where the measurements say it can matter:
 * that file covers the batch sizes the trial runs. SGLang serves a batch of M tokens with the
   file's entry at the nearest key (``min(keys, key=lambda k: abs(k - M))``), so a file tuned only at
   M = 1..16 serves 64..8192-token prefill chunks with its M = 16 tiles, which may well be slower than
-  SGLang's shipped file. Every M of the trial's range must be within ``MAX_KEY_RATIO`` of the key
-  that serves it, unless the tune found SGLang's shipped file for this Triton version, or none at
-  all: a trial's file is merged over that one, or over SGLang's default config
-  (``tuner.backends.moe_configs``), so the batch sizes not tuned keep SGLang's own entries;
+  SGLang's shipped file. The key that serves each M of the trial's range must cover it
+  (``key_covers``: M at most 1.5x above it, or 2.5x below), unless the tune report says what SGLang
+  ships for the shape: a trial's file is merged over SGLang's shipped file (or another Triton
+  version's, its fallback), or over its default config where it ships none
+  (``tuner.backends.moe_configs``), so the batch sizes no tuned key covers keep SGLang's own entries;
 * its tune report measured a gain over what SGLang would use anyway (its shipped file, else its
   default) of at least ``min_gain`` at some batch size of that range.
 
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import MAX_KEY_RATIO, key_ratio
+from tuner.kernels.configfile import MAX_KEY_RATIO_ABOVE, MAX_KEY_RATIO_BELOW, key_excess
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.sglang_env import Found
 from tuner.kernels.tune import shape_reports
 
@@ -71,11 +73,13 @@ def find_tuned_file(configs_dir: Path, name: str) -> Path | None:
     return None
 
 
-def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
-                          max_ratio: float = MAX_KEY_RATIO) -> tuple[int, int] | None:
-    """The worst-served M of ``batch_range`` as (M, key serving it) when it is more than
-    ``max_ratio`` away from that key; None when the keys cover the whole range."""
-    lo, hi = batch_range
+def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int], above: float = MAX_KEY_RATIO_ABOVE,
+                          below: float = MAX_KEY_RATIO_BELOW) -> tuple[int, int] | None:
+    """The worst-served M of ``batch_range`` as (M, key serving it) when its key does not cover it
+    (more than ``above`` x above the key, or ``below`` x below it); None when the keys cover the
+    whole range. Above SGLang's largest tuning batch size (4096) every file serves M with its entry
+    there, SGLang's shipped ones too, so the range is checked up to that size."""
+    lo, hi = batch_range[0], min(batch_range[1], max(SGLANG_BATCH_SIZES))
     ks = sorted(set(int(k) for k in keys if int(k) > 0))
     if not ks:
         return lo, 0
@@ -87,10 +91,10 @@ def uncovered_batch_sizes(keys: list[int], batch_range: tuple[int, int],
         if first > last:
             continue
         for M in (first, last):
-            ratio = key_ratio(k, M)
-            if worst is None or ratio > worst[0]:
-                worst = (ratio, M, k)
-    if worst is None or worst[0] <= max_ratio:
+            excess = key_excess(k, M, above, below)
+            if worst is None or excess > worst[0]:
+                worst = (excess, M, k)
+    if worst is None or worst[0] <= 1.0:
         return None
     return worst[1], worst[2]
 
@@ -138,7 +142,7 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
                              ep_size: int = 1, tuned_dir: str | Path, shared_experts_fusion: bool = True,
                              min_gain: float = DEFAULT_MIN_GAIN, batch_range: tuple[int, int] | None = None,
                              serving_speedups: dict[int, float] | None = None,
-                             max_key_ratio: float = MAX_KEY_RATIO, collapsed_routing: bool = False) -> Verdict:
+                             key_ratio_above: float = MAX_KEY_RATIO_ABOVE, collapsed_routing: bool = False) -> Verdict:
     """``batch_range`` is the trial's (1, max M) from ``trial_batch_range``; without it the file's
     coverage is not checked and every measured batch size counts. ``collapsed_routing``: the trial's
     server sends every token to the same few experts."""
@@ -167,11 +171,12 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
         return Verdict(False, why, shape_tag=shape.tag)
     if batch_range is not None:
         keys = sorted(read_configs(path))
-        gap = uncovered_batch_sizes(keys, batch_range, max_key_ratio)
-        # the trial's file is merged over what SGLang runs without it (its shipped file for this Triton,
-        # or its default config where it ships none: tuner.backends.moe_configs), so batch sizes the
-        # tune left uncovered keep SGLang's own tiles; only a fallback file leaves interior gaps tuned
-        merged_over_sglang = any((rep.get("shipped_up") or {}).get("found") in (Found.EXACT.value, Found.NONE.value)
+        gap = uncovered_batch_sizes(keys, batch_range, key_ratio_above)
+        # the trial's file is merged over what SGLang runs without it (its shipped file, another Triton
+        # version's fallback, or its default config where it ships none: tuner.backends.moe_configs),
+        # so batch sizes the tune left uncovered keep SGLang's own tiles; without a report to say what
+        # SGLang ships, the file itself must cover the range
+        merged_over_sglang = any((rep.get("shipped_up") or {}).get("found") in {f.value for f in Found}
                                  for rep in reports)
         if gap is not None and not merged_over_sglang:
             M, key = gap
@@ -180,8 +185,8 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
             more = (f"; its tune report is incomplete (batch sizes {todo} not yet tuned: rerun `tuner kernels "
                     f"tune` with the same -o to continue)" if todo else "")
             return Verdict(False, f"{path.name} is tuned at M={keys} only: the trial runs M={batch_range[0]}.."
-                           f"{batch_range[1]}, and M={M} would use the M={key} tiles (more than {max_key_ratio:g}x "
-                           f"away), possibly slower than SGLang's own{more}", shape_tag=shape.tag)
+                           f"{batch_range[1]}, and M={M} would use the M={key} tiles ({M / key:.3g}x {'above' if M >= key else 'below'} "
+                           f"them), possibly slower than SGLang's own{more}", shape_tag=shape.tag)
     rows = [row for rep in reports for row in rep["rows"]]
     if batch_range:
         lo, hi = batch_range
