@@ -226,7 +226,11 @@ def test_sqlite_under_load_has_no_lock_errors(cluster, tmp_path):
         measured = {s for s in TrialStatus if s.measured}
         assert sum(statuses.values()) == 12 and set(statuses) <= measured, statuses
         n = statuses.get(TrialStatus.COMPLETE.value, 0)
-        assert n >= 6, statuses
+        assert n >= 1, statuses  # the study has a best
+        # and every trial's measurements reached the file under the concurrent writes
+        measured_trials = query(db_path, "SELECT count(DISTINCT trial_number) FROM tuner_measurements "
+                                         "WHERE study_name='load'")[0][0]
+        assert measured_trials == 12, statuses
         print(f"\nSQLite under load: {n} trials, peak {peak_running} running, {stats['reads']} reader loops, "
               f"{dash_reads} dashboard reads, 0 lock errors")
     finally:
