@@ -81,7 +81,7 @@ def test_file_tuned_at_small_batches_only_is_refused_for_a_trial_running_large_o
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                  batch_range=trial_batch_range(8192, cuda_graph_max_bs=256))
     assert not v.worth
-    assert "M=4096 would use the M=16 tiles (256x above them)" in v.reason
+    assert "M=4096 would use the M=16 tiles (M is 256x above them)" in v.reason
     assert "incomplete" in v.reason and "[32, 64, 4096]" in v.reason
     # the same file is fine for a trial that never runs more than 24 tokens at once (1.5x above 16)
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
@@ -89,7 +89,7 @@ def test_file_tuned_at_small_batches_only_is_refused_for_a_trial_running_large_o
     assert v.worth, v.reason
     v = tile_configs_worth_trial("qwen3-30b-a3b", "NVIDIA_H200", "fp8_block", tp_size=1, tuned_dir=d,
                                  batch_range=trial_batch_range(32, max_running_requests=16))
-    assert not v.worth and "M=32 would use the M=16 tiles (2x above them)" in v.reason
+    assert not v.worth and "M=32 would use the M=16 tiles (M is 2x above them)" in v.reason
 
 
 def test_a_partial_file_over_sglangs_own_file_or_default_is_judged_by_its_gain_alone(tmp_path):

@@ -17,7 +17,7 @@ the batch size M: a tuned file with keys 1, 4, 16 only would run every 2048-toke
 the M=16 tiles, slower than SGLang's own file for reasons that have nothing to do with tuning. So the
 file written is the tuned configs *merged over* what SGLang would have read without it
 (``tuner.kernels.sglang_env``'s look-up): tuned entries at the tuned keys, the shipped entries at the
-other keys (a file of another Triton version, SGLang's fallback, only beyond the tuned keys' range).
+other keys (a file of another Triton version, SGLang's fallback, only where no tuned key covers).
 An up file and its ``_down`` twin get one key set (SGLang picks the nearest key in each
 file independently; the two GEMMs of a batch must share BLOCK_SIZE_M). With no shipped file of that
 name, the batch sizes above the largest tuned key, or that their nearest tuned key does not cover

@@ -184,9 +184,10 @@ def tile_configs_worth_trial(model: str, gpu_device_name: str, weight_format: st
             todo = sorted({int(b) for rep in incomplete for b in rep.get("batch_sizes_requested") or []} - set(keys))
             more = (f"; its tune report is incomplete (batch sizes {todo} not yet tuned: rerun `tuner kernels "
                     f"tune` with the same -o to continue)" if todo else "")
+            where = f"{M / key:.3g}x above" if M >= key else f"{key / M:.3g}x below"
             return Verdict(False, f"{path.name} is tuned at M={keys} only: the trial runs M={batch_range[0]}.."
-                           f"{batch_range[1]}, and M={M} would use the M={key} tiles ({M / key:.3g}x {'above' if M >= key else 'below'} "
-                           f"them), possibly slower than SGLang's own{more}", shape_tag=shape.tag)
+                           f"{batch_range[1]}, and M={M} would use the M={key} tiles (M is {where} them), "
+                           f"possibly slower than SGLang's own{more}", shape_tag=shape.tag)
     rows = [row for rep in reports for row in rep["rows"]]
     if batch_range:
         lo, hi = batch_range
