@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import (config_relpath, moe_config_filename, nearest_config, read_configs,
-                                      triton_dir_name, write_configs)
+from tuner.kernels.configfile import (config_relpath, covered_by, key_covers, moe_config_filename, nearest_config,
+                                      nearest_key, read_configs, triton_dir_name, write_configs)
 from tuner.kernels.shapes import moe_shape, parse_block_shape
 from tuner.kernels.space import (TileConfig, default_config, feasible_space, neighbours, search_space_for,
                                  sglang_search_space, smem_bytes)
@@ -106,6 +106,18 @@ def test_write_read_roundtrip(tmp_path):
     assert list(raw["1"]) == ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
     assert read_configs(p) == {1: cfgs[1], 64: cfgs[64]}
     assert nearest_config(read_configs(p), 30) == cfgs[1] and nearest_config(read_configs(p), 40) == cfgs[64]
+
+
+def test_what_a_key_covers():
+    # SGLang reads the nearest key, the first on ties
+    assert nearest_key([512, 2048], 1280) == 512 and nearest_key([512, 2048], 1281) == 2048
+    # up to 1.5x above a key, 2.5x below it (measured: 2x above the M=512 key ran 1.13x SGLang's default)
+    assert key_covers(512, 768) and not key_covers(512, 769) and not key_covers(512, 1024)
+    assert key_covers(10, 4) and not key_covers(10, 3) and not key_covers(0, 4)
+    assert covered_by([512, 2048], 768) and not covered_by([512, 2048], 1024)  # 1024 reads the M=512 key
+    assert covered_by([512, 2048], 1600)  # 2048's, 1.28x below
+    assert not covered_by([512, 2048], 2049) and not covered_by([], 1)  # above the largest key, or no key
+    assert covered_by([4, 8], 2) and not covered_by([4, 8], 1)
 
 
 def test_read_rejects_bad_files(tmp_path):

@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import Iterable
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import (key_covers, moe_config_filename, nearest_config, nearest_key, read_configs,
-                                      write_configs)
+from tuner.kernels.configfile import covered_by, moe_config_filename, nearest_config, read_configs, write_configs
 from tuner.kernels.gemm_shapes import gemm_shapes
 from tuner.kernels.shapes import moe_shape
 from tuner.kernels.sglang_env import (Found, Lookup, installed_sglang, sglang_at, shipped_down_configs,
@@ -214,9 +213,7 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
         # every batch size timed): it fills only where no tuned key covers, beyond the tuned range and
         # in gaps between tuned keys (key_covers)
         ordered = sorted(tuned_keys)
-        lo, hi = ordered[0], ordered[-1]
-        shipped_up = {k: v for k, v in shipped_up.items()
-                      if k < lo or k > hi or not key_covers(nearest_key(ordered, k), k)}
+        shipped_up = {k: v for k, v in shipped_up.items() if k < ordered[0] or not covered_by(ordered, k)}
     keys = sorted(tuned_keys | set(shipped_up))
     up_entries = dict(sorted({**shipped_up, **(tuned_up or {})}.items()))  # SGLang's up file, merged
     up_at = {k: nearest_config(up_entries, k) for k in keys}
@@ -255,9 +252,8 @@ def _merge_over_default(up_name: str, tuned_up: dict[int, dict] | None,
     unchanged).
     """
     tuned_keys = sorted(set(tuned_up or ()) | set(tuned_down or ()))
-    top = max(tuned_keys, default=0)
-    fill = [M for M in SGLANG_BATCH_SIZES if M > top or not key_covers(nearest_key(tuned_keys, M), M)] if top else []
-    defaults = sglang_default_entries(up_name, fill) if fill and tuned_keys else None
+    fill = [M for M in SGLANG_BATCH_SIZES if not covered_by(tuned_keys, M)] if tuned_keys else []
+    defaults = sglang_default_entries(up_name, fill) if fill else None
     if not defaults:
         return {}
     down_name = _twin_names(up_name)[1]

@@ -135,6 +135,13 @@ def key_excess(key: int, M: int, above: float = MAX_KEY_RATIO_ABOVE, below: floa
     return (M / key) / above if M >= key else (key / M) / below
 
 
+def covered_by(keys, M: int) -> bool:
+    """Whether a file with entries at ``keys`` serves a batch of M tokens from a key that covers it:
+    M is not above the largest key, and the key SGLang reads for it is within the limits."""
+    keys = list(keys)
+    return bool(keys) and M <= max(keys) and key_covers(nearest_key(keys, M), M)
+
+
 def nearest_key(keys, M: int) -> int:
     """The key SGLang reads for a batch of M tokens: the nearest to M, the first on ties (in a file's
     order, ascending in SGLang's files and ours)."""
