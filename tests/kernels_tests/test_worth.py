@@ -8,9 +8,9 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 from tuner.errors import ConfigError
-from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.configfile import read_configs, write_configs
 from tuner.kernels.shapes import moe_shape
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.worth import (find_tuned_file, tile_configs_worth_trial, trial_batch_range,
                                  uncovered_batch_sizes)
 

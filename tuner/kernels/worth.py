@@ -29,8 +29,8 @@ from pathlib import Path
 
 from tuner.errors import ConfigError
 from tuner.kernels.configfile import MAX_KEY_RATIO_ABOVE, MAX_KEY_RATIO_BELOW, key_excess
-from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.sglang_env import Found
+from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.kernels.tune import shape_reports
 
 DEFAULT_MIN_GAIN = 1.03
