@@ -30,7 +30,10 @@ LIMIT=${LIMIT:-480}
 HARD=${HARD:-585}
 STEPS=${STEPS:-study}
 OUT=${OUT:-/tmp/out}
-DB="results/h200-sglang/$STUDY.db"
+# RESULTS: where the study database lives (results/h100-sglang for a study on an H100)
+RESULTS=${RESULTS:-results/h200-sglang}
+DB="$RESULTS/$STUDY.db"
+mkdir -p "$RESULTS"
 t0=$(date +%s)
 # at most 8 files come back from a call: the small ones are written under $LOGS and packed into
 # $OUT/call-logs-$STUDY.tgz on the way out (also when the call fails early), so that one call may
