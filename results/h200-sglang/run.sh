@@ -17,7 +17,7 @@
 # after verify, before the study).
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
-# in a later call.
+# in a later call. PROBE_GPU=h100 probes probes/planner-matrix-h100.yaml into results/h100-planner.
 #
 # Needs, in the checkout (ignored by git): .sglkit/ (the kit, without archives/hf.tar.xz) and .whl/
 # (optuna, alembic, mako, colorlog, sqlalchemy wheels for Python 3.12, or pylibs.tar.xz: the same
@@ -107,10 +107,10 @@ fi
 if [[ " $STEPS " == *" probe "* ]]; then
   left=$(( LIMIT - ($(date +%s) - t0) ))
   if [ "$left" -gt 90 ]; then
-    timeout -s INT "$left" python3 -m tuner bench planner-probe probes/planner-matrix-h200.yaml \
-      --out results/h200-planner ${PROBES:-} 2>&1 | tee "$LOGS/planner-probe.log"
+    timeout -s INT "$left" python3 -m tuner bench planner-probe "probes/planner-matrix-${PROBE_GPU:-h200}.yaml" \
+      --out "results/${PROBE_GPU:-h200}-planner" ${PROBES:-} 2>&1 | tee "$LOGS/planner-probe.log"
   fi
-  tar -czf "$OUT/planner.tgz" -C results h200-planner 2>/dev/null
+  tar -czf "$OUT/planner.tgz" -C results "${PROBE_GPU:-h200}-planner" 2>/dev/null
 fi
 python3 -m tuner study status "$STUDY" --storage "sqlite:///$DB" --json > "$LOGS/status.json" 2>&1
 cp "$DB" "$OUT/"
