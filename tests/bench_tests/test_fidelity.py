@@ -38,14 +38,14 @@ USERS = (2, 6)
 
 
 def _simulated(study, users, step, trial=0):
-    return simulate_load_point(study.model, "h200", 1, {"attention-backend": "triton", "load-format": "dummy", **FLAGS},
+    return simulate_load_point(study.model, study.hardware.gpu, 1, {"attention-backend": "triton", "load-format": "dummy", **FLAGS},
                                {}, study.workload_profile(), users, warmup_s=20, duration_s=60,
                                seed=study.seed + trial + 1009 * step, host_memory_gb=256, sglang_version="0.5.17")
 
 
-def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False):
-    (tmp_path / "studies").mkdir(exist_ok=True)
-    (tmp_path / "studies" / "fid.yaml").write_text(STUDY)
+def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False, gpu="h200"):
+    (tmp_path / "studies").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "studies" / "fid.yaml").write_text(STUDY.replace("gpu: h200", f"gpu: {gpu}"))
     study = load_study(str(tmp_path / "studies" / "fid.yaml"))
     path = tmp_path / "results" / name
     path.parent.mkdir(exist_ok=True)
@@ -244,3 +244,18 @@ def test_window_noise_is_the_mean_difference_of_two_samples_of_a_point(tmp_path,
     doc = fid.window_noise([p0], 3)
     assert doc["expectation_model"]["ape"]["p90_ttft_s"] == pytest.approx((2 + 0.25 + 0.625) / 3)
     assert doc["expectation_model"]["verdict_agreement"] == 1.0
+
+
+def test_each_gpu_gets_its_own_figures_and_says_whether_it_was_fitted(tmp_path):
+    h200, _ = make_db(tmp_path / "a")
+    h100, _ = make_db(tmp_path / "b", gpu="h100", ttft_scale=2.0)
+    doc = run_fidelity([h200, h100])
+    gpus = doc["by_gpu"]
+    assert set(gpus) == {"h100", "h200"}
+    assert gpus["h200"]["mape"]["p90_ttft_s"] == 0.0 and gpus["h200"]["load_points"] == len(USERS)
+    assert gpus["h100"]["mape"]["p90_ttft_s"] == pytest.approx(0.5)  # only the H100's points are off
+    assert gpus["h100"]["fitted"] == []  # no step times were ever fitted on an H100
+    assert all(p["predicted"]["calibration_applied"] == [] for p in doc["points"] if p["gpu"] == "h100")
+    assert "on h100 (2, priors only, no fit on it): P90 TTFT 50.0%" in format_report(doc)
+    # one GPU: no per-GPU lines, the totals are its own
+    assert "priors only" not in format_report(run_fidelity([h100]))

@@ -122,6 +122,8 @@ def test_matrix_files_are_checked(tmp_path):
         load_matrix(bad)
     m = load_matrix(REPO / "probes" / "planner-matrix-h200.yaml")
     assert len(m.configurations) >= 6  # with the 6 committed trials: >= 12 configurations
+    h100 = load_matrix(REPO / "probes" / "planner-matrix-h100.yaml")  # run.sh's PROBE_GPU=h100
+    assert h100.hardware.gpu == "h100" and {c.model for c in h100.configurations} == {"qwen3-30b-a3b"}
 
 
 def test_cli_prints_the_matrix_and_fails_while_targets_are_missed(tmp_path):

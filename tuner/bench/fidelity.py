@@ -46,6 +46,7 @@ class PointResult:
     predicted_meets: bool | None = None
     error: str | None = None
     step_time_source: str | None = None
+    calibration_applied: list[str] = field(default_factory=list)  # the fitted entries its prediction used
     predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
 
     @property
@@ -99,6 +100,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     res.predicted = {k: getattr(m, k) for k in METRICS}
     res.predicted_meets = _meets(res.predicted, p)
     res.step_time_source = (m.extra.get("step_time_source") or {}).get("overall")
+    res.calibration_applied = list(m.extra.get("calibration_applied") or [])
     res.predicted_stages = m.extra.get("server_stage_means")
     for k in METRICS:
         meas, pred = p.measured.get(k), res.predicted.get(k)
@@ -223,6 +225,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         "skipped": skipped,
         "points": point_docs,
         "by_server": by_server(point_docs),
+        "by_gpu": by_gpu(point_docs),
         "window_noise": window_noise(points, noise_seeds, sglang_version=sglang_version, calibration=calibration,
                                      first=results),
     })
@@ -242,13 +245,28 @@ def by_server(point_docs: list[dict]) -> dict:
     return out
 
 
+def by_gpu(point_docs: list[dict]) -> dict:
+    """The same figures per GPU, with whether its predictions used step times fitted on that GPU's
+    own measurements (``fitted``) or the priors alone: a GPU without a fit checks the mechanism on
+    hardware the fit has not seen (not a target)."""
+    out = {}
+    for gpu in sorted({str(p.get("gpu")) for p in point_docs}):
+        sel = [p for p in point_docs if str(p.get("gpu")) == gpu]
+        s = summarize_points(sel)
+        fitted = sorted({name for p in sel for name in p["predicted"].get("calibration_applied") or []})
+        out[gpu] = {**{k: s[k] for k in ("mape", "verdict_agreement", "target_results", "load_points")},
+                    "fitted": fitted}
+    return out
+
+
 def _point_doc(r: PointResult) -> dict:
     p = r.point
     return {
         "label": p.label, "source": p.source, "study": p.study, "trial": p.trial, "users": p.users,
         "model": p.model, "gpu": p.gpu, "sglang_version": p.sglang_version, "flags": p.flags, "knobs": p.knobs,
         "measured": {**{k: p.measured.get(k) for k in METRICS}, "meets_slo": r.measured_meets},
-        "predicted": {**r.predicted, "meets_slo": r.predicted_meets, "step_time_source": r.step_time_source},
+        "predicted": {**r.predicted, "meets_slo": r.predicted_meets, "step_time_source": r.step_time_source,
+                      "calibration_applied": r.calibration_applied},
         "ape": r.ape, "verdict_agrees": r.verdict_agrees, "clear_of_slo": r.clear_of_slo,
         "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
         "off_target": r.off_target(), "error": r.error,
@@ -332,6 +350,12 @@ def format_report(doc: dict) -> str:
         if b:
             lines.append(f"  on {what} ({b['load_points']}): P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
                          f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
+    gpus = doc.get("by_gpu") or {}
+    if len(gpus) > 1:  # one GPU: the figures above are its own
+        for gpu, b in gpus.items():
+            fit = f"step times fitted on it: {', '.join(b['fitted'])}" if b["fitted"] else "priors only, no fit on it"
+            lines.append(f"  on {gpu} ({b['load_points']}, {fit}): P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
+                         f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
     noise = doc.get("window_noise")
     if noise:
         ap = noise["pairwise_ape"]
@@ -368,5 +392,5 @@ def format_report(doc: dict) -> str:
 
 
 __all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
-           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "format_report", "by_gpu", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
            "summarize", "summarize_points"]
