@@ -212,7 +212,7 @@ def _merge_over_shipped(shipped_root: Path, vdir: str, up_name: str, tuned_up: d
         # another Triton version's file (SGLang itself calls it sub-optimal; our fp8 tunes beat it at
         # every batch size timed): it fills only where no tuned key covers, beyond the tuned range and
         # in gaps between tuned keys (key_covers)
-        ordered = sorted(tuned_keys)
+        ordered = sorted(tuned_keys)  # nearest_key breaks ties by order, as SGLang reads its ascending file
         shipped_up = {k: v for k, v in shipped_up.items() if k < ordered[0] or not covered_by(ordered, k)}
     keys = sorted(tuned_keys | set(shipped_up))
     up_entries = dict(sorted({**shipped_up, **(tuned_up or {})}.items()))  # SGLang's up file, merged

@@ -240,9 +240,14 @@ def by_server(point_docs: list[dict]) -> dict:
     for name, fresh in (("warm", False), ("fresh", True)):
         sel = [p for p in point_docs if bool(p.get("fresh_server")) == fresh]
         if sel:
-            s = summarize_points(sel)
-            out[name] = {k: s[k] for k in ("mape", "verdict_agreement", "target_results", "load_points")}
+            out[name] = _subset_figures(sel)
     return out
+
+
+def _subset_figures(point_docs: list[dict]) -> dict:
+    """The figures a breakdown gives for a subset of the points (``by_server``, ``by_gpu``)."""
+    s = summarize_points(point_docs)
+    return {k: s[k] for k in ("mape", "verdict_agreement", "target_results", "load_points")}
 
 
 def by_gpu(point_docs: list[dict]) -> dict:
@@ -252,10 +257,8 @@ def by_gpu(point_docs: list[dict]) -> dict:
     out = {}
     for gpu in sorted({str(p.get("gpu")) for p in point_docs}):
         sel = [p for p in point_docs if str(p.get("gpu")) == gpu]
-        s = summarize_points(sel)
         fitted = sorted({name for p in sel for name in p["predicted"].get("calibration_applied") or []})
-        out[gpu] = {**{k: s[k] for k in ("mape", "verdict_agreement", "target_results", "load_points")},
-                    "fitted": fitted}
+        out[gpu] = {**_subset_figures(sel), "fitted": fitted}
     return out
 
 
@@ -345,17 +348,17 @@ def format_report(doc: dict) -> str:
         near = [pt["label"] for pt in doc["points"] if pt.get("clear_of_slo") is False]
         lines.append(f"  on {pct(vc['agreement'])} of the {vc['points']} points whose measured P90s are more than "
                      f"{vc['margin']:.0%} from their SLO" + (f" (near it: {', '.join(near)})" if near else ""))
+    subset = lambda what, b: (f"  on {what}: P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
+                              f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
     for name, what in (("warm", "warm servers"), ("fresh", "fresh servers' first load points")):
         b = (doc.get("by_server") or {}).get(name)
         if b:
-            lines.append(f"  on {what} ({b['load_points']}): P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
-                         f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
+            lines.append(subset(f"{what} ({b['load_points']})", b))
     gpus = doc.get("by_gpu") or {}
     if len(gpus) > 1:  # one GPU: the figures above are its own
         for gpu, b in gpus.items():
             fit = f"step times fitted on it: {', '.join(b['fitted'])}" if b["fitted"] else "priors only, no fit on it"
-            lines.append(f"  on {gpu} ({b['load_points']}, {fit}): P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
-                         f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
+            lines.append(subset(f"{gpu} ({b['load_points']}, {fit})", b))
     noise = doc.get("window_noise")
     if noise:
         ap = noise["pairwise_ape"]
@@ -392,5 +395,5 @@ def format_report(doc: dict) -> str:
 
 
 __all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
-           "format_report", "by_gpu", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
            "summarize", "summarize_points"]
