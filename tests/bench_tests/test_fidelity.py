@@ -255,7 +255,25 @@ def test_each_gpu_gets_its_own_figures_and_says_whether_it_was_fitted(tmp_path):
     assert gpus["h200"]["mape"]["p90_ttft_s"] == 0.0 and gpus["h200"]["load_points"] == len(USERS)
     assert gpus["h100"]["mape"]["p90_ttft_s"] == pytest.approx(0.5)  # only the H100's points are off
     assert gpus["h100"]["fitted"] == []  # no step times were ever fitted on an H100
+    assert gpus["h100"]["fitted_on"] == []  # and this study's context (prefill graphs) matches no H200 fit
     assert all(p["predicted"]["calibration_applied"] == [] for p in doc["points"] if p["gpu"] == "h100")
     assert "on h100 (2, priors only, no fit on it): P90 TTFT 50.0%" in format_report(doc)
     # one GPU: no per-GPU lines, the totals are its own
     assert "priors only" not in format_report(run_fidelity([h100]))
+
+
+def test_a_gpu_whose_fit_came_from_another_gpu_says_so(tmp_path):
+    from tuner.bench.fidelity import by_gpu
+
+    def doc(gpu, applied, on):
+        return {"gpu": gpu, "ape": {"p90_ttft_s": 0.1, "p90_tpot_s": 0.05}, "verdict_agrees": True, "error": None,
+                "clear_of_slo": True, "fresh_server": False,
+                "predicted": {"calibration_applied": applied, "calibration_fitted_on": on}}
+
+    docs = [doc("h200", ["fit"], None), doc("h100", ["fit (fitted on h200, same SM90)"], "h200")]
+    gpus = by_gpu(docs)
+    assert gpus["h100"]["fitted_on"] == ["h200"] and gpus["h200"]["fitted_on"] == []
+    results, _ = make_db(tmp_path)
+    report = format_report({**run_fidelity([results]), "by_gpu": gpus})
+    assert "on h100 (1, step times fitted on h200 (same architecture), none on it)" in report
+    assert "on h200 (1, step times fitted on it: fit)" in report

@@ -88,3 +88,25 @@ def test_recheck_groups_the_points_by_context_and_records_them_in_the_entry(tmp_
 def test_recheck_without_real_points_says_so_and_fails(tmp_path, capsys):
     code, err = _main(["calibration", "recheck", "--results", str(tmp_path), "--write"], capsys)
     assert code != 0 and "no real measurements found" in err and str(tmp_path) in err
+
+
+def test_recheck_of_an_h100_says_it_runs_the_h200_fit_and_records_nothing(tmp_path, monkeypatch):
+    import shutil
+
+    import tuner.bench.fidelity as fidelity
+    import tuner.sim.calibrate as calibrate
+
+    cal_dir = tmp_path / "calibration"
+    shutil.copytree(calibrate.CALIBRATION_DIR, cal_dir)
+    monkeypatch.setattr(calibrate, "CALIBRATION_DIR", cal_dir)
+    point = {"gpu": "h100", "model": "qwen3-30b-a3b", "sglang_version": "0.5.17",
+             "flags": {"attention-backend": "triton", "disable-prefill-cuda-graph": True},
+             "ape": {"p90_ttft_s": 0.2, "p90_tpot_s": 0.1}, "verdict_agrees": True, "error": None,
+             "clear_of_slo": True}
+    monkeypatch.setattr(fidelity, "run_fidelity", lambda dirs: {"points": [point], "skipped": []})
+    before = (cal_dir / "h200.yaml").read_text()
+    res = CliRunner().invoke(cli, ["calibration", "recheck", "--results", str(tmp_path), "--write"])
+    assert res.exit_code == 0, res.output
+    assert "h100, SGLang 0.5.17, triton attention, eager prefill: 1 load points" in res.output
+    assert "these points run on h200's (same GPU architecture)" in res.output
+    assert (cal_dir / "h200.yaml").read_text() == before and not (cal_dir / "h100.yaml").exists()

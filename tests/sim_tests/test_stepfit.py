@@ -241,10 +241,10 @@ def test_stalls_in_a_fresh_servers_first_minute_are_counted_timed_and_written_as
 
 def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_per_variant():
     from tuner.sim.stepfit import warmup_stalls
-    from tuner.sim.warmup import H200_0_5_17_MOE_CONFIG_GROUPS, moe_variant
+    from tuner.sim.warmup import moe_variant, shipped_groups
 
     cal = load_calibration("h200")
-    groups = H200_0_5_17_MOE_CONFIG_GROUPS["E=128,N=768"]
+    groups = shipped_groups("NVIDIA H200", "0.5.17", "E=128,N=768")  # what warmup_stalls reads for an H200 trial
     t = TrialSteps(label="synthetic#0", study="synthetic", trial=0, model=get_model("qwen3-30b-a3b"),
                    gpu=get_gpu("h200"), gpus=1, nodes=1, host_memory_gb=128, flags=dict(FLAGS), knobs={},
                    sglang_version="0.5.17", shared_prefix_tokens=2000)

@@ -14,15 +14,18 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, MOE_CONFIG_KEYS, KernelWarmup, StallModel, fit_decay_s,
-                               kernel_warmup, moe_config_key, moe_variant, stall_schedule, triton_moe_shape)
+from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, fit_decay_s, kernel_warmup, moe_config_key,
+                               moe_variant, shipped_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
 TRITON_EAGER = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
 STALLS = {"per_start": 4.0, "stall_s": 0.8, "decay_s": 15.0}
 BF16_KEY = "E=128,N=768"
-BF16_GROUPS = H200_0_5_17_MOE_CONFIG_GROUPS[BF16_KEY]
+# the groups the H200 fit read from its servers' logs (the configs they logged using)
+H200_LOGGED_GROUPS = load_calibration("h200", context=calibration_context(
+    get_model(QWEN), get_gpu("h200"), TRITON_EAGER, "0.5.17"))["fresh_server_stalls"]["moe_config_groups"]
+BF16_GROUPS = H200_LOGGED_GROUPS[BF16_KEY]
 QWEN_BF16_SHAPE = triton_moe_shape(get_model(QWEN), "bf16", 1, 1)
 
 
@@ -186,9 +189,9 @@ def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
     key = moe_config_key(shape)
     assert key == "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"  # the shared expert fused in
     assert key == moe_config_key(triton_moe_shape(get_model("deepseek-v3"), "fp8_block", 1, 1))
-    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_0_5_17_MOE_CONFIG_GROUPS}}
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
     k = kernel_warmup(cal, True, small, "fp8_block", 1, 1, {})
-    assert k.groups == H200_0_5_17_MOE_CONFIG_GROUPS[key] and len(k.groups) == 1  # one default config
+    assert k.groups == H200_LOGGED_GROUPS[key] and len(k.groups) == 1  # one default config
     # M x top-k counts the fused shared expert: 9 per token, so only M divisible by 16 is "divisible"
     assert k.topk == 9
     assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [0.5, 0.0, 0.5, 0.0]
@@ -199,7 +202,7 @@ def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
     # Qwen3's files: bf16 has no dtype part; TP2 halves N
     qwen = get_model(QWEN)
     assert moe_config_key(triton_moe_shape(qwen, "bf16", 1, 1)) == BF16_KEY
-    assert moe_config_key(triton_moe_shape(qwen, "fp8_block", 1, 1)) in H200_0_5_17_MOE_CONFIG_GROUPS
+    assert moe_config_key(triton_moe_shape(qwen, "fp8_block", 1, 1)) in H200_LOGGED_GROUPS
     assert moe_config_key(triton_moe_shape(qwen, "bf16", 2, 1)) == "E=128,N=384"
     # no Triton fused MoE: a dense model, an nvfp4 checkpoint, a warm server
     assert triton_moe_shape(get_model("llama-3.1-70b"), "bf16", 1, 1) is None
@@ -264,3 +267,53 @@ def test_a_chunked_request_marks_where_its_chunks_before_the_last_ended():
     assert long.chunk_end_t is not None and long.sched_t < long.chunk_end_t < long.first_t
     assert long.chunk_end_t in ends  # the end of a step: its second chunk (2048 + 2048 of 5000)
     assert long.first_t == pytest.approx(ends[ends.index(long.chunk_end_t) + 1])
+
+
+def test_sglangs_shipped_files_give_the_groups_the_h200_servers_logged():
+    """The committed table (SGLang 0.5.17's own files, Triton 3.6.0) against the groups the fit read
+    from the H200 servers' logs: the same variant for every batch size, on each shape measured."""
+    qwen, dsv3 = get_model(QWEN), get_model("deepseek-v3")
+    for shape in (triton_moe_shape(qwen, "bf16", 1, 1), triton_moe_shape(qwen, "fp8_block", 1, 1),
+                  triton_moe_shape(dsv3, "fp8_block", 1, 1)):
+        key = moe_config_key(shape)
+        logged, shipped = H200_LOGGED_GROUPS[key], shipped_groups("NVIDIA H200", "0.5.17", key)
+        split = None if shipped != [] or shape.block_shape else shape.num_experts
+        same = {tuple(moe_variant(m, logged, shape.topk)[0] == moe_variant(n, logged, shape.topk)[0]
+                      for n in range(1, 5000, 7))
+                for m in range(1, 5000, 7)}
+        ours = {tuple(moe_variant(m, shipped, shape.topk, split)[0] == moe_variant(n, shipped, shape.topk, split)[0]
+                      for n in range(1, 5000, 7))
+                for m in range(1, 5000, 7)}
+        assert same == ours, key
+    assert shipped_groups("NVIDIA H200", "0.5.17", BF16_KEY) == BF16_GROUPS
+    # DeepSeek-V3 at TP1 has no file: SGLang's default block-fp8 config, one for every M
+    assert shipped_groups("NVIDIA H200", "0.5.17", "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]") == []
+
+
+def test_an_h100_server_compiles_the_variants_of_its_own_file():
+    # Qwen3 bf16 on the H100: SGLang 0.5.17 has no Triton 3.6.0 file for it and falls back to 3.2.0's,
+    # whose groups differ from the H200's (8 and 16 share a config there; 4 and 32 do not)
+    h100 = shipped_groups("NVIDIA H100 80GB HBM3", "0.5.17", BF16_KEY)
+    assert h100 != BF16_GROUPS and [8, 16] in h100 and [4] in h100
+    cal = load_calibration("h100", context=calibration_context(get_model(QWEN), get_gpu("h100"), TRITON_EAGER,
+                                                               "0.5.17"))
+    k = kernel_warmup(cal, True, get_model(QWEN), "bf16", 1, 1, TRITON_EAGER, "NVIDIA H100 80GB HBM3", "0.5.17")
+    assert k.groups == h100 and k.per_new_kernel_s == cal["fresh_server_stalls"]["per_new_kernel_s"] > 0
+    assert [k.prefill_stall(n) for n in (8, 16, 4, 32)] == [k.per_new_kernel_s, 0.0, k.per_new_kernel_s,
+                                                            k.per_new_kernel_s]
+    # fp8 block weights: no H100 file at all, so the default config (one variant per divisibility)
+    fp8 = kernel_warmup(cal, True, get_model(QWEN), "fp8_block", 1, 1, TRITON_EAGER, "NVIDIA H100 80GB HBM3",
+                        "0.5.17")
+    assert fp8.groups == [] and fp8.default_split_m is None
+    assert [fp8.prefill_stall(n) for n in (2, 4000, 3, 4001)] == [fp8.per_new_kernel_s, 0.0, fp8.per_new_kernel_s, 0.0]
+    # a version or device the table does not cover: every key its own config, as before
+    assert shipped_groups("NVIDIA H100 80GB HBM3", "0.5.23", BF16_KEY) is None
+    assert shipped_groups("NVIDIA A100", "0.5.17", BF16_KEY) is None
+    assert shipped_groups("NVIDIA H200", "0.5.17.post1", BF16_KEY) == BF16_GROUPS
+
+
+def test_sglangs_default_config_changes_at_m_equal_to_the_experts_without_block_quantization():
+    # get_default_config: BLOCK_SIZE_M 16 up to M <= E, 64 above, for bf16 weights
+    assert moe_variant(128, [], 8, 128)[0] == moe_variant(1, [], 8, 128)[0]
+    assert moe_variant(129, [], 8, 128)[0] != moe_variant(128, [], 8, 128)[0]
+    assert moe_variant(129, [], 8, None)[0] == moe_variant(1, [], 8, None)[0]  # block fp8: one config

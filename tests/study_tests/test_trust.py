@@ -131,3 +131,9 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
     assert "no study 'ledgre'" in str(wrong.exception) and "studies there: ledger" in str(wrong.exception)
     html = render_report(s, {"importances": [], "note": None, "trials": 0})
     assert "Simulator against this study" in html and "P90 TTFT MAPE" in html
+
+
+def test_the_trust_line_says_when_the_fit_was_made_on_another_gpu():
+    line = trust.trust_line(load_study(str(REPO / "studies" / "h100-sglang-qwen3.yaml")))
+    assert "on h200 (the same GPU architecture" in line and "not yet checked on h100" in line
+    assert "on h200 (the same" not in trust.trust_line(load_study(str(REPO / "studies" / "h200-sglang-qwen3.yaml")))

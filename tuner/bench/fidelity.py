@@ -47,6 +47,7 @@ class PointResult:
     error: str | None = None
     step_time_source: str | None = None
     calibration_applied: list[str] = field(default_factory=list)  # the fitted entries its prediction used
+    calibration_fitted_on: str | None = None  # where they were fitted on another GPU (same architecture)
     predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
 
     @property
@@ -101,6 +102,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     res.predicted_meets = _meets(res.predicted, p)
     res.step_time_source = (m.extra.get("step_time_source") or {}).get("overall")
     res.calibration_applied = list(m.extra.get("calibration_applied") or [])
+    res.calibration_fitted_on = m.extra.get("calibration_fitted_on")
     res.predicted_stages = m.extra.get("server_stage_means")
     for k in METRICS:
         meas, pred = p.measured.get(k), res.predicted.get(k)
@@ -251,14 +253,17 @@ def _subset_figures(point_docs: list[dict]) -> dict:
 
 
 def by_gpu(point_docs: list[dict]) -> dict:
-    """The same figures per GPU, with whether its predictions used step times fitted on that GPU's
-    own measurements (``fitted``) or the priors alone: a GPU without a fit checks the mechanism on
-    hardware the fit has not seen (not a target)."""
+    """The same figures per GPU, with the fitted entries its predictions used (``fitted``; [] for the
+    priors alone) and, where those were fitted on another GPU of the same architecture, which
+    (``fitted_on``): a GPU with no fit of its own checks the mechanism on hardware the fit has not
+    seen (not a target)."""
     out = {}
     for gpu in sorted({str(p.get("gpu")) for p in point_docs}):
         sel = [p for p in point_docs if str(p.get("gpu")) == gpu]
         fitted = sorted({name for p in sel for name in p["predicted"].get("calibration_applied") or []})
-        out[gpu] = {**_subset_figures(sel), "fitted": fitted}
+        fitted_on = sorted({str(p["predicted"]["calibration_fitted_on"]) for p in sel
+                            if p["predicted"].get("calibration_fitted_on")})
+        out[gpu] = {**_subset_figures(sel), "fitted": fitted, "fitted_on": fitted_on}
     return out
 
 
@@ -269,7 +274,8 @@ def _point_doc(r: PointResult) -> dict:
         "model": p.model, "gpu": p.gpu, "sglang_version": p.sglang_version, "flags": p.flags, "knobs": p.knobs,
         "measured": {**{k: p.measured.get(k) for k in METRICS}, "meets_slo": r.measured_meets},
         "predicted": {**r.predicted, "meets_slo": r.predicted_meets, "step_time_source": r.step_time_source,
-                      "calibration_applied": r.calibration_applied},
+                      "calibration_applied": r.calibration_applied,
+                      "calibration_fitted_on": r.calibration_fitted_on},
         "ape": r.ape, "verdict_agrees": r.verdict_agrees, "clear_of_slo": r.clear_of_slo,
         "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
         "off_target": r.off_target(), "error": r.error,
@@ -357,7 +363,12 @@ def format_report(doc: dict) -> str:
     gpus = doc.get("by_gpu") or {}
     if len(gpus) > 1:  # one GPU: the figures above are its own
         for gpu, b in gpus.items():
-            fit = f"step times fitted on it: {', '.join(b['fitted'])}" if b["fitted"] else "priors only, no fit on it"
+            if b.get("fitted_on"):
+                fit = f"step times fitted on {', '.join(b['fitted_on'])} (same architecture), none on it"
+            elif b["fitted"]:
+                fit = f"step times fitted on it: {', '.join(b['fitted'])}"
+            else:
+                fit = "priors only, no fit on it"
             lines.append(subset(f"{gpu} ({b['load_points']}, {fit})", b))
     noise = doc.get("window_noise")
     if noise:

@@ -1,4 +1,5 @@
-"""`tuner calibration refit`: the simulator's MoE tile speedups from kernel measurements."""
+"""`tuner calibration`: the simulator's calibration files (MoE tile speedups, fitted step times,
+rechecks, and the key groups of SGLang's shipped fused-MoE files)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,54 @@ def refit(summary, gpu, compares):
         raise ConfigError(exc.detail, key="--gpu") from None
     path, sizes = write_refit(summary, gpu, tuple(compares))
     click.echo(f"wrote {path}: tuned speedups at {sizes}")
+
+
+@calibration.command("moe-groups")
+@click.option("--sglang-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="SGLang's package directory (.../site-packages/sglang, or an unpacked copy of it).")
+@click.option("--sglang-version", required=True, help="The release that directory holds, e.g. 0.5.17.")
+@click.option("--triton-version", required=True,
+              help="The Triton the servers run (SGLang reads its configs/triton_X_Y_Z/ first), e.g. 3.6.0 "
+                   "for 0.5.17 on torch 2.11.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Table to update (default: the simulator's, tuner/sim/calibration/sglang-moe-config-groups.yaml).")
+def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
+    """Record which batch-size keys of SGLang's shipped fused-MoE config files share one tile
+    config, for every GPU of the catalog. A fresh server compiles one kernel per tile config it
+    runs, so the simulator's fresh-server stalls follow these groups on GPUs whose servers were
+    never measured. Other SGLang versions in the table are kept."""
+    from pathlib import Path
+
+    import yaml
+
+    from tuner import safewrite
+    from tuner.catalog import gpus
+    from tuner.errors import ConfigError
+    from tuner.kernels.config_groups import config_root_of, groups_table
+    from tuner.sim.warmup import SHIPPED_GROUPS_FILE
+
+    root = config_root_of(Path(sglang_dir))
+    out = Path(out_path) if out_path else SHIPPED_GROUPS_FILE
+    table = groups_table(root, sorted({g.torch_name for g in gpus().values()}), triton_version)
+    current = {}
+    if out.is_file():
+        current = yaml.safe_load(out.read_text()) or {}
+        if not isinstance(current, dict):
+            raise ConfigError("root must be a mapping of SGLang versions", file=str(out))
+    current[str(sglang_version)] = {
+        "triton_version": str(triton_version),
+        "source": f"tuner calibration moe-groups --sglang-version {sglang_version} --triton-version "
+                  f"{triton_version} on {date.today().isoformat()}, from SGLang's configs/",
+        "devices": table}
+    header = ("# Which keys of SGLang's shipped fused-MoE config files share one tile config, per SGLang\n"
+              "# version, device and shape selector; a selector not listed runs SGLang's default config.\n"
+              "# Written by `tuner calibration moe-groups` (tuner/kernels/config_groups.py); read by\n"
+              "# tuner/sim/warmup.py for the fresh-server stalls of GPUs without a fit of their own.\n")
+    safewrite.write_text(out, header + yaml.safe_dump(current, sort_keys=True, width=120, default_flow_style=None))
+    for dev, shapes in table.items():
+        click.echo(f"{dev}: {len(shapes)} shapes with a shipped file "
+                   f"({sum(1 for s in shapes.values() if not s['exact_triton'])} from another Triton's directory)")
+    click.echo(f"wrote {out}")
 
 
 @calibration.command()
@@ -178,7 +227,7 @@ def recheck(results_dirs, write, as_json):
     """
     from tuner.bench.fidelity import run_fidelity, summarize_points
     from tuner.catalog import get_gpu, get_model
-    from tuner.sim.calibrate import calibration_context, fitted_entries, record_recheck
+    from tuner.sim.calibrate import calibration_context, fitted_entries, load_calibration, record_recheck
 
     fid = run_fidelity(results_dirs)
     groups: dict[tuple, list[dict]] = {}
@@ -192,8 +241,11 @@ def recheck(results_dirs, write, as_json):
         record = _fidelity_record(len(pts), summarize_points(pts),
                                   "tuner calibration recheck --results " + " ".join(results_dirs))
         entries = fitted_entries(gpu, ctx)
+        # without entries of its own the GPU may run another's (same architecture); those are not
+        # rechecked on its points, which would mix two GPUs' records
+        fitted_on = None if entries else load_calibration(gpu, context=ctx).get("fitted_on")
         row = {"gpu": gpu, "context": ctx, "fitted": [e.get("name") for e in entries], "rechecked": record,
-               "checked": [e.get("checked") for e in entries], "written": None}
+               "checked": [e.get("checked") for e in entries], "written": None, "fitted_on": fitted_on}
         if write:
             for e in entries:
                 row["written"] = str(record_recheck(gpu, when=e.get("when") or {}, rechecked=record))
@@ -208,7 +260,10 @@ def recheck(results_dirs, write, as_json):
             m = r["mape"]
             click.echo(f"{where}: {r['load_points']} load points, P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
                        f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, verdicts {r['verdict_agreement']:.1%}")
-            if not row["fitted"]:
+            if row["fitted_on"]:
+                click.echo(f"  no fitted entry of its own: these points run on {row['fitted_on']}'s (same GPU "
+                           "architecture), which is rechecked on its own GPU's points only")
+            elif not row["fitted"]:
                 click.echo("  no fitted entry applies: these points run on the priors")
             for name, chk in zip(row["fitted"], row["checked"]):
                 then = (f"{chk.get('load_points')} points on {chk.get('date')}: P90 TTFT MAPE "

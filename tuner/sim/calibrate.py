@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tuner.catalog import GPUDescription, ModelDescription
+from tuner.catalog import GPUDescription, ModelDescription, gpus
 from tuner import safewrite
 from tuner.errors import ConfigError
 from tuner.planner.memory import prefill_graph_enabled, rules_version
@@ -76,13 +76,12 @@ def _matches(when: dict, context: dict) -> bool:
     return all(str(context.get(k)).lower() == str(v).lower() for k, v in when.items())
 
 
-def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: str = "") -> dict[str, Any]:
-    """Merge every ``fitted`` entry whose ``when`` holds in ``context`` (in file order) and record
-    which ones in ``fitted_applied``; without a context none applies."""
-    entries = cal.pop("fitted", None) or []
+def _matching_entries(entries, context: dict[str, Any] | None, file: str) -> list[dict[str, Any]]:
+    """The well-formed ``fitted`` entries whose ``when`` holds in ``context`` (file order); a
+    malformed entry or an unknown condition is an error whether or not it would apply."""
     if not isinstance(entries, list):
         raise ConfigError("must be a list of {when, values, source}", file=file, key="fitted")
-    applied, checks, rechecks = [], [], []
+    out = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
             raise ConfigError("needs a mapping 'values'", file=file, key=f"fitted[{i}]")
@@ -92,22 +91,91 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
             raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}",
                               file=file, key=f"fitted[{i}].when")
         if context is not None and _matches(when, context):
-            cal = _merge(cal, entry["values"])
-            applied.append(str(entry.get("name") or entry.get("source") or f"fitted[{i}]"))
-            if isinstance(entry.get("checked"), dict):
-                checks.append(entry["checked"])
-            if isinstance(entry.get("rechecked"), dict):
-                rechecks.append(entry["rechecked"])
+            out.append({**entry, "name": str(entry.get("name") or entry.get("source") or f"fitted[{i}]")})
+    return out
+
+
+def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: str = "") -> dict[str, Any]:
+    """Merge every ``fitted`` entry whose ``when`` holds in ``context`` (in file order) and record
+    which ones in ``fitted_applied``; without a context none applies."""
+    entries = _matching_entries(cal.pop("fitted", None) or [], context, file)
+    applied, checks, rechecks = [], [], []
+    for entry in entries:
+        cal = _merge(cal, entry["values"])
+        applied.append(entry["name"])
+        if isinstance(entry.get("checked"), dict):
+            checks.append(entry["checked"])
+        if isinstance(entry.get("rechecked"), dict):
+            rechecks.append(entry["rechecked"])
     cal["fitted_applied"] = applied
     cal["fitted_checks"] = checks
     cal["fitted_rechecks"] = rechecks  # later checks of the same values by today's simulator
+    cal["fitted_on"] = None  # the GPU the applied entries were fitted on, where it is not this one
+    return cal
+
+
+# Values of a fitted entry that belong to one device's files rather than to its architecture: the
+# tile-config groups of SGLang's fused-MoE files for that device name (another device reads other
+# files; tuner.sim.moe_config_groups gives its own groups).
+DEVICE_SPECIFIC_VALUES = (("fresh_server_stalls", "moe_config_groups"),)
+
+
+def _architecture_values(values: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(values)
+    for *parents, leaf in DEVICE_SPECIFIC_VALUES:
+        node = out
+        for key in parents:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return out
+
+
+def same_architecture_gpus(gpu_name: str, directory: Path | None = None) -> list[str]:
+    """The other catalog GPUs of ``gpu_name``'s SM architecture that have a calibration file, by name."""
+    directory = CALIBRATION_DIR if directory is None else directory
+    table = gpus()
+    me = table.get(gpu_name.lower())
+    if me is None:
+        return []
+    return [p.stem for p in sorted(directory.glob("*.yaml"))
+            if p.stem != me.name and p.stem in table and table[p.stem].sm_version == me.sm_version]
+
+
+def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] | None, *,
+                    directory: Path | None = None) -> dict[str, Any]:
+    """Where no entry of ``gpu_name``'s own file holds in ``context``, merge the matching entries of
+    the first GPU of the same SM architecture that has some (``same_architecture_gpus``). What
+    they fit is relative to the GPU's own peaks (efficiencies) or is host and software time
+    (scheduler CPU, launch costs, Triton compiles), so it carries over between GPUs of one
+    architecture better than the priors; the device's config-file groups do not
+    (``DEVICE_SPECIFIC_VALUES``). Recorded in ``fitted_on`` and in each applied name."""
+    if context is None or cal.get("fitted_applied"):
+        return cal
+    directory = CALIBRATION_DIR if directory is None else directory
+    for other in same_architecture_gpus(gpu_name, directory):
+        path = directory / f"{other}.yaml"
+        entries = _matching_entries(_read(path).get("fitted") or [], context, str(path))
+        if not entries:
+            continue
+        sm = gpus()[other].sm_version
+        for entry in entries:
+            cal = _merge(cal, _architecture_values(entry["values"]))
+            cal["fitted_applied"].append(f"{entry['name']} (fitted on {other}, same SM{sm})")
+            if isinstance(entry.get("checked"), dict):
+                cal["fitted_checks"].append({**entry["checked"], "gpu": other})
+            if isinstance(entry.get("rechecked"), dict):
+                cal["fitted_rechecks"].append({**entry["rechecked"], "gpu": other})
+        cal["fitted_on"] = other
+        break
     return cal
 
 
 def load_calibration(gpu_name: str, override: dict | str | Path | None = None, *,
                      context: dict[str, Any] | None = None) -> dict[str, Any]:
     """default.yaml, then <gpu>.yaml, then the GPU file's ``fitted`` entries that hold in
-    ``context`` (``calibration_context``), then ``override`` (a dict or a YAML file path)."""
+    ``context`` (``calibration_context``; where none does, those of a GPU of the same architecture:
+    ``transfer_fitted``), then ``override`` (a dict or a YAML file path)."""
     cal = _read(CALIBRATION_DIR / "default.yaml")
     gpu_file = CALIBRATION_DIR / f"{gpu_name}.yaml"
     fitted: list = []
@@ -117,6 +185,7 @@ def load_calibration(gpu_name: str, override: dict | str | Path | None = None, *
         cal = _merge(cal, data)
     cal["fitted"] = fitted
     cal = apply_fitted(cal, context, file=str(gpu_file))
+    cal = transfer_fitted(cal, gpu_name, context)
     if override is not None:
         extra = _read(Path(override)) if isinstance(override, (str, Path)) else override
         cal = _merge(cal, extra)

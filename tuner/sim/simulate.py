@@ -248,7 +248,7 @@ def simulate_load_point(
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
                                       computed_len=computed_len, stalls=stalls,  # each replica compiles its own
                                       kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp,
-                                                            layout.ep, flags)))
+                                                            layout.ep, flags, gpu.device_name, version)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)
@@ -327,6 +327,7 @@ def simulate_load_point(
         "sglang_version": version,
         "step_time_source": step_model.source_summary(),
         "calibration_applied": list(cal.get("fitted_applied") or []),
+        "calibration_fitted_on": cal.get("fitted_on"),  # another GPU of the same architecture, or None
         "evicted_tokens": evicted,
         "reprefill_tokens": stats.reprefill_tokens,
         "hicache_loads": stats.hicache_loads,

@@ -53,7 +53,7 @@ from .measured import find_sources, points_from_database
 from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
-from .warmup import (H200_0_5_17_MOE_CONFIG_GROUPS, KEY as STALL_KEY, fit_decay_s, moe_config_key, moe_variant,
+from .warmup import (KEY as STALL_KEY, groups_for, fit_decay_s, moe_config_key, moe_variant,
                      triton_moe_shape)
 
 
@@ -544,7 +544,8 @@ def _is_stall(excess: float, predicted: float) -> bool:
     return excess > STALL_MIN_S and excess > 0.5 * predicted
 
 
-def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, topk: int) -> list[float]:
+def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, topk: int,
+                      default_split_m: int | None = None) -> list[float]:
     """Times of the prefill lines of a server log that ran a fused-MoE variant first on it (the
     whole log where it exists, with the prefills of windows left out; else its windows')."""
     seen, out = set(), []
@@ -552,7 +553,7 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
         [p for w in t.windows if w.source == log for p in w.prefills]
     for ev in events:
         if isinstance(ev, PrefillLine):
-            v = moe_variant(ev.new_tokens, groups, topk)
+            v = moe_variant(ev.new_tokens, groups, topk, default_split_m)
             if v not in seen:
                 seen.add(v)
                 out.append(ev.t)
@@ -563,8 +564,8 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
                   groups: dict[str, list[list[int]]] | None = None) -> WarmupStalls | None:
     """Fresh servers' stalls against the calibrated step times: their times (the time model) and
     the windows holding a prefill batch that runs a fused-MoE kernel variant new to its server
-    (the kernel-variant model: the mean extra time of those windows over other prefill windows')."""
-    groups = H200_0_5_17_MOE_CONFIG_GROUPS if groups is None else groups
+    (the kernel-variant model: the mean extra time of those windows over other prefill windows').
+    ``groups`` (per config selector) replaces those of the files SGLang ships for each trial's GPU."""
     stalls, servers, late, late_minutes = [], 0, 0, 0.0
     new_ex, new_n, new_st, new_variants, old_ex, old_n, old_st = 0.0, 0, 0, 0, 0.0, 0, 0
     used: dict = {}
@@ -572,15 +573,21 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
         pred = trial_window_times(t, calibration)
         shape = t.moe_kernel_shape()
         key = moe_config_key(shape) if shape is not None else None
-        if key in groups:
-            used[key] = groups[key]
+        shape_groups = None
+        if shape is not None:
+            shape_groups = (groups or {}).get(key)
+            if shape_groups is None:
+                shape_groups = groups_for(shape, None, t.gpu.device_name, t.sglang_version)
+            if shape_groups:
+                used[key] = shape_groups
+        split = None if shape is None or shape_groups != [] or shape.block_shape else shape.num_experts
         by_log: dict[str, list] = {}
         for w, p in zip(t.windows, pred):
             by_log.setdefault(w.source, []).append((w, p))
         for log, rows in by_log.items():
             servers += 1
             t0 = rows[0][0].t_start
-            fresh = np.array(new_variant_times(t, log, groups.get(key), shape.topk) if shape is not None else [])
+            fresh = np.array(new_variant_times(t, log, shape_groups, shape.topk, split) if shape is not None else [])
             for w, p in rows:
                 excess = w.wall_s - p
                 if _is_stall(excess, p):

@@ -34,7 +34,11 @@ second model, used where the calibration has ``per_new_kernel_s``::
       moe_config_groups:       # config-file keys sharing one tile config, per config file shape
         "E=128,N=768": [[1], [2], [4, 32], ..., [96, 128], ..., [1536, 2048, 3072]]
 
-A variant is (the group of the key nearest M, whether M x top-k is divisible by 16). Decode steps
+A variant is (the group of the key nearest M, whether M x top-k is divisible by 16). The groups
+follow from the file SGLang loads: keys with equal tile configs. Where the calibration was not
+measured on this device's servers, they come from SGLang's own files for the device
+(``shipped_groups``, a table ``tuner calibration moe-groups`` writes from SGLang's package; the
+H200's groups read from its servers' logs are the same as its files'). Decode steps
 replay captured CUDA graphs and do not compile. Triton's on-disk cache can outlive a server (a
 server started after one that ran the same kernels in the same device call stalled less), which
 the model does not know: it takes every fresh server's cache as cold.
@@ -43,7 +47,12 @@ the model does not know: it takes every fresh server's cache as cold.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
 
 from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
@@ -104,20 +113,37 @@ def stall_schedule(cal: dict, fresh_server: bool) -> list[tuple[float, float]]:
 # the token counts SGLang's fused-MoE config files are tuned at (every file has these keys)
 MOE_CONFIG_KEYS: tuple[int, ...] = SGLANG_BATCH_SIZES
 
-# SGLang 0.5.17 on the H200, the configs its servers logged using: keys whose tile configs are
-# equal share one compiled kernel. Keyed by the config file's shape selector, the part of SGLang's
-# ``get_config_file_name`` other than the device (``moe_config_key``): the file depends on the
-# expert shape, not on the model's name or its layer count. Qwen3-30B-A3B bf16: triton_3_6_0/
-# E=128,N=768,device_name=NVIDIA_H200.json; fp8 block: triton_3_2_0/E=128,N=768,...,dtype=fp8_w8a8,
-# block_shape=[128, 128].json (the fallback the logs name); DeepSeek-V3 at TP1 (E=257 with the
-# shared expert fused, N=2048): no file, get_default_config's one block-fp8 config for every M.
-H200_0_5_17_MOE_CONFIG_GROUPS: dict[str, list[list[int]]] = {
-    "E=128,N=768": [[1], [2], [4, 32], [8], [16], [24], [48], [64], [96, 128], [256], [512], [1024, 4096],
-                    [1536, 2048, 3072]],
-    "E=128,N=768,dtype=fp8_w8a8,block_shape=[128, 128]": [[1], [2], [4, 16, 48], [8, 24], [32, 128], [64, 96],
-                                                          [256, 512, 1024, 1536, 2048, 3072, 4096]],
-    "E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]": [list(MOE_CONFIG_KEYS)],
-}
+# SGLang's shipped fused-MoE config files, grouped per device (``tuner calibration moe-groups``,
+# ``tuner.kernels.config_groups``): per SGLang version, device file name and shape selector, the keys
+# that share one tile config. A selector the table lists no file for runs SGLang's default config.
+SHIPPED_GROUPS_FILE = Path(__file__).parent / "calibration" / "sglang-moe-config-groups.yaml"
+
+
+@lru_cache(maxsize=1)
+def _shipped_table() -> dict:
+    if not SHIPPED_GROUPS_FILE.is_file():
+        return {}
+    with open(SHIPPED_GROUPS_FILE) as f:
+        data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    if not isinstance(data, dict):
+        raise ConfigError("root must be a mapping of SGLang versions", file=str(SHIPPED_GROUPS_FILE))
+    return data
+
+
+def shipped_groups(device_name: str | None, sglang_version: str | None, key: str) -> list[list[int]] | None:
+    """The key groups of the config file SGLang ``sglang_version`` loads for selector ``key`` on
+    ``device_name`` (``[]``: it ships none and runs its default config; None: the table does not
+    cover that version or device, and every key counts as a config of its own)."""
+    if not device_name or not sglang_version:
+        return None
+    release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))  # "0.5.17.post1" ships 0.5.17's files
+    version = _shipped_table().get(release.group(0) if release else str(sglang_version))
+    devices = (version or {}).get("devices") or {}
+    device = devices.get(device_name.replace(" ", "_"))
+    if device is None:
+        return None
+    entry = device.get(key)
+    return [] if entry is None else [list(g) for g in entry["groups"]]
 
 
 def triton_moe_shape(model, weight_format: str, tp: int, ep: int, flags: dict | None = None):
@@ -147,13 +173,20 @@ def is_kernel_model(cal: dict) -> bool:
     return isinstance(doc, dict) and "per_new_kernel_s" in doc
 
 
-def moe_variant(tokens: int, groups: list[list[int]] | None, topk: int) -> tuple[int, bool]:
+def moe_variant(tokens: int, groups: list[list[int]] | None, topk: int,
+                default_split_m: int | None = None) -> tuple[int, bool]:
     """The fused-MoE kernel variant a batch of ``tokens`` runs: (tile-config group of the config
     key nearest to it, ties to the smaller key as SGLang's ``min`` does; ``tokens x topk``
-    divisible by 16). Without groups every key has a config of its own."""
-    key = min(MOE_CONFIG_KEYS, key=lambda k: abs(k - tokens))
+    divisible by 16). Without groups every key has a config of its own; with ``[]`` (no file)
+    SGLang's ``get_default_config`` runs, one config, or two split at M <= E (``default_split_m``:
+    the local experts, where the weights are not block-quantized)."""
+    divisible = (tokens * topk) % 16 == 0
+    if groups == []:
+        return (-1 if default_split_m is None or tokens <= default_split_m else -2), divisible
+    keys = sorted({k for g in groups for k in g}) if groups else MOE_CONFIG_KEYS
+    key = min(keys, key=lambda k: abs(k - tokens))
     group = next((i for i, g in enumerate(groups or []) if key in g), MOE_CONFIG_KEYS.index(key) + 1000)
-    return group, (tokens * topk) % 16 == 0
+    return group, divisible
 
 
 @dataclass
@@ -165,21 +198,25 @@ class KernelWarmup:
     groups: list[list[int]] | None
     topk: int
     seen: set = None  # variants run so far
+    default_split_m: int | None = None  # with groups [] (SGLang's default config): see moe_variant
 
     def __post_init__(self):
         self.seen = set() if self.seen is None else self.seen
 
     def prefill_stall(self, tokens: int) -> float:
-        v = moe_variant(tokens, self.groups, self.topk)
+        v = moe_variant(tokens, self.groups, self.topk, self.default_split_m)
         if v in self.seen:
             return 0.0
         self.seen.add(v)
         return self.per_new_kernel_s
 
     @classmethod
-    def from_calibration(cls, cal: dict, shape) -> "KernelWarmup | None":
+    def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
+                         sglang_version: str | None = None) -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
-        (``triton_moe_shape``; None: no Triton fused MoE, no stalls)."""
+        (``triton_moe_shape``; None: no Triton fused MoE, no stalls). The key groups are the
+        calibration's own (read from its servers' logs) where it has them for this shape, else
+        those of the file SGLang ships for the device (``shipped_groups``)."""
         doc = cal.get(KEY)
         if not is_kernel_model(cal) or shape is None:
             return None
@@ -189,21 +226,31 @@ class KernelWarmup:
             raise ConfigError("per_new_kernel_s must be a number", key=KEY) from None
         if s < 0:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
-        key = moe_config_key(shape)
-        groups = (doc.get("moe_config_groups") or {}).get(key)
-        if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
-                                          for g in groups):
-            raise ConfigError(f"moe_config_groups[{key!r}] must be lists of config keys {MOE_CONFIG_KEYS}",
-                              key=KEY)
-        return cls(s, groups, shape.topk) if s > 0 else None
+        groups = groups_for(shape, cal, device_name, sglang_version)
+        split = None if groups != [] or shape.block_shape else shape.num_experts
+        return cls(s, groups, shape.topk, default_split_m=split) if s > 0 else None
+
+
+def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version: str | None) -> list[list[int]] | None:
+    """The key groups of ``shape``'s config file: the calibration's ``moe_config_groups`` (measured
+    on its servers) where it lists the shape, else the shipped file's (``shipped_groups``)."""
+    key = moe_config_key(shape)
+    groups = (((cal or {}).get(KEY) or {}).get("moe_config_groups") or {}).get(key)
+    if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
+                                      for g in groups):
+        raise ConfigError(f"moe_config_groups[{key!r}] must be lists of config keys {MOE_CONFIG_KEYS}",
+                          key=KEY)
+    return groups if groups is not None else shipped_groups(device_name, sglang_version, key)
 
 
 def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: int, ep: int,
-                  flags: dict | None = None) -> KernelWarmup | None:
+                  flags: dict | None = None, device_name: str | None = None,
+                  sglang_version: str | None = None) -> KernelWarmup | None:
     """A fresh server's kernel-variant stalls (None for a warm server, a dense model or the time model)."""
     if not fresh_server or not is_kernel_model(cal):
         return None
-    return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags))
+    return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags),
+                                         device_name, sglang_version)
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -230,6 +277,6 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["H200_0_5_17_MOE_CONFIG_GROUPS", "KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "StallModel", "fit_decay_s",
-           "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "stall_schedule",
-           "triton_moe_shape"]
+__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "fit_decay_s",
+           "groups_for", "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "shipped_groups",
+           "stall_schedule", "triton_moe_shape"]

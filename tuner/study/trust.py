@@ -79,6 +79,7 @@ def simulator_trust(spec) -> dict[str, Any]:
     context = calibration_context(model, gpu, flags, options.get("sglang_version"))
     cal = load_calibration(gpu.name, options.get("calibration"), context=context)
     return {"context": context, "fitted": list(cal.get("fitted_applied") or []),
+            "fitted_on": cal.get("fitted_on"),  # another GPU of the same architecture, or None
             "checked": list(cal.get("fitted_checks") or []),
             "rechecked": list(cal.get("fitted_rechecks") or [])}
 
@@ -103,6 +104,9 @@ def trust_line(spec) -> str:
         parts.append(f"{fig} over {chk.get('load_points')} real load points ({chk.get('date', '?')})")
     later = [f"{_figures(chk)} over {chk.get('load_points')} real load points ({chk.get('date', '?')})"
              for chk in t.get("rechecked") or []]
+    if t.get("fitted_on"):  # its checks were on the other GPU's load points
+        where += (f", on {t['fitted_on']} (the same GPU architecture as this study's; not yet checked on "
+                  f"{spec.hardware.gpu} itself)")
     return (f"simulator: calibrated for {where} ({', '.join(t['fitted'])}); checked: "
             + ("; ".join(parts) if parts else "no fidelity record")
             + ("; rechecked by today's simulator: " + "; ".join(later) if later else ""))

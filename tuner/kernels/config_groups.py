@@ -1,0 +1,123 @@
+"""Which of an SGLang config file's batch-size keys share one fused-MoE tile config, per device.
+
+A fresh SGLang server compiles Triton's ``fused_moe_kernel`` once per tile config it runs (and per
+integer specialisation), so the kernels a server compiles follow its config file: SGLang takes the
+entry whose key is nearest to the batch's token count M, and keys with equal configs share one
+compiled kernel (``tuner.sim.warmup``). This module reads SGLang's shipped files the way SGLang does
+(``tuner.kernels.sglang_env.shipped_moe_configs``: the running Triton's directory first, then the
+others newest-first; the ``_down`` file for the second GEMM, else the up file) and groups the keys,
+for every shape selector that SGLang ships for a device. Pure CPU: reads JSON files only.
+
+``tuner calibration moe-groups`` writes the result for the catalog's GPUs into the table the
+simulator reads (``tuner/sim/calibration/sglang-moe-config-groups.yaml``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.kernels.configfile import device_file_name, triton_dir_name
+from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_moe_configs
+
+_DEVICE_PART = re.compile(r",device_name=([^,]+?)(?=,|_down\.json$|\.json$)")
+
+
+def selector_of(file_name: str) -> tuple[str, str, bool] | None:
+    """(shape selector, device file name, is a ``_down`` file) of a config file name, or None for a
+    name that is not one: ``E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8.json`` gives
+    ``("E=128,N=768,dtype=fp8_w8a8", "NVIDIA_H200", False)``."""
+    if not file_name.startswith("E=") or not file_name.endswith(".json"):
+        return None
+    m = _DEVICE_PART.search(file_name)
+    if not m:
+        return None
+    down = file_name.endswith("_down.json")
+    stem = file_name[: -len("_down.json")] if down else file_name[: -len(".json")]
+    return stem.replace(m.group(0), "", 1), m.group(1), down
+
+
+def _nearest(configs: dict[int, dict], m: int) -> dict:
+    return configs[min(configs, key=lambda k: abs(k - m))]
+
+
+def key_groups(up: dict[int, dict], down: dict[int, dict] | None = None) -> list[list[int]]:
+    """The keys of ``up`` (and ``down``) grouped by the (up, down) tile configs SGLang runs at them,
+    in ascending order of their smallest key."""
+    keys = sorted(set(up) | set(down or {}))
+    if not keys:
+        return []
+    groups: dict[str, list[int]] = {}
+    for k in keys:
+        pair = (_nearest(up, k), _nearest(down, k) if down else None)
+        groups.setdefault(json.dumps(pair, sort_keys=True), []).append(k)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def selectors_for(config_root: Path, device_name: str) -> list[str]:
+    """Every shape selector SGLang ships an up file for on ``device_name``, in any Triton directory."""
+    configs = Path(config_root) / "configs"
+    dev = device_file_name(device_name)
+    out = set()
+    for path in configs.glob("triton_*/E=*.json"):
+        parsed = selector_of(path.name)
+        if parsed and parsed[1] == dev and not parsed[2]:
+            out.add(parsed[0])
+    return sorted(out)
+
+
+def _file_name(selector: str, device_name: str, down: bool = False) -> str:
+    e_n, _, rest = selector.partition(",N=")
+    n, sep, tail = rest.partition(",")
+    return f"{e_n},N={n},device_name={device_file_name(device_name)}{sep}{tail}{'_down' if down else ''}.json"
+
+
+def device_groups(config_root: Path, device_name: str, triton_version: str) -> dict[str, dict]:
+    """Per shape selector of ``device_name``: the file SGLang loads under ``triton_version`` (relative
+    to ``configs/``), whether it is the exact Triton directory, and its key groups."""
+    root = Path(config_root)
+    if not (root / "configs").is_dir():
+        raise ConfigError(f"no configs/ directory under {root} (expected SGLang's "
+                          "srt/layers/moe/moe_runner/triton_utils)", key="--sglang-dir")
+    vdir = triton_dir_name(triton_version)
+    out = {}
+    for selector in selectors_for(root, device_name):
+        up_name = _file_name(selector, device_name)
+        up = shipped_moe_configs(root, up_name, vdir)
+        if up.found is Found.NONE:
+            continue
+        down = shipped_down_configs(root, up_name, _file_name(selector, device_name, down=True), vdir)
+        has_down = down.found in (Found.EXACT, Found.FALLBACK)
+        out[selector] = {
+            "file": str(up.path.relative_to(root / "configs")),
+            "down_file": str(down.path.relative_to(root / "configs")) if has_down else None,
+            "exact_triton": up.found is Found.EXACT,
+            "groups": key_groups(up.configs, down.configs if has_down else None),
+        }
+    return out
+
+
+__all__ = ["device_groups", "key_groups", "selector_of", "selectors_for"]
+
+
+def config_root_of(sglang_dir: Path) -> Path:
+    """The directory holding SGLang's fused-MoE ``configs/``, from the package directory
+    (``.../sglang``), the directory above it, or that directory itself."""
+    base = Path(sglang_dir)
+    for cand in (base, base / "srt/layers/moe/moe_runner/triton_utils",
+                 base / "sglang/srt/layers/moe/moe_runner/triton_utils"):
+        if (cand / "configs").is_dir() and any((cand / "configs").glob("triton_*")):
+            return cand
+    raise ConfigError(f"{base} holds no SGLang fused-MoE configs (looked for configs/triton_*/ in it, in "
+                      "srt/layers/moe/moe_runner/triton_utils/ and in sglang/srt/...); give SGLang's package "
+                      "directory", key="--sglang-dir")
+
+
+def groups_table(config_root: Path, device_names: list[str], triton_version: str) -> dict[str, dict]:
+    """``device_groups`` for each device, keyed by its file name (spaces as ``_``)."""
+    return {device_file_name(d): device_groups(config_root, d, triton_version) for d in device_names}
+
+
+__all__ += ["config_root_of", "groups_table"]
