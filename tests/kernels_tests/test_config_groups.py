@@ -78,3 +78,13 @@ def test_the_command_writes_the_table_keeps_other_versions_and_names_a_bad_direc
     assert not (tmp_path / "other.yaml").exists()
     with pytest.raises(ConfigError, match="configs"):
         device_groups(tmp_path / "nowhere", "NVIDIA H200", "3.6.0")
+
+
+def test_a_malformed_shipped_file_is_named(tmp_path):
+    _write(tmp_path, "triton_3_6_0", "E=8,N=64,device_name=NVIDIA_H200.json", {1: A})
+    (tmp_path / "configs" / "triton_3_6_0" / "E=8,N=64,device_name=NVIDIA_H200.json").write_text('{"one": {}}')
+    with pytest.raises(ConfigError, match="E=8,N=64,device_name=NVIDIA_H200.json"):
+        device_groups(tmp_path, "NVIDIA H200", "3.6.0")
+    (tmp_path / "configs" / "triton_3_6_0" / "E=8,N=64,device_name=NVIDIA_H200.json").write_text("[1, 2")
+    with pytest.raises(ConfigError, match="could read"):
+        device_groups(tmp_path, "NVIDIA H200", "3.6.0")

@@ -317,3 +317,18 @@ def test_sglangs_default_config_changes_at_m_equal_to_the_experts_without_block_
     assert moe_variant(128, [], 8, 128)[0] == moe_variant(1, [], 8, 128)[0]
     assert moe_variant(129, [], 8, 128)[0] != moe_variant(128, [], 8, 128)[0]
     assert moe_variant(129, [], 8, None)[0] == moe_variant(1, [], 8, None)[0]  # block fp8: one config
+
+
+def test_a_broken_groups_table_is_named(tmp_path, monkeypatch):
+    import tuner.sim.warmup as warmup
+
+    bad = tmp_path / "groups.yaml"
+    bad.write_text("0.5.17:\n  devices:\n    NVIDIA_H200:\n      E=128,N=768: {groups: [[1], two]}\n")
+    monkeypatch.setattr(warmup, "SHIPPED_GROUPS_FILE", bad)
+    warmup._shipped_table.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="groups") as exc:
+            shipped_groups("NVIDIA H200", "0.5.17", BF16_KEY)
+        assert "groups.yaml" in str(exc.value) and "E=128,N=768" in str(exc.value)
+    finally:
+        warmup._shipped_table.cache_clear()

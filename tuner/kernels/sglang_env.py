@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from tuner.errors import ConfigError
 from tuner.kernels.sglang_layout import (MOE_CONFIG_SUBDIR, SGLangLayout, gemm_config_filename, layout_for)
 
 
@@ -116,8 +117,15 @@ def _version_dirs(configs_root: Path) -> list[str]:
 
 
 def _read(path: Path) -> dict[int, dict]:
-    with open(path) as f:
-        return {int(k): v for k, v in json.load(f).items()}
+    """One shipped config file: batch-size keys to tile configs (a malformed one is named)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise ValueError("not a mapping of batch sizes to tile configs")
+        return {int(k): v for k, v in data.items()}
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and int("x") are ValueErrors
+        raise ConfigError(f"not a fused-MoE config file SGLang could read: {exc}", file=str(path)) from None
 
 
 def shipped_moe_configs(config_root: Path, file_name: str, triton_version_dir: str) -> Lookup:

@@ -143,7 +143,15 @@ def shipped_groups(device_name: str | None, sglang_version: str | None, key: str
     if device is None:
         return None
     entry = device.get(key)
-    return [] if entry is None else [list(g) for g in entry["groups"]]
+    if entry is None:
+        return []
+    groups = entry.get("groups") if isinstance(entry, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
+                                               for g in groups):
+        raise ConfigError("needs 'groups': a list of lists of batch-size keys (rewrite it with "
+                          "`tuner calibration moe-groups`)", file=str(SHIPPED_GROUPS_FILE),
+                          key=f"{sglang_version}.devices.{device_name.replace(' ', '_')}.{key}")
+    return [list(g) for g in groups]
 
 
 def triton_moe_shape(model, weight_format: str, tp: int, ep: int, flags: dict | None = None):
