@@ -187,3 +187,18 @@ def test_gemm_param_values_are_sglangs_block_k_choices():
 def test_source_regex_for_block_shape_glob_sanity():
     # the glob in the GEMM test must match SGLang's bracketed names
     assert re.fullmatch(r".*\[128, 128\]\.json", gemm_config_filename(1, 1, "X"))
+
+
+def test_the_committed_key_groups_are_what_sglangs_own_files_give():
+    """`tuner/sim/calibration/sglang-moe-config-groups.yaml` against SGLang 0.5.17's configs/ under
+    the Triton the kit runs (3.6.0), for every catalog GPU."""
+    import yaml
+
+    from tuner.catalog import gpus
+    from tuner.kernels.config_groups import config_root_of, groups_table
+    from tuner.sim.warmup import SHIPPED_GROUPS_FILE
+
+    committed = yaml.safe_load(SHIPPED_GROUPS_FILE.read_text())["0.5.17"]
+    assert committed["triton_version"] == "3.6.0"
+    fresh = groups_table(config_root_of(_pkg("0.5.17")), sorted({g.torch_name for g in gpus().values()}), "3.6.0")
+    assert committed["devices"] == fresh
