@@ -46,6 +46,47 @@ def test_an_entry_applies_only_where_its_conditions_hold():
         apply_fitted({"fitted": [{"when": {}}]}, {}, file="x.yaml")
 
 
+def test_an_entry_whose_conditions_hold_in_part_gives_the_values_that_do_not_depend_on_the_rest():
+    when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    entry = {"name": "a", "when": when, "checked": {"load_points": 9}, "values": {
+        "overhead": {"cpu_step_s": 2.0, "prefill_per_layer_s": 7.0},
+        "compute_efficiency": {"moe": 0.4, "extend_attention": {"gqa": 0.2}},
+        "fresh_server_stalls": {"per_new_kernel_s": 0.5}}}
+    base = {"overhead": {"cpu_step_s": 1.0, "prefill_per_layer_s": 1.0},
+            "compute_efficiency": {"moe": 0.5, "extend_attention": 0.6}, "fresh_server_stalls": {"per_start": 0.0}}
+    # prefill CUDA graphs: the scheduler, kernels and attention carry over; prefill launch and the
+    # start-up compiles (captured with the graphs) do not
+    graphs = apply_fitted({**base, "fitted": [entry]}, {**when, "prefill_cuda_graph": True})
+    assert graphs["overhead"] == {"cpu_step_s": 2.0, "prefill_per_layer_s": 1.0}
+    assert graphs["compute_efficiency"] == {"moe": 0.4, "extend_attention": {"gqa": 0.2}}
+    assert graphs["fresh_server_stalls"] == {"per_start": 0.0}
+    assert graphs["fitted_applied"] == ["a (in part: the values that do not depend on prefill_cuda_graph)"]
+    assert sorted(graphs["fitted_partial"]["a"]) == ["compute_efficiency.extend_attention", "compute_efficiency.moe",
+                                                     "overhead.cpu_step_s"]
+    assert graphs["fitted_checks"] == []  # checked in another context
+    # another attention backend: its attention efficiencies do not carry over, the MoE's does
+    fa3 = apply_fitted({**base, "fitted": [entry]}, {**when, "attention_backend": "fa3"})
+    assert fa3["compute_efficiency"] == {"moe": 0.4, "extend_attention": 0.6} and fa3["overhead"]["cpu_step_s"] == 2.0
+    # another version: nothing
+    assert apply_fitted({**base, "fitted": [entry]}, {**when, "sglang_version": "0.5.23"})["fitted_applied"] == []
+    # an entry fitted for the context itself wins over one that holds in part, whatever the file order
+    own = {"name": "b", "when": {**when, "prefill_cuda_graph": True}, "values": {"overhead": {"cpu_step_s": 3.0}}}
+    both = apply_fitted({**base, "fitted": [own, entry]}, {**when, "prefill_cuda_graph": True})
+    assert both["overhead"]["cpu_step_s"] == 3.0 and both["compute_efficiency"]["moe"] == 0.4
+    assert both["fitted_applied"][-1] == "b"
+
+
+def test_the_committed_h200_fit_carries_its_scheduler_and_kernels_to_prefill_cuda_graphs():
+    m, g = get_model(QWEN), get_gpu("h200")
+    eager = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
+    graphs = load_calibration("h200", context=calibration_context(m, g, {"attention-backend": "triton"}, "0.5.17"))
+    prior = load_calibration("h200")
+    assert graphs["overhead"]["cpu_step_s"] == eager["overhead"]["cpu_step_s"] != prior["overhead"]["cpu_step_s"]
+    assert graphs["compute_efficiency"]["moe"] == eager["compute_efficiency"]["moe"]
+    assert graphs["overhead"]["prefill_per_layer_s"] == prior["overhead"]["prefill_per_layer_s"]
+    assert "per_new_kernel_s" not in graphs["fresh_server_stalls"]  # compiled while capturing, not on first use
+
+
 def test_write_fitted_replaces_the_entry_of_the_same_context_and_keeps_the_rest(tmp_path):
     (tmp_path / "h200.yaml").write_text("# header kept\nmemory_efficiency: 0.8\n")
     when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}

@@ -76,12 +76,73 @@ def _matches(when: dict, context: dict) -> bool:
     return all(str(context.get(k)).lower() == str(v).lower() for k, v in when.items())
 
 
+# What each fitted value depends on, of the conditions an entry is fitted under (CONTEXT_KEYS), by
+# the longest dotted prefix of its path; a value not listed depends on all of them. An entry whose
+# conditions hold only in part still gives the values that depend on no failing condition: a server
+# with prefill CUDA graphs runs the same scheduler, decode graphs, fused-MoE and GEMM kernels and
+# attention kernels as one without; it launches its prefill steps differently, and compiles its
+# fused-MoE variants while capturing those graphs at start-up rather than on first use.
+VALUE_CONDITIONS: dict[str, tuple[str, ...]] = {
+    "overhead.cpu_step_s": ("sglang_version",),  # the scheduler's Python, per step and per request
+    "overhead.per_request_s": ("sglang_version",),
+    "overhead.fp8_block_gemm_s": ("sglang_version",),  # input quantization kernel of a block-fp8 linear
+    "overhead.prefill_batch_s": ("sglang_version",),
+    "overhead.layer_s": ("sglang_version", "attention_backend"),  # small kernels inside the decode graphs
+    # used only where prefill runs eagerly, so it is kept for such steps of any context
+    "overhead.eager_prefill_per_layer_s": ("sglang_version", "attention_backend"),
+    "memory_efficiency": ("sglang_version",),
+    "kv_memory_efficiency": ("sglang_version", "attention_backend"),
+    "compute_efficiency.moe": ("sglang_version",),
+    "compute_efficiency.dense": ("sglang_version",),
+    "compute_efficiency.decode_attention": ("sglang_version", "attention_backend"),
+    "compute_efficiency.extend_attention": ("sglang_version", "attention_backend"),
+}
+
+
+def value_conditions(path: str) -> tuple[str, ...]:
+    """The context keys a fitted value at dotted ``path`` depends on (``VALUE_CONDITIONS``)."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        hit = VALUE_CONDITIONS.get(".".join(parts[:n]))
+        if hit is not None:
+            return hit
+    return CONTEXT_KEYS
+
+
+def _values_holding(values: dict[str, Any], failing: set[str], prefix: str = "") -> dict[str, Any]:
+    """The part of ``values`` that depends on none of the ``failing`` conditions."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if set(value_conditions(path)) & failing:
+            if isinstance(value, dict) and path not in VALUE_CONDITIONS:
+                part = _values_holding(value, failing, path + ".")  # a listed value may sit below
+                if part:
+                    out[key] = part
+            continue
+        out[key] = copy.deepcopy(value)
+    return out
+
+
+def _leaf_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in values.items():
+        if isinstance(value, dict) and f"{prefix}{key}" not in VALUE_CONDITIONS:
+            out.extend(_leaf_paths(value, f"{prefix}{key}."))
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def _matching_entries(entries, context: dict[str, Any] | None, file: str) -> list[dict[str, Any]]:
-    """The well-formed ``fitted`` entries whose ``when`` holds in ``context`` (file order); a
-    malformed entry or an unknown condition is an error whether or not it would apply."""
+    """The well-formed ``fitted`` entries that apply in ``context``: whole where their ``when``
+    holds, else the values that depend on none of its failing conditions (``partial``: those
+    values' paths), and none where every value depends on one. Partial entries come first, so an
+    entry fitted for the context itself wins. A malformed entry or an unknown condition is an
+    error whether or not it would apply."""
     if not isinstance(entries, list):
         raise ConfigError("must be a list of {when, values, source}", file=file, key="fitted")
-    out = []
+    whole, partial = [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("values"), dict):
             raise ConfigError("needs a mapping 'values'", file=file, key=f"fitted[{i}]")
@@ -90,19 +151,39 @@ def _matching_entries(entries, context: dict[str, Any] | None, file: str) -> lis
         if unknown:
             raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}",
                               file=file, key=f"fitted[{i}].when")
-        if context is not None and _matches(when, context):
-            out.append({**entry, "name": str(entry.get("name") or entry.get("source") or f"fitted[{i}]")})
-    return out
+        if context is None:
+            continue
+        name = str(entry.get("name") or entry.get("source") or f"fitted[{i}]")
+        failing = {k for k, v in when.items() if not _matches({k: v}, context)}
+        if not failing:
+            whole.append({**entry, "name": name, "partial": None})
+            continue
+        values = _values_holding(entry["values"], failing)
+        if values:
+            partial.append({**entry, "name": name, "values": values, "partial": _leaf_paths(values),
+                            "failing": sorted(failing)})
+    return partial + whole
+
+
+def _applied_name(entry: dict[str, Any]) -> str:
+    if not entry.get("partial"):
+        return entry["name"]
+    return f"{entry['name']} (in part: the values that do not depend on {', '.join(entry['failing'])})"
 
 
 def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: str = "") -> dict[str, Any]:
-    """Merge every ``fitted`` entry whose ``when`` holds in ``context`` (in file order) and record
-    which ones in ``fitted_applied``; without a context none applies."""
+    """Merge every ``fitted`` entry that applies in ``context`` (``_matching_entries``: whole where
+    its ``when`` holds, else the values that do not depend on what fails) and record which ones in
+    ``fitted_applied``, and the values taken from partly applying ones in ``fitted_partial``; their
+    fidelity checks were made in another context and are not carried. Without a context none applies."""
     entries = _matching_entries(cal.pop("fitted", None) or [], context, file)
-    applied, checks, rechecks = [], [], []
+    applied, checks, rechecks, partial = [], [], [], {}
     for entry in entries:
         cal = _merge(cal, entry["values"])
-        applied.append(entry["name"])
+        applied.append(_applied_name(entry))
+        if entry.get("partial"):
+            partial[entry["name"]] = entry["partial"]
+            continue
         if isinstance(entry.get("checked"), dict):
             checks.append(entry["checked"])
         if isinstance(entry.get("rechecked"), dict):
@@ -110,6 +191,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     cal["fitted_applied"] = applied
     cal["fitted_checks"] = checks
     cal["fitted_rechecks"] = rechecks  # later checks of the same values by today's simulator
+    cal["fitted_partial"] = partial
     cal["fitted_on"] = None  # the GPU the applied entries were fitted on, where it is not this one
     return cal
 
@@ -161,7 +243,10 @@ def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] 
         sm = gpus()[other].sm_version
         for entry in entries:
             cal = _merge(cal, _architecture_values(entry["values"]))
-            cal["fitted_applied"].append(f"{entry['name']} (fitted on {other}, same SM{sm})")
+            cal["fitted_applied"].append(f"{_applied_name(entry)} (fitted on {other}, same SM{sm})")
+            if entry.get("partial"):
+                cal["fitted_partial"][entry["name"]] = entry["partial"]
+                continue
             if isinstance(entry.get("checked"), dict):
                 cal["fitted_checks"].append({**entry["checked"], "gpu": other})
             if isinstance(entry.get("rechecked"), dict):
