@@ -43,6 +43,16 @@ def _simulated(study, users, step, trial=0):
                                seed=study.seed + trial + 1009 * step, host_memory_gb=256, sglang_version="0.5.17")
 
 
+
+def _resolved_calibration(gpu="h200"):
+    """The calibration the simulator resolves for make_db's points (its context: 0.5.17, triton,
+    prefill CUDA graphs), so a test can add to it and still match the measurements elsewhere."""
+    from tuner.catalog import get_gpu, get_model
+    from tuner.sim.calibrate import calibration_context, load_calibration
+
+    return load_calibration(gpu, context=calibration_context(
+        get_model("qwen3-30b-a3b"), get_gpu(gpu), {"attention-backend": "triton", **FLAGS}, "0.5.17"))
+
 def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False, gpu="h200"):
     (tmp_path / "studies").mkdir(parents=True, exist_ok=True)
     (tmp_path / "studies" / "fid.yaml").write_text(STUDY.replace("gpu: h200", f"gpu: {gpu}"))
@@ -165,10 +175,8 @@ def test_trials_are_selected_by_name_and_a_wrong_name_is_a_clear_error(tmp_path,
 
 
 def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path):
-    from tuner.sim.calibrate import load_calibration
-
     results, _ = make_db(tmp_path)  # measured as the simulator predicts a warm server
-    cal = load_calibration("h200")
+    cal = _resolved_calibration()  # with the time model's stalls added
     cal["fresh_server_stalls"] = {"per_start": 8.0, "stall_s": 1.5, "decay_s": 40.0}
     doc = run_fidelity([results], calibration=cal)
     first, second = doc["points"]
@@ -184,10 +192,8 @@ def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path
 
 
 def test_a_first_load_point_after_the_kernel_warmup_is_predicted_on_a_warm_server(tmp_path):
-    from tuner.sim.calibrate import load_calibration
-
     results, _ = make_db(tmp_path, kernel_warmup=True)
-    cal = load_calibration("h200")
+    cal = _resolved_calibration()
     cal["fresh_server_stalls"] = {"per_start": 8.0, "stall_s": 1.5, "decay_s": 40.0}
     first, second = run_fidelity([results], calibration=cal)["points"]
     assert not first["fresh_server"] and not second["fresh_server"]
@@ -254,12 +260,13 @@ def test_each_gpu_gets_its_own_figures_and_says_whether_it_was_fitted(tmp_path):
     assert set(gpus) == {"h100", "h200"}
     assert gpus["h200"]["mape"]["p90_ttft_s"] == 0.0 and gpus["h200"]["load_points"] == len(USERS)
     assert gpus["h100"]["mape"]["p90_ttft_s"] == pytest.approx(0.5)  # only the H100's points are off
-    assert gpus["h100"]["fitted"] == []  # no step times were ever fitted on an H100
-    assert gpus["h100"]["fitted_on"] == []  # and this study's context (prefill graphs) matches no H200 fit
-    assert all(p["predicted"]["calibration_applied"] == [] for p in doc["points"] if p["gpu"] == "h100")
-    assert "on h100 (2, priors only, no fit on it): P90 TTFT 50.0%" in format_report(doc)
+    # no step times were ever fitted on an H100: it runs the H200's entry, in part (these servers
+    # capture prefill CUDA graphs, the fit's did not)
+    assert gpus["h100"]["fitted_on"] == ["h200"] and gpus["h200"]["fitted_on"] == []
+    assert all("(fitted on h200, same SM90)" in name for name in gpus["h100"]["fitted"]) and gpus["h100"]["fitted"]
+    assert "on h100 (2, step times fitted on h200 (same architecture), none on it): P90 TTFT 50.0%" in format_report(doc)
     # one GPU: no per-GPU lines, the totals are its own
-    assert "priors only" not in format_report(run_fidelity([h100]))
+    assert "on h100 (" not in format_report(run_fidelity([h100]))
 
 
 def test_a_gpu_whose_fit_came_from_another_gpu_says_so(tmp_path):
@@ -277,3 +284,15 @@ def test_a_gpu_whose_fit_came_from_another_gpu_says_so(tmp_path):
     report = format_report({**run_fidelity([results]), "by_gpu": gpus})
     assert "on h100 (1, step times fitted on h200 (same architecture), none on it)" in report
     assert "on h200 (1, step times fitted on it: fit)" in report
+
+
+def test_priors_only_drops_every_fitted_entry_and_says_so(tmp_path):
+    results, _ = make_db(tmp_path)  # measured as the simulator predicts with the fit (in part) applied
+    fitted = run_fidelity([results])
+    assert fitted["mape"]["p90_tpot_s"] == 0.0 and fitted["points"][0]["predicted"]["calibration_applied"]
+    priors = run_fidelity([results], priors_only=True)
+    assert priors["priors_only"] is True and priors["window_noise"] is None
+    assert all(p["predicted"]["calibration_applied"] == [] for p in priors["points"])
+    assert priors["mape"]["p90_tpot_s"] > 0.05  # the fit's scheduler and kernel values are what moved it
+    assert format_report(priors).startswith("priors only: no fitted calibration entry applied")
+    assert "priors only" not in format_report(fitted)

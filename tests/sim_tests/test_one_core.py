@@ -6,7 +6,7 @@ import pytest
 from tuner.catalog import get_gpu, get_model
 from tuner.planner import parse_layout, plan_memory
 from tuner.sim.cache import SessionPrefixCache
-from tuner.sim.calibrate import load_calibration
+from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.online import build_online_engine
 from tuner.sim.router import Router, SessionIndex, routing_policy
@@ -21,7 +21,8 @@ def _offline(model, gpu, flags, knobs, capacity, version):
     plan = plan_memory(m, g, 8, {**flags, "max-total-tokens": capacity}, sglang_version=version)
     layout = parse_layout(m, flags, 8)
     rules = scheduler_rules(plan, layout, flags, version)
-    step_model = build_step_model(m, g, plan, layout, flags, knobs, load_calibration(g.name), 8, version)
+    cal = load_calibration(g.name, context=calibration_context(m, g, flags, version))  # as both simulators resolve it
+    step_model = build_step_model(m, g, plan, layout, flags, knobs, cal, 8, version)
     done = []
     ranks = [Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, SYS), rules)
              for _ in range(layout.attn_dp)]

@@ -23,6 +23,7 @@ from typing import Iterable
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
+from tuner.sim.calibrate import load_calibration
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
                                 find_sources, points_from_database, points_from_probe)
 
@@ -194,8 +195,10 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
 
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
                  sglang_version: str | None = None, calibration=None, progress=None,
-                 selection: TrialSelection | None = None, noise_seeds: int = 0) -> dict:
-    """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared."""
+                 selection: TrialSelection | None = None, noise_seeds: int = 0, priors_only: bool = False) -> dict:
+    """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared.
+    ``priors_only``: with no fitted entry at all (neither the GPU's own nor one of its architecture),
+    what the fits add."""
     dbs, probes = find_sources(dirs)
     points: list[LoadPoint] = []
     skipped = []
@@ -218,7 +221,8 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
     for i, p in enumerate(points):
         if progress:
             progress(i, len(points), p)
-        results.append(predict_point(p, sglang_version=sglang_version, calibration=calibration))
+        results.append(predict_point(p, sglang_version=sglang_version, calibration=_point_calibration(
+            p, calibration, priors_only)))
     doc = summarize(results)
     point_docs = [_point_doc(r) for r in results]
     doc.update({
@@ -228,10 +232,18 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         "points": point_docs,
         "by_server": by_server(point_docs),
         "by_gpu": by_gpu(point_docs),
-        "window_noise": window_noise(points, noise_seeds, sglang_version=sglang_version, calibration=calibration,
-                                     first=results),
+        "window_noise": None if priors_only else window_noise(
+            points, noise_seeds, sglang_version=sglang_version, calibration=calibration, first=results),
+        "priors_only": priors_only,
     })
     return doc
+
+
+def _point_calibration(p: LoadPoint, calibration, priors_only: bool):
+    """What ``predict_point`` gets: the override as given, or with ``priors_only`` the GPU's whole
+    calibration resolved without a context (so no fitted entry applies), which the simulator then
+    uses as it is."""
+    return load_calibration(p.gpu, calibration) if priors_only else calibration
 
 
 def by_server(point_docs: list[dict]) -> dict:
@@ -328,6 +340,8 @@ def format_report(doc: dict) -> str:
     cols = (("p50_ttft_s", "P50 TTFT s", "s"), ("p90_ttft_s", "P90 TTFT s", "s"), ("p90_tpot_s", "P90 TPOT ms", "ms"),
             ("throughput_tokens_per_s", "tok/s", "tok"), ("prefix_cache_hit_rate", "hit", "r"))
     lines = []
+    if doc.get("priors_only"):
+        lines.append("priors only: no fitted calibration entry applied (what the fits add, not the simulator's figures)")
     w = max([36] + [len(pt["label"]) + 2 for pt in doc["points"]])  # labels are never cut: they name the point
     head = f"{'point':<{w}}" + "".join(f"{name:>22}" for _, name, _ in cols) + f"{'SLO pred/meas':>15}"
     lines.append(head)

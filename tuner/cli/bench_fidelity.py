@@ -27,10 +27,13 @@ from tuner.cli._common import emit_json, json_option, profiles_option, use_profi
 @click.option("--noise-seeds", type=click.IntRange(0, 32), default=8, show_default=True,
               help="Also simulate each point on this many workload samples and report how far two windows of "
                    "the same point differ by chance (the MAPE a perfect model would show); 0 skips it.")
+@click.option("--priors-only", is_flag=True,
+              help="Predict with no fitted calibration entry (neither the GPU's own nor one transferred from a GPU "
+                   "of its architecture): what the fits add. Skips the noise samples.")
 @profiles_option
 @json_option
 def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_trials, exclude_trials, noise_seeds,
-             profile_dirs, as_json):
+             priors_only, profile_dirs, as_json):
     """Predicted against measured P50/P90 TTFT, P90 TPOT, throughput and hit rate per load point,
     the MAPE of each, and whether the SLO verdicts agree.
 
@@ -47,7 +50,8 @@ def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_tria
 
     doc = run_fidelity(results_dirs, backends=tuple(backend_kinds), sglang_version=sglang_version,
                        calibration=calibration, progress=progress,
-                       selection=TrialSelection.parse(only_trials, exclude_trials), noise_seeds=noise_seeds)
+                       selection=TrialSelection.parse(only_trials, exclude_trials), noise_seeds=noise_seeds,
+                       priors_only=priors_only)
     if as_json:
         emit_json(doc)
     else:
