@@ -14,8 +14,8 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, fit_decay_s, kernel_warmup, moe_config_key,
-                               moe_variant, shipped_groups, stall_schedule, triton_moe_shape)
+from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, default_split_m, fit_decay_s, kernel_warmup,
+                               moe_config_key, moe_variant, shipped_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
@@ -277,7 +277,7 @@ def test_sglangs_shipped_files_give_the_groups_the_h200_servers_logged():
                   triton_moe_shape(dsv3, "fp8_block", 1, 1)):
         key = moe_config_key(shape)
         logged, shipped = H200_LOGGED_GROUPS[key], shipped_groups("NVIDIA H200", "0.5.17", key)
-        split = None if shipped != [] or shape.block_shape else shape.num_experts
+        split = default_split_m(shape, shipped)
         same = {tuple(moe_variant(m, logged, shape.topk)[0] == moe_variant(n, logged, shape.topk)[0]
                       for n in range(1, 5000, 7))
                 for m in range(1, 5000, 7)}

@@ -198,7 +198,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
 
 # Values of a fitted entry that belong to one device's files rather than to its architecture: the
 # tile-config groups of SGLang's fused-MoE files for that device name (another device reads other
-# files; tuner.sim.moe_config_groups gives its own groups).
+# files; tuner.sim.warmup.shipped_groups gives its own groups).
 DEVICE_SPECIFIC_VALUES = (("fresh_server_stalls", "moe_config_groups"),)
 
 

@@ -53,7 +53,7 @@ from .measured import find_sources, points_from_database
 from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
-from .warmup import (KEY as STALL_KEY, groups_for, fit_decay_s, moe_config_key, moe_variant,
+from .warmup import (KEY as STALL_KEY, default_split_m, groups_for, fit_decay_s, moe_config_key, moe_variant,
                      triton_moe_shape)
 
 
@@ -580,7 +580,7 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
                 shape_groups = groups_for(shape, None, t.gpu.device_name, t.sglang_version)
             if shape_groups:
                 used[key] = shape_groups
-        split = None if shape is None or shape_groups != [] or shape.block_shape else shape.num_experts
+        split = default_split_m(shape, shape_groups) if shape is not None else None
         by_log: dict[str, list] = {}
         for w, p in zip(t.windows, pred):
             by_log.setdefault(w.source, []).append((w, p))

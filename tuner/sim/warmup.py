@@ -123,8 +123,11 @@ SHIPPED_GROUPS_FILE = Path(__file__).parent / "calibration" / "sglang-moe-config
 def _shipped_table() -> dict:
     if not SHIPPED_GROUPS_FILE.is_file():
         return {}
-    with open(SHIPPED_GROUPS_FILE) as f:
-        data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    try:
+        with open(SHIPPED_GROUPS_FILE) as f:
+            data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", file=str(SHIPPED_GROUPS_FILE)) from None
     if not isinstance(data, dict):
         raise ConfigError("root must be a mapping of SGLang versions", file=str(SHIPPED_GROUPS_FILE))
     return data
@@ -235,8 +238,13 @@ class KernelWarmup:
         if s < 0:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
         groups = groups_for(shape, cal, device_name, sglang_version)
-        split = None if groups != [] or shape.block_shape else shape.num_experts
-        return cls(s, groups, shape.topk, default_split_m=split) if s > 0 else None
+        return cls(s, groups, shape.topk, default_split_m=default_split_m(shape, groups)) if s > 0 else None
+
+
+def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
+    """Where SGLang's default config (no file: ``groups == []``) changes with M: at M <= E, the
+    local experts, unless the weights are block-quantized (one config for every M)."""
+    return shape.num_experts if groups == [] and not shape.block_shape else None
 
 
 def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version: str | None) -> list[list[int]] | None:
@@ -286,5 +294,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 
 __all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "fit_decay_s",
-           "groups_for", "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "shipped_groups",
+           "default_split_m", "groups_for", "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "shipped_groups",
            "stall_schedule", "triton_moe_shape"]
