@@ -58,7 +58,7 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
 
     import yaml
 
-    from tuner import safewrite
+    from tuner import safewrite, safeyaml
     from tuner.catalog import gpus
     from tuner.errors import ConfigError
     from tuner.kernels.config_groups import config_root_of, groups_table
@@ -69,7 +69,7 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
     table = groups_table(root, sorted({g.torch_name for g in gpus().values()}), triton_version)
     current = {}
     if out.is_file():
-        current = yaml.safe_load(out.read_text()) or {}
+        current = safeyaml.load_file(out) or {}
         if not isinstance(current, dict):
             raise ConfigError("root must be a mapping of SGLang versions", file=str(out))
     current[str(sglang_version)] = {

@@ -55,6 +55,7 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.kernels.configfile import device_file_name
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 from tuner.kernels.targets import SGLANG_BATCH_SIZES
 
@@ -142,7 +143,7 @@ def shipped_groups(device_name: str | None, sglang_version: str | None, key: str
     release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))  # "0.5.17.post1" ships 0.5.17's files
     version = _shipped_table().get(release.group(0) if release else str(sglang_version))
     devices = (version or {}).get("devices") or {}
-    device = devices.get(device_name.replace(" ", "_"))
+    device = devices.get(device_file_name(device_name))
     if device is None:
         return None
     entry = device.get(key)
@@ -153,7 +154,7 @@ def shipped_groups(device_name: str | None, sglang_version: str | None, key: str
                                                for g in groups):
         raise ConfigError("needs 'groups': a list of lists of batch-size keys (rewrite it with "
                           "`tuner calibration moe-groups`)", file=str(SHIPPED_GROUPS_FILE),
-                          key=f"{sglang_version}.devices.{device_name.replace(' ', '_')}.{key}")
+                          key=f"{sglang_version}.devices.{device_file_name(device_name)}.{key}")
     return [list(g) for g in groups]
 
 
