@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import device_file_name, triton_dir_name
+from tuner.kernels.configfile import device_file_name, nearest_config, triton_dir_name
 from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_moe_configs
 
 _DEVICE_PART = re.compile(r",device_name=([^,]+?)(?=,|_down\.json$|\.json$)")
@@ -39,10 +39,6 @@ def selector_of(file_name: str) -> tuple[str, str, bool] | None:
     return stem.replace(m.group(0), "", 1), m.group(1), down
 
 
-def _nearest(configs: dict[int, dict], m: int) -> dict:
-    return configs[min(configs, key=lambda k: abs(k - m))]
-
-
 def key_groups(up: dict[int, dict], down: dict[int, dict] | None = None) -> list[list[int]]:
     """The keys of ``up`` (and ``down``) grouped by the (up, down) tile configs SGLang runs at them,
     in ascending order of their smallest key."""
@@ -51,7 +47,7 @@ def key_groups(up: dict[int, dict], down: dict[int, dict] | None = None) -> list
         return []
     groups: dict[str, list[int]] = {}
     for k in keys:
-        pair = (_nearest(up, k), _nearest(down, k) if down else None)
+        pair = (nearest_config(up, k), nearest_config(down, k) if down else None)
         groups.setdefault(json.dumps(pair, sort_keys=True), []).append(k)
     return sorted(groups.values(), key=lambda g: g[0])
 
@@ -99,9 +95,6 @@ def device_groups(config_root: Path, device_name: str, triton_version: str) -> d
     return out
 
 
-__all__ = ["device_groups", "key_groups", "selector_of", "selectors_for"]
-
-
 def config_root_of(sglang_dir: Path) -> Path:
     """The directory holding SGLang's fused-MoE ``configs/``, from the package directory
     (``.../sglang``), the directory above it, or that directory itself."""
@@ -120,4 +113,4 @@ def groups_table(config_root: Path, device_names: list[str], triton_version: str
     return {device_file_name(d): device_groups(config_root, d, triton_version) for d in device_names}
 
 
-__all__ += ["config_root_of", "groups_table"]
+__all__ = ["config_root_of", "device_groups", "groups_table", "key_groups", "selector_of", "selectors_for"]
