@@ -25,7 +25,7 @@ from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import load_calibration
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
-                                find_sources, points_from_database, points_from_probe)
+                                find_sources, format_metric, points_from_database, points_from_probe)
 
 log = logging.getLogger(__name__)
 
@@ -326,30 +326,20 @@ def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=Non
 
 
 def format_report(doc: dict) -> str:
-    def f(v, kind):
-        if v is None:
-            return "-"
-        if kind == "s":
-            return f"{v:.2f}"
-        if kind == "ms":
-            return f"{v * 1000:.1f}"
-        if kind == "tok":
-            return f"{v:,.0f}"
-        return f"{v:.2f}"
-
-    cols = (("p50_ttft_s", "P50 TTFT s", "s"), ("p90_ttft_s", "P90 TTFT s", "s"), ("p90_tpot_s", "P90 TPOT ms", "ms"),
-            ("throughput_tokens_per_s", "tok/s", "tok"), ("prefix_cache_hit_rate", "hit", "r"))
+    cols = (("p50_ttft_s", "P50 TTFT s"), ("p90_ttft_s", "P90 TTFT s"), ("p90_tpot_s", "P90 TPOT ms"),
+            ("throughput_tokens_per_s", "tok/s"), ("prefix_cache_hit_rate", "hit"))
     lines = []
     if doc.get("priors_only"):
         lines.append("priors only: no fitted calibration entry applied (what the fits add, not the simulator's figures)")
     w = max([36] + [len(pt["label"]) + 2 for pt in doc["points"]])  # labels are never cut: they name the point
-    head = f"{'point':<{w}}" + "".join(f"{name:>22}" for _, name, _ in cols) + f"{'SLO pred/meas':>15}"
+    head = f"{'point':<{w}}" + "".join(f"{name:>22}" for _, name in cols) + f"{'SLO pred/meas':>15}"
     lines.append(head)
     lines.append(" " * w + "".join(f"{'pred / meas':>22}" for _ in cols))
     for pt in doc["points"]:
         cells = []
-        for k, _, kind in cols:
-            cells.append(f"{f(pt['predicted'].get(k), kind) + ' / ' + f(pt['measured'].get(k), kind):>22}")
+        for k, _ in cols:
+            pair = f"{format_metric(pt['predicted'].get(k), k)} / {format_metric(pt['measured'].get(k), k)}"
+            cells.append(f"{pair:>22}")
         verdict = lambda v: "-" if v is None else ("met" if v else "miss")
         mark = "  ! " + ",".join(pt["off_target"]) if pt["off_target"] else ""
         lines.append(f"{pt['label']:<{w}}" + "".join(cells)

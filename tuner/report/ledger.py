@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
+from tuner.sim.measured import METRICS, format_metric
 from tuner.study.trust import TARGETS
 from tuner.vocabulary import BackendKind
 
@@ -22,18 +23,12 @@ def _err(v) -> str:
     return "" if v is None else f' <span class="muted">({v:+.0%})</span>'
 
 
-def _pair(pred, meas, kind: str) -> str:
-    def f(v):
-        if v is None:
-            return "–"
-        if kind == "s":
-            return f"{v:.2f}"
-        if kind == "ms":
-            return f"{v * 1000:.1f}"
-        if kind == "tok":
-            return f"{v:,.0f}"
-        return f"{v:.2f}"
-    return f"{esc(f(pred))} / {esc(f(meas))}"
+def _cell(r: dict, metric: str) -> str:
+    """Predicted / measured ``metric`` of ledger row ``r``; the hit rate without its error."""
+    pred, meas = r["predicted"][metric], r["measured"][metric]
+    pair = f"{esc(format_metric(pred, metric, '–'))} / {esc(format_metric(meas, metric, '–'))}"
+    err = "" if metric == "prefix_cache_hit_rate" else _err(r["rel_error"][metric])
+    return f'<td class="num">{pair}{err}</td>'
 
 
 def ledger_html(s: dict) -> str:
@@ -72,7 +67,6 @@ def ledger_html(s: dict) -> str:
            "</tr></thead><tbody>"]
     yn = lambda v: "–" if v is None else ("met" if v else "miss")
     for r in rows:
-        p, me, e = r["predicted"], r["measured"], r["rel_error"]
         if r.get("error"):
             out.append(f'<tr><td class="num">{esc(r["trial"])}</td><td class="num">{esc(r["users"])}</td>'
                        f'<td colspan="6">no prediction: {esc(r["error"])}</td></tr>')
@@ -80,12 +74,7 @@ def ledger_html(s: dict) -> str:
         agree = r["predicted_meets"] == r["measured_meets"]
         out.append(
             f'<tr><td class="num">{esc(r["trial"])}</td><td class="num">{esc(r["users"])}</td>'
-            f'<td class="num">{_pair(p["p50_ttft_s"], me["p50_ttft_s"], "s")}{_err(e["p50_ttft_s"])}</td>'
-            f'<td class="num">{_pair(p["p90_ttft_s"], me["p90_ttft_s"], "s")}{_err(e["p90_ttft_s"])}</td>'
-            f'<td class="num">{_pair(p["p90_tpot_s"], me["p90_tpot_s"], "ms")}{_err(e["p90_tpot_s"])}</td>'
-            f'<td class="num">{_pair(p["throughput_tokens_per_s"], me["throughput_tokens_per_s"], "tok")}'
-            f'{_err(e["throughput_tokens_per_s"])}</td>'
-            f'<td class="num">{_pair(p["prefix_cache_hit_rate"], me["prefix_cache_hit_rate"], "r")}</td>'
+            + "".join(_cell(r, m) for m in METRICS) +
             f'<td class="{"pass" if agree else "miss"}">{esc(yn(r["predicted_meets"]))} / '
             f'{esc(yn(r["measured_meets"]))}</td></tr>')
     out.append("</tbody></table></div></section>")

@@ -43,6 +43,17 @@ from tuner.catalog.routing import random_weight_flags
 
 PROBE_FORMAT = "tuner-probe/1"
 METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
+
+
+def format_metric(value: float | None, metric: str, missing: str = "-") -> str:
+    """``value`` of one of ``METRICS`` as reports show it: TTFT in s, TPOT in ms, tokens/s whole."""
+    if value is None:
+        return missing
+    if metric == "p90_tpot_s":
+        return f"{value * 1000:.1f}"
+    if metric == "throughput_tokens_per_s":
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
 REAL_BACKENDS = ("sglang",)
 
 
