@@ -28,7 +28,33 @@ import heapq
 from collections import OrderedDict
 
 
-class SessionPrefixCache:
+class _PrefixCache:
+    """What both caches share: the pool's free tokens and making room by eviction. Subclasses keep
+    ``capacity``, ``tree_tokens``, ``alloc_tokens`` and ``evictable`` and implement ``evict``."""
+
+    capacity: int
+    tree_tokens: int
+    alloc_tokens: int
+    evictable: int
+
+    def free(self) -> int:
+        return self.capacity - self.tree_tokens - self.alloc_tokens
+
+    def evict(self, tokens: int) -> int:
+        raise NotImplementedError
+
+    def ensure_free(self, tokens: int) -> bool:
+        """Evict until ``tokens`` are free; False when even evicting everything is not enough."""
+        short = tokens - self.free()
+        if short <= 0:
+            return True
+        if short > self.evictable:
+            return False
+        self.evict(short)
+        return self.free() >= tokens
+
+
+class SessionPrefixCache(_PrefixCache):
     def __init__(self, capacity_tokens: int, page_size: int, system_prefix_tokens: int,
                  host_capacity_tokens: int = 0):
         self.capacity = capacity_tokens
@@ -56,9 +82,6 @@ class SessionPrefixCache:
         if self.sys_cached and not self.locked:
             return self.branch_evictable + self.sys_len
         return self.branch_evictable
-
-    def free(self) -> int:
-        return self.capacity - self.tree_tokens - self.alloc_tokens
 
     def match(self, req) -> tuple[int, int]:
         """(tokens on the device, tokens more on the host) of the request's cached prefix."""
@@ -109,16 +132,6 @@ class SessionPrefixCache:
             freed += self.sys_len
         self.evicted_tokens += freed
         return freed
-
-    def ensure_free(self, tokens: int) -> bool:
-        """Evict until ``tokens`` are free; False when even evicting everything is not enough."""
-        short = tokens - self.free()
-        if short <= 0:
-            return True
-        if short > self.evictable:
-            return False
-        self.evict(short)
-        return True
 
     def load_back(self, req, tokens: int) -> bool:
         """Bring ``tokens`` host tokens following the device match back to the device (locked by
@@ -199,7 +212,7 @@ class _Block:
         self.on_host = False
 
 
-class ContentPrefixCache:
+class ContentPrefixCache(_PrefixCache):
     """Content-addressed radix cache: blocks of ``block`` tokens keyed by the hash chain of the
     tokens so far. ``block`` is the page size, or 16 tokens when pages are smaller (matches are
     then rounded down to 16 tokens: at most 15 tokens less than SGLang would match).
@@ -243,9 +256,6 @@ class ContentPrefixCache:
         return chain[:n]
 
     # ---- queries ---------------------------------------------------------------------------
-    def free(self) -> int:
-        return self.capacity - self.tree_tokens - self.alloc_tokens
-
     def match(self, req) -> tuple[int, int]:
         limit = (req.prefill_len - 1) // self.page * self.page
         dev = host = 0
@@ -346,15 +356,6 @@ class ContentPrefixCache:
             freed += got
         self.evicted_tokens += freed
         return freed
-
-    def ensure_free(self, tokens: int) -> bool:
-        short = tokens - self.free()
-        if short <= 0:
-            return True
-        if short > self.evictable:
-            return False
-        self.evict(short)
-        return self.free() >= tokens
 
     def load_back(self, req, tokens: int) -> bool:
         dev, host = self.match(req)
