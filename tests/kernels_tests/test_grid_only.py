@@ -110,12 +110,12 @@ def test_grid_only_deadline_stops_cleanly_and_marks_incomplete(fakes, tmp_path):
     doc = {"shapes": [{"shape": SHAPE.to_dict(), "grid_timing_wall_s_per_batch_size": [],
                        "batch_sizes": [{"batch_size": 1024, "grid_best_us": None, "found_us": 459.7,
                                         "found_config": _found()[1024].as_dict(), "evaluations": 128}]}]}
-    assert summarize.update_from_grid_only(doc, json.loads(json.dumps(benchmark._clean(res)))) == []
+    assert summarize.update_from_grid_only(doc, json.loads(json.dumps(benchmark.json_safe(res)))) == []
     assert doc["shapes"][0]["batch_sizes"][0]["grid_best_us"] is None
 
 
 def test_summary_update_takes_complete_rows_from_one_pass(fakes, tmp_path):
-    res = json.loads(json.dumps(benchmark._clean(benchmark.run_grid_only(SHAPE, [1024, 4096], _found(), tmp_path))))
+    res = json.loads(json.dumps(benchmark.json_safe(benchmark.run_grid_only(SHAPE, [1024, 4096], _found(), tmp_path))))
     doc = {"shapes": [{"shape": SHAPE.to_dict(), "grid_timing_wall_s_per_batch_size": [8.3],
                        "batch_sizes": [{"batch_size": M, "grid_best_us": None, "found_us": 1.0, "default_us": None,
                                         "fraction_of_grid_best": None, "evaluations": 128, "grid_size": 1280,

@@ -162,7 +162,7 @@ def run_shape(shape, batch_sizes: list[int], budget: int, out: Path, seed: int =
         "compile_seconds_mean": round(statistics.mean(c["seconds"] for c in compile_stats), 2) if compile_stats else None,
         "smem_actual_over_limit_but_ran": est_wrong,
         "config_file": str(cfg_path.relative_to(out)),
-        "batch_sizes": [{k: _num(rows[M][k]) for k in keep if k in rows[M]} for M in sorted(batch_sizes)],
+        "batch_sizes": [{k: round_us(rows[M][k]) for k in keep if k in rows[M]} for M in sorted(batch_sizes)],
     }
 
 
@@ -210,7 +210,7 @@ def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: i
     summary_path = out / f"grid_only_{tag}.json"
 
     def write():
-        summary_path.write_text(json.dumps(_clean(res), indent=2) + "\n")
+        summary_path.write_text(json.dumps(json_safe(res), indent=2) + "\n")
 
     def timed(M, cfg, **kw):
         return _time_or_inf(grid_timer, M, cfg, **kw)
@@ -285,16 +285,17 @@ def run_grid_only(shape, batch_sizes: list[int], found: dict, out: Path, seed: i
     return res
 
 
-def _clean(obj):
-    """JSON-safe copy: non-finite floats become null, floats are rounded to the nanosecond."""
+def json_safe(obj):
+    """JSON-safe copy: non-finite floats become null, floats (µs) are rounded to the nanosecond."""
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return _num(obj)
+        return [json_safe(v) for v in obj]
+    return round_us(obj)
 
 
-def _num(v):
+def round_us(v):
+    """A time in µs rounded to the nanosecond; a non-finite float becomes None (JSON null)."""
     if isinstance(v, float):
         return round(v, 3) if math.isfinite(v) else None
     return v
@@ -303,8 +304,8 @@ def _num(v):
 def grid_only_table(res: dict) -> list[str]:
     lines = [f"{'M':>6} {'grid_best':>10} {'found':>10} {'default':>10} {'frac':>6} {'complete':>8}"]
     for r in res["batch_sizes"]:
-        lines.append(f"{r['batch_size']:>6} {_num(r.get('grid_best_us'))!s:>10} {_num(r['found_us'])!s:>10} "
-                     f"{_num(r['default_us'])!s:>10} {r.get('fraction_of_grid_best', 0):>6.3f} {r['complete']!s:>8}")
+        lines.append(f"{r['batch_size']:>6} {round_us(r.get('grid_best_us'))!s:>10} {round_us(r['found_us'])!s:>10} "
+                     f"{round_us(r['default_us'])!s:>10} {r.get('fraction_of_grid_best', 0):>6.3f} {r['complete']!s:>8}")
     return lines
 
 

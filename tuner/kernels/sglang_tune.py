@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.errors import ConfigError
+from tuner.kernels.benchmark import json_safe, round_us
 from tuner.kernels.configfile import moe_config_filename, write_configs
 from tuner.kernels.convergence import timings_path
 from tuner.kernels.gemm_shapes import GemmShape
@@ -56,20 +57,6 @@ def _stamp(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _num(v):
-    if isinstance(v, float):
-        return round(v, 3) if math.isfinite(v) else None
-    return v
-
-
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return _num(obj)
-
-
 def moe_budgets(shape: MoEShape) -> tuple[int, int]:
     """(joint, down) evaluations per batch size: 10% of each space on Hopper."""
     joint = math.ceil(0.1 * len(search_space_for(shape.dtype, shape.block_shape)))
@@ -86,7 +73,7 @@ class _State:
 
     def __init__(self, out_dir: Path, tag: str, identity: dict):
         self.path = out_dir / "state" / f"{tag}.jsonl"
-        identity = json.loads(json.dumps(_clean(identity)))  # compared with what JSON gives back
+        identity = json.loads(json.dumps(json_safe(identity)))  # compared with what JSON gives back
         self.identity = identity
         self.rows: dict[int, dict] = {}
         if self.path.exists():
@@ -103,7 +90,7 @@ class _State:
                 self.rows[int(r["batch_size"])] = r
 
     def add(self, row: dict) -> None:
-        row = {**_clean(row), "identity": self.identity}
+        row = {**json_safe(row), "identity": self.identity}
         self.rows[int(row["batch_size"])] = row
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
@@ -189,7 +176,7 @@ def _evaluator(timer, pool, M: int, wrap=lambda c: c, log_rows: list | None = No
         for c, f in zip(configs, full):
             us = math.inf if pool.failed(M, f) else time_or_inf(timer, M, f)
             if log_rows is not None:
-                log_rows.append({"batch_size": M, "config": describe_config(f), "us": _num(us)})
+                log_rows.append({"batch_size": M, "config": describe_config(f), "us": round_us(us)})
             out.append(us)
         return out
 
@@ -220,7 +207,7 @@ def _grid(timer, pool, M: int, space, first, deadline: float | None, log_rows: l
             us = time_or_inf(timer, M, cfg, cutoff_us=None if i < len(first) else 1.3 * best)
         times[cfg] = us
         best = min(best, us)
-        log_rows.append({"batch_size": M, "config": cfg.as_dict(), "us": _num(us), "pass": "grid"})
+        log_rows.append({"batch_size": M, "config": cfg.as_dict(), "us": round_us(us), "pass": "grid"})
     ok = {c: t for c, t in times.items() if math.isfinite(t)}
     space_set = set(space)
     res = {"complete": not stopped and all(c in times for c in space_set), "visited": len(times),
@@ -399,7 +386,7 @@ def tune_moe(shape: MoEShape, batch_sizes: list[int], out_dir: Path, *, budget: 
               "compile_workers": workers, "files": files, **_time_budget_report(shape_time_s, state.rows),
               "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
-    return _clean(report)
+    return json_safe(report)
 
 
 def _rows(state: _State) -> list[dict]:
@@ -519,7 +506,7 @@ def tune_gemm(shape: GemmShape, batch_sizes: list[int], out_dir: Path, *, budget
               "this_call_compiles_reused": compile_reused, "files": files,
               **_time_budget_report(shape_time_s, state.rows), "rows": _rows(state)}
     _write_report(out_dir, shape.tag, report, tried)
-    return _clean(report)
+    return json_safe(report)
 
 
 def _log_compiled_here(timer, pool, log: Log) -> None:
@@ -623,7 +610,7 @@ def _write_report(out_dir: Path, tag: str, report: dict, tried: list[dict]) -> N
     rep = out_dir / "reports" / f"{tag}.json"
     rep.parent.mkdir(parents=True, exist_ok=True)
     tmp = rep.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_clean(report), indent=2) + "\n")
+    tmp.write_text(json.dumps(json_safe(report), indent=2) + "\n")
     os.replace(tmp, rep)
     with gzip.open(timings_path(out_dir / "reports", tag), "at") as f:  # one gzip member per report
         for r in tried:
