@@ -204,6 +204,16 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
+def _signal_group_and(leader: int, pids: Iterable[int], sig: int) -> None:
+    """``sig`` to the leader's process group and to each of ``pids`` (some may have left the group)."""
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in pids:
+        _kill(pid, sig)
+
+
 def _wait_gone(pids: Iterable[int], timeout_s: float) -> set[int]:
     """Wait until none of ``pids`` is alive; return those still alive at the deadline."""
     pending = set(pids)
@@ -535,12 +545,7 @@ class ServerProcess:
         leader = self.proc.pid
         tracked = {p for p, ident in self.identities.items() if pid_start_ticks(p) == ident.start_ticks}
         tracked.add(leader)
-        try:
-            os.killpg(leader, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in tracked:
-            _kill(pid, signal.SIGTERM)
+        _signal_group_and(leader, tracked, signal.SIGTERM)
         try:
             self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -552,12 +557,7 @@ class ServerProcess:
             left.add(leader)
         if left:
             log.warning("%s: SIGKILL to %s after %.0f s", self.spec.name, sorted(left), grace_s)
-            try:
-                os.killpg(leader, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            for pid in left:
-                _kill(pid, signal.SIGKILL)
+            _signal_group_and(leader, left, signal.SIGKILL)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
