@@ -199,6 +199,8 @@ class _PointsTakeLong(ScriptedExecutor):
         for r in super().wait(timeout_s):
             if r.op is Operation.MEASURE and r.ok:
                 self.loop.started_at -= self.point_wall_s
+                for rt in self.loop.running.values():
+                    rt.started_at -= self.point_wall_s
                 r = dataclasses.replace(r, value=(r.value[0], self.point_wall_s))
             out.append(r)
         return out
@@ -259,3 +261,41 @@ def test_the_default_search_reads_the_p90s_inside_a_bracket(tmp_path):
     assert found["midpoint"] == (44, [4, 8, 16, 32, 64, 48, 40, 44])
     # the crossing read from 32 and 46 users' P90s is 45.5: 42 (the resolution below the miss) closes it
     assert found["interpolate"] == (42, [4, 8, 16, 32, 64, 46, 42])
+
+
+def test_a_trial_cut_by_the_time_limit_launches_no_new_one(tmp_path):
+    """A trial whose next load point would overrun leaves no trial wall of its own; a fresh trial
+    needs a deploy and a point as long as this run's points took (300 s), and 100 s are left."""
+    ex = _PointsTakeLong(300.0, capacity=lambda n: 30)
+    notices = []
+    loop, records = _loop(tmp_path, ex, 3, prune=False, time_limit_s=1000.0,
+                          on_event=lambda kind, data: notices.append(data.get("message", "")) if kind == "notice" else None)
+    ex.loop = loop
+    assert loop.run() is StopReason.TIME_LIMIT
+    launched = [n for n, t in records.trials.items() if t["outcome"].launched]
+    assert launched == [0] and records.trials[0]["outcome"].status is TrialStatus.INTERRUPTED
+    assert any(m.startswith("no new trial") and "takes about 300 s" in m and "100 s are left" in m for m in notices)
+
+
+@pytest.mark.parametrize("elapsed_s, launches", [(500.0, True), (520.0, False)])
+def test_a_new_trial_needs_a_deploy_and_a_load_point_in_the_time_left(tmp_path, elapsed_s, launches):
+    """Deploys of this run took 450 s (median), its points 10 s, under the window (10 s warm-up +
+    30 s): a new trial needs 490 s, which 500 s left hold and 480 s do not."""
+    import time
+
+    loop, _ = _loop(tmp_path, ScriptedExecutor(capacity=lambda n: 30), 3, time_limit_s=1000.0)
+    loop.deploy_walls_s, loop.point_walls_s = [400.0, 450.0, 900.0], [10.0]
+    loop.started_at = time.time() - elapsed_s
+    late = loop._new_trial_would_overrun()
+    assert (late is None) is launches
+    if not launches:
+        assert "a trial takes about 490 s" in late and "480 s are left" in late
+
+
+def test_simulated_windows_take_no_clock_time_from_the_limit(tmp_path):
+    """A simulator run's windows (40 s here) are simulated in moments: a 5 s limit still runs
+    its trials to their capacity."""
+    ex = ScriptedExecutor(capacity=lambda n: 30)
+    loop, records = _loop(tmp_path, ex, 2, prune=False, time_limit_s=5.0, windows_take_wall_time=False)
+    assert loop.run() is StopReason.BUDGET_SPENT
+    assert [t["outcome"].capacity_users for t in records.trials.values() if t["outcome"].launched] == [28, 28]

@@ -72,6 +72,9 @@ class Evaluator(ABC):
     """A backend kind: ``simulator``, ``sglang``, ``transformers``."""
 
     kind: str = "base"
+    # whether a load point's warm-up and window take that long on the clock (a replay against a
+    # server), or are simulated in moments; a run's time limit plans by it
+    windows_take_wall_time: bool = True
 
     def gpus_needed(self, request: TrialRequest) -> int:
         """GPUs the trial asks Ray for (0 for the simulator)."""

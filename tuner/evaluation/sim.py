@@ -44,6 +44,7 @@ class SimDeployment(Deployment):
 
 class SimEvaluator(Evaluator):
     kind = BackendKind.SIMULATOR
+    windows_take_wall_time = False
 
     def gpus_needed(self, request: TrialRequest) -> int:
         return 0

@@ -68,6 +68,7 @@ class TrialLoop:
     # in the time left, no load point starts that cannot end before it, and at the limit running
     # trials close after their current load point
     time_limit_s: float | None = None
+    windows_take_wall_time: bool = True  # False: the backend simulates its windows (no clock time)
     # stops the servers of a running trial by recorded identity, returns the PIDs it killed (the
     # executor's shutdown may leave them: a killed Ray actor never runs its trial's teardown)
     reap_servers: Callable[[int, dict], list[int]] | None = None
@@ -77,6 +78,8 @@ class TrialLoop:
     running: dict[int, RunningTrial] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     trial_walls_s: list[float] = field(default_factory=list)  # launched trials of this run that ended
+    deploy_walls_s: list[float] = field(default_factory=list)  # launch to ready, trials of this run
+    point_walls_s: list[float] = field(default_factory=list)  # load points of this run, warm-up included
     winding_down: str | None = None  # why running trials close early (the time limit ran out)
     slots: int | None = None  # trials at once: min(parallel, what the resources hold), once known
     reaped: dict[int, list[int]] = field(default_factory=dict)  # trial -> server PIDs stopped by reaping
@@ -143,6 +146,10 @@ class TrialLoop:
     def _launch_into_free_slots(self) -> None:
         while (self.stop is None and self.ledger.counters.launched < self.budget
                and len(self.running) < (self.slots or self.parallel)):
+            if (late := self._new_trial_would_overrun()) is not None:
+                self.stop = StopReason.TIME_LIMIT  # running trials finish, no new ones start
+                self.on_event("notice", {"message": late})
+                return
             if self.proposer.asks >= max_asks(self.budget):
                 self.stop = StopReason.SPACE_EXHAUSTED
                 return
@@ -199,6 +206,7 @@ class TrialLoop:
             self._finish(rt, Outcome.failure(err.failure_class, err.reason, err.log_path))
         elif result.op == Operation.DEPLOY:
             rt.info = result.value or {}
+            self.deploy_walls_s.append(time.time() - rt.started_at)
             self.ledger.deployed(rt.proposal, rt.info)
             self._next_load_point(rt)
         else:
@@ -210,6 +218,7 @@ class TrialLoop:
         self.ledger.measured(rt.proposal, rt.step, metrics, passed, wall_time_s, rt.search.capacity_users)
         rt.step += 1
         rt.last_point_wall_s = wall_time_s
+        self.point_walls_s.append(wall_time_s)
         incumbent = self.ledger.incumbent_users
         if self.prune and not rt.proposal.is_baseline and should_prune(rt.search, incumbent):
             self._close(rt, Outcome.pruned(rt.search.capacity_users, prune_reason(rt.search, incumbent)))
@@ -244,13 +253,20 @@ class TrialLoop:
         when it fits. A point begun at the limit's edge would hold the GPU a whole window past it."""
         if self.time_limit_s is None:
             return None
-        m = self.study.measurement
-        expected_s = max(m.warmup_for(rt.step) + float(m.duration_s), rt.last_point_wall_s)
+        expected_s = max(self._window_s(rt.step), rt.last_point_wall_s)
         left_s = self.time_limit_s - (time.time() - self.started_at)
         if expected_s <= left_s:
             return None
         return (f"time limit of {self.time_limit_s:g} s: the next load point takes about {expected_s:.0f} s "
                 f"and {max(0.0, left_s):.0f} s are left")
+
+    def _window_s(self, step: int) -> float:
+        """Clock time of a load point's warm-up and window at this step of a search (0 where the
+        backend simulates them)."""
+        if not self.windows_take_wall_time:
+            return 0.0
+        m = self.study.measurement
+        return m.warmup_for(step) + float(m.duration_s)
 
     # ---------------------------------------------------------------- check
     def _check_failure_limit(self) -> None:
@@ -260,11 +276,24 @@ class TrialLoop:
     def _check_time_limit(self) -> None:
         if self.time_limit_s is None or self.winding_down is not None:
             return
-        elapsed = time.time() - self.started_at
-        if elapsed >= self.time_limit_s:
+        if time.time() - self.started_at >= self.time_limit_s:
             self.stop = self.stop or StopReason.TIME_LIMIT
             self.winding_down = f"time limit of {self.time_limit_s:g} s reached"
-        elif self.trial_walls_s and not self.running and self.stop is None:
-            expected = statistics.median(self.trial_walls_s)
-            if elapsed + expected > self.time_limit_s:  # the next trial would not finish in time
-                self.stop = StopReason.TIME_LIMIT
+
+    def _new_trial_would_overrun(self) -> str | None:
+        """Why no trial is launched now: it would end past the time limit; None when it fits. A
+        trial takes as long as this run's trials took (their median), and never less than a deploy
+        and one load point (as long as this run's took, the point at least its window): a trial
+        closed because its next point did not fit leaves no wall of its own, and a fresh one
+        needs more than that point."""
+        if self.time_limit_s is None:
+            return None
+        floor_s = max(self._window_s(0), statistics.median(self.point_walls_s) if self.point_walls_s else 0.0)
+        if self.deploy_walls_s:
+            floor_s += statistics.median(self.deploy_walls_s)
+        expected_s = max(statistics.median(self.trial_walls_s) if self.trial_walls_s else 0.0, floor_s)
+        left_s = self.time_limit_s - (time.time() - self.started_at)
+        if expected_s <= left_s:
+            return None
+        return (f"no new trial: time limit of {self.time_limit_s:g} s: a trial takes about {expected_s:.0f} s "
+                f"and {max(0.0, left_s):.0f} s are left")

@@ -269,8 +269,10 @@ class StudyRunner:
         loop: TrialLoop | None = None
         try:
             executor = self._start_executor()
+            evaluator = get_evaluator(self.backend_kind)
             loop = TrialLoop(self.study, proposer, ledger, executor, backend_kind=self.backend_kind,
-                             budget=budget, gpus_needed=get_evaluator(self.backend_kind).gpus_needed,
+                             budget=budget, gpus_needed=evaluator.gpus_needed,
+                             windows_take_wall_time=evaluator.windows_take_wall_time,
                              workdir=str(paths.inside(self.workdir, self.study.name)), seed=self.seed,
                              parallel=self.parallel, max_failures=self.max_failures, prune=self.prune,
                              time_limit_s=self.time_limit_s, reap_servers=self._reap_running,
