@@ -83,8 +83,38 @@ def test_the_committed_h200_fit_carries_its_scheduler_and_kernels_to_prefill_cud
     prior = load_calibration("h200")
     assert graphs["overhead"]["cpu_step_s"] == eager["overhead"]["cpu_step_s"] != prior["overhead"]["cpu_step_s"]
     assert graphs["compute_efficiency"]["moe"] == eager["compute_efficiency"]["moe"]
-    assert graphs["overhead"]["prefill_per_layer_s"] == prior["overhead"]["prefill_per_layer_s"]
+    # the launch cost of a graph prefill step is the graph servers' own fit (the eager fit's does not hold)
+    assert graphs["overhead"]["prefill_per_layer_s"] != eager["overhead"]["prefill_per_layer_s"]
+    assert graphs["overhead"]["prefill_per_layer_s"] > 2 * prior["overhead"]["prefill_per_layer_s"]
+    assert graphs["fitted_applied"] == [
+        "h200-sglang-0.5.17-triton-eager-prefill (in part: the values that do not depend on prefill_cuda_graph)",
+        "h200-sglang-0.5.17-triton"]
     assert "per_new_kernel_s" not in graphs["fresh_server_stalls"]  # compiled while capturing, not on first use
+    assert graphs["fitted_checks"][0]["load_points"] >= 2  # the graph entry's own check
+
+
+def test_a_fit_where_another_context_fit_holds_in_part_starts_from_it_and_holds_its_values(tmp_path, monkeypatch):
+    from tuner.sim import calibrate as calmod
+
+    (tmp_path / "default.yaml").write_text((calmod.CALIBRATION_DIR / "default.yaml").read_text())
+    eager_when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    (tmp_path / "h200.yaml").write_text(yaml.safe_dump({"fitted": [
+        {"name": "eager", "when": eager_when,
+         "values": {"overhead": {"cpu_step_s": 0.005, "prefill_per_layer_s": 0.002},
+                    "compute_efficiency": {"moe": 0.5}}},
+        {"name": "graphs-old", "when": {**eager_when, "prefill_cuda_graph": True},
+         "values": {"overhead": {"prefill_per_layer_s": 0.0004}}}]}))
+    monkeypatch.setattr(calmod, "CALIBRATION_DIR", tmp_path)
+    base, held = calmod.fit_base("h200", {**eager_when, "prefill_cuda_graph": True})
+    # the eager fit's scheduler and kernel values hold (and are held); its prefill launch cost does
+    # not; the graph context's own old entry is what a new fit replaces, so it is no base
+    assert sorted(held) == ["compute_efficiency.moe", "overhead.cpu_step_s"]
+    assert base["overhead"]["cpu_step_s"] == 0.005 and base["compute_efficiency"]["moe"] == 0.5
+    assert base["overhead"]["prefill_per_layer_s"] == calmod.load_calibration("h200")["overhead"]["prefill_per_layer_s"]
+    # in the eager context the graph entry's only value (its launch cost) does not hold, and the
+    # eager entry is the one a refit replaces: it starts from the priors
+    prior_base, prior_held = calmod.fit_base("h200", eager_when)
+    assert prior_held == [] and prior_base["overhead"]["cpu_step_s"] != 0.005
 
 
 def test_write_fitted_replaces_the_entry_of_the_same_context_and_keeps_the_rest(tmp_path):

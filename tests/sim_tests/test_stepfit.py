@@ -82,11 +82,11 @@ TRUE = {("overhead", "cpu_step_s"): 0.006, ("overhead", "per_request_s"): 1.2e-4
 FLAGS = {"attention-backend": "triton", "disable-prefill-cuda-graph": True}
 
 
-def _synthetic_trial(cal, n_windows=160, seed=1) -> TrialSteps:
+def _synthetic_trial(cal, n_windows=160, seed=1, flags=FLAGS) -> TrialSteps:
     """Windows whose wall times a known calibration produced (the log's throughput inverted)."""
     rng = random.Random(seed)
     t = TrialSteps(label="synthetic#0", study="synthetic", trial=0, model=get_model("qwen3-30b-a3b"),
-                   gpu=get_gpu("h200"), gpus=1, nodes=1, host_memory_gb=128, flags=dict(FLAGS), knobs={},
+                   gpu=get_gpu("h200"), gpus=1, nodes=1, host_memory_gb=128, flags=dict(flags), knobs={},
                    sglang_version="0.5.17", shared_prefix_tokens=2000)
     sm = t.step_model(cal)
     for i in range(n_windows):
@@ -148,6 +148,34 @@ def test_prefill_scale_makes_every_prefill_step_longer_by_the_scale():
     before = t.step_model(cal).gpu_time([w])
     after = t.step_model(scale_prefill(cal, 1.5)).gpu_time([w])
     assert after / before == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_fit_with_values_held_moves_only_the_rest():
+    """Prefill CUDA graphs (SGLang's default for Qwen3): the eager fit's scheduler and kernel
+    values are held; the windows give the graph prefill step's launch cost alone."""
+    base = load_calibration("h200")
+    for path, v in TRUE.items():
+        set_path(base, path, v)
+    truth = copy.deepcopy(base)
+    set_path(truth, ("overhead", "prefill_per_layer_s"), 5e-4)
+    trial = _synthetic_trial(truth, flags={"attention-backend": "triton"})
+    assert trial.step_model_prefill_graph()
+    held = ["overhead.cpu_step_s", "overhead.per_request_s", "overhead.layer_s", "memory_efficiency",
+            "kv_memory_efficiency", "overhead.prefill_batch_s", "compute_efficiency.moe",
+            "compute_efficiency.dense", "compute_efficiency.extend_attention"]
+    res = fit([trial], calibration=base, held=held)
+    assert set(res.values) == {"overhead.prefill_per_layer_s"}
+    assert res.values["overhead.prefill_per_layer_s"] == pytest.approx(5e-4, rel=0.1)
+    for path in TRUE:
+        assert get_path(res.calibration, path) == get_path(base, path), path
+    # the prefill scale moves only what is not held, and the fit writes only what it fitted
+    scaled = scale_prefill(res.calibration, 2.0, held)
+    assert get_path(scaled, ("compute_efficiency", "moe")) == get_path(base, ("compute_efficiency", "moe"))
+    assert get_path(scaled, ("overhead", "prefill_per_layer_s")) == pytest.approx(
+        2.0 * res.values["overhead.prefill_per_layer_s"])
+    res.prefill_scale = object()  # as after stage 2: the prefill values are written, less those held
+    assert res.as_overrides()["overhead"] == {"prefill_per_layer_s": pytest.approx(res.values[
+        "overhead.prefill_per_layer_s"], rel=1e-3), "eager_prefill_per_layer_s": pytest.approx(6e-4)}
 
 
 def test_trials_of_different_contexts_are_not_fitted_together():

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
-from tuner.sim.calibrate import load_calibration
+from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
                                 find_sources, format_metric, points_from_database, points_from_probe)
 
@@ -193,10 +194,17 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
                                       else None}}
 
 
+def point_context(p: LoadPoint, sglang_version: str | None = None) -> dict:
+    """The calibration context a load point is predicted under (``calibrate.calibration_context``)."""
+    return calibration_context(get_model(p.model), get_gpu(p.gpu), p.flags, sglang_version or p.sglang_version)
+
+
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
                  sglang_version: str | None = None, calibration=None, progress=None,
-                 selection: TrialSelection | None = None, noise_seeds: int = 0, priors_only: bool = False) -> dict:
-    """Every real load point under ``dirs`` (those of the ``selection``'s trials) predicted and compared.
+                 selection: TrialSelection | None = None, noise_seeds: int = 0, priors_only: bool = False,
+                 context: dict | None = None) -> dict:
+    """Every real load point under ``dirs`` (those of the ``selection``'s trials, and with
+    ``context`` those predicted under that calibration context) predicted and compared.
     ``priors_only``: with no fitted entry at all (neither the GPU's own nor one of its architecture),
     what the fits add."""
     dbs, probes = find_sources(dirs)
@@ -213,8 +221,10 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         selection.check({(p.study, p.trial) if p.study is not None else (p.label.rsplit("@", 1)[0], None)
                          for p in points})
         points = [p for p in points if selection.keeps_point(p)]
+    if context is not None:
+        points = [p for p in points if point_context(p, sglang_version) == context]
     if not points:
-        where = ", ".join(str(d) for d in dirs)
+        where = ", ".join(str(d) for d in dirs) + (f" in calibration context {context}" if context else "")
         raise UserError(f"no real measurements found under {where}: need study databases (*.db) with "
                         f"{'/'.join(backends)} load points, or probe files (*.probe.json, probes/*.json)")
     results = []

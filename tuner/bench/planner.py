@@ -145,6 +145,8 @@ def cases_from_database(path: Path) -> list[PlannerCase]:
                 if info is None:
                     tele = (t.telemetry or {}).get("server_info")
                     info = tele[0] if isinstance(tele, list) and tele else tele if isinstance(tele, dict) else None
+                if not logs and info is None and not failed_at_start:
+                    continue  # stopped before its server said anything (e.g. at a time limit): nothing to compare
                 started = True if info else (False if failed_at_start else None)
                 died_serving = bool(info) and t.failure_class == "oom"
                 served = (False if (died_serving or started is False)

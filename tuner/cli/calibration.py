@@ -121,9 +121,9 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     """
     use_profile_dirs(profile_dirs)
     from tuner.bench.fidelity import format_report, held_out, run_fidelity, summarize_points
-    from tuner.sim.calibrate import load_calibration, write_fitted
+    from tuner.sim.calibrate import fit_base, with_values, write_fitted
     from tuner.sim.measured import TrialSelection, trial_label
-    from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, load_real_data
+    from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, is_held, load_real_data
 
     def say(msg):
         if not as_json:
@@ -142,22 +142,31 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     left_out = sorted({trial_label(t.study, t.trial) for t in all_trials} - {t.label for t in trials})
     say(f"{len(trials)} trials, {sum(len(t.windows) for t in trials)} decode windows, {len(points)} load points; "
         f"context {context}" + (f"; left out of the fit: {', '.join(left_out)}" if left_out else ""))
-    res = calibrate(trials, points, progress=lambda m: say(m) if "prefill scale" in m else None)
+    # where other contexts' fits hold in part (an eager-prefill fit, for a server with prefill
+    # graphs), the fit starts from their values and moves only what they leave open
+    base, held = fit_base(trials[0].gpu.name, context)
+    if held:
+        say(f"held from the fits of other contexts (valid here): {', '.join(held)}")
+    res = calibrate(trials, points, calibration=base, held=held,
+                    progress=lambda m: say(m) if "prefill scale" in m else None)
     doc = {
         "context": context, "trials": res.trials, "left_out": left_out, "windows": res.windows,
+        "held": held,
         "parameters": [{"name": p.name, "prior": res.prior.get(p.name),
                         "fitted": get_path(res.calibration, p.path) if p.name in res.values else None,
                         "meaning": p.meaning, "fitted_from_data": p.name in res.values,
+                        "held": is_held(p.path, held),
                         "at_bound": p.name in res.at_bound} for p in PARAMETERS],
         "prefill_scale": None if res.prefill_scale is None else {
             "scale": res.prefill_scale.scale, "points": res.prefill_scale.points},
         "warmup_stalls": None if res.warmup is None else res.warmup.as_dict(),
         "residuals": res.residuals, "calibration": res.as_overrides(),
     }
-    say("checking the calibrated simulator on every load point (tuner bench fidelity)")
-    # with the values as they are written (rounded), so the record is what the file reproduces
-    written = load_calibration(trials[0].gpu.name, res.as_overrides())
-    fid = run_fidelity(results_dirs, calibration=written)
+    say("checking the calibrated simulator on every load point of the context (tuner bench fidelity)")
+    # with the values as they are written (rounded), over what they are written on, so the record
+    # is what the file reproduces; points of other contexts are predicted by their own entries
+    written = with_values(base, res.as_overrides())
+    fid = run_fidelity(results_dirs, calibration=written, context=context)
     doc["fidelity"] = {k: fid[k] for k in ("mape", "verdict_agreement", "target_results", "passed")}
     doc["fidelity"]["points"] = fid["points"]
     checked = _fidelity_record(len(fid["points"]), fid, "tuner bench fidelity --results " + " ".join(results_dirs))
@@ -187,7 +196,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
         return
     click.echo(_format_fit(doc))
     m = doc["fidelity"]["mape"]
-    click.echo(f"\ncalibrated simulator on all {checked['load_points']} load points: P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
+    click.echo(f"\ncalibrated simulator on all {checked['load_points']} load points of the context: P90 TTFT MAPE {m['p90_ttft_s']:.1%}, "
                f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, throughput {m['throughput_tokens_per_s']:.1%}, verdicts "
                f"{doc['fidelity']['verdict_agreement']:.0%} (tuner bench fidelity prints the table)")
     if "unseen" in doc:
@@ -309,7 +318,8 @@ def _format_fit(doc: dict) -> str:
     lines = [f"{'parameter':<50}{'prior':>12}{'fitted':>12}  meaning (fitted: after the prefill scale)"]
     for p in doc["parameters"]:
         fitted = "-" if p["fitted"] is None else f"{p['fitted']:.4g}"
-        note = " (at bound)" if p["at_bound"] else "" if p["fitted_from_data"] else " (not in the data: prior kept)"
+        note = (" (at bound)" if p["at_bound"] else "" if p["fitted_from_data"] else
+                " (held: another context's fit gives it)" if p.get("held") else " (not in the data: prior kept)")
         lines.append(f"{p['name']:<50}{p['prior']:>12.4g}{fitted:>12}  {p['meaning']}{note}")
     ps = doc["prefill_scale"]
     if ps:

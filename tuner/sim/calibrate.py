@@ -256,6 +256,28 @@ def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] 
     return cal
 
 
+def with_values(cal: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``cal`` with ``values`` (nested calibration keys) merged over it, leaf by leaf."""
+    return _merge(cal, values)
+
+
+def fit_base(gpu_name: str, context: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The calibration a fit in ``context`` starts from, and the value paths it holds: the priors,
+    with the values of the GPU's own ``fitted`` entries for other contexts that hold in this one
+    (``_matching_entries``' partial ones, e.g. the scheduler and kernel values of an eager-prefill
+    fit where prefill runs as CUDA graphs). A fit moves only what those leave open; an entry for
+    the context itself is what the fit replaces, so it is not a base."""
+    cal = load_calibration(gpu_name)
+    gpu_file = CALIBRATION_DIR / f"{gpu_name}.yaml"
+    entries = (_read(gpu_file).get("fitted") or []) if gpu_file.exists() else []
+    held: list[str] = []
+    for entry in _matching_entries(entries, context, str(gpu_file)):
+        if entry.get("partial"):
+            cal = _merge(cal, entry["values"])
+            held += [path for path in entry["partial"] if path not in held]
+    return cal, held
+
+
 def load_calibration(gpu_name: str, override: dict | str | Path | None = None, *,
                      context: dict[str, Any] | None = None) -> dict[str, Any]:
     """default.yaml, then <gpu>.yaml, then the GPU file's ``fitted`` entries that hold in

@@ -17,12 +17,16 @@ the fitted values are exactly the calibration keys the simulator reads:
 * ``overhead.eager_prefill_per_layer_s``: launch cost per layer of a prefill step without prefill
   CUDA graphs (every kernel launched from Python); ``overhead.prefill_batch_s``: the fixed cost of a
   prefill step outside its kernels (building the batch, sampling its first tokens);
+  ``overhead.prefill_per_layer_s``: the same launch cost with SGLang's breakable prefill CUDA
+  graphs, whose attention runs eagerly between the captured segments;
 * ``compute_efficiency.moe`` and ``.dense``: the fused-MoE and linear GEMMs of prefill steps;
 * ``compute_efficiency.extend_attention.<mode>``: the extend-attention kernel over new tokens x
   (cached prefix + new), per mode (``gqa``, ``mla_absorbed``, ``mla_mha``).
 
 A parameter the data cannot see (no MLA trial, no prefill without a cached prefix) is left at
-its prior value and reported as not fitted. Residuals are relative (window time), with a soft-L1
+its prior value and reported as not fitted. Where the fits of other contexts hold in part (an
+eager-prefill fit for servers with prefill graphs: ``calibrate.fit_base``), their values are held
+and only the rest is fitted. Residuals are relative (window time), with a soft-L1
 loss so that a window disturbed by something the log does not show (an idle gap, a stalled
 client) counts less.
 """
@@ -85,6 +89,9 @@ PARAMETERS: tuple[Parameter, ...] = (
               meaning="compute share of MLA's absorbed decode attention"),
     Parameter(("overhead", "eager_prefill_per_layer_s"), 0.0, 5e-3, needs="eager_prefill",
               meaning="launch cost per layer of a prefill step without prefill CUDA graphs"),
+    Parameter(("overhead", "prefill_per_layer_s"), 0.0, 5e-3, needs="graph_prefill",
+              meaning="launch cost per layer of a prefill step with breakable prefill CUDA graphs (attention "
+                      "runs eagerly between the captured segments)"),
     Parameter(("overhead", "prefill_batch_s"), 0.0, 0.2, meaning="fixed cost of a prefill step outside its kernels"),
     Parameter(("compute_efficiency", "moe"), 0.02, 1.0, tied=(("compute_efficiency", "dense"),),
               meaning="fused-MoE and linear GEMMs in prefill (share of peak; one value: the windows cannot "
@@ -271,6 +278,8 @@ def _sees(trials: list[TrialSteps], needs: str) -> bool:
         return any(t.weight_format == "fp8_block" for t in trials)
     if needs == "eager_prefill":
         return any(not t.step_model_prefill_graph() for t in trials)
+    if needs == "graph_prefill":
+        return any(t.step_model_prefill_graph() for t in trials)
     if needs == "mla_no_prefix":
         return sum(1 for t in trials if t.arch == "mla" for w in t.windows for p in w.prefills
                    if p.cached_tokens == 0) >= MIN_WINDOWS_FOR_A_MODE
@@ -287,6 +296,7 @@ class FitResult:
     residuals: dict[str, dict]  # trial label -> {median_abs, mean, n}
     calibration: dict  # the full calibration with the fitted values
     at_bound: list[str] = field(default_factory=list)  # fitted to a bound: the data push past it
+    held: list[str] = field(default_factory=list)  # value paths another context's fit gives (calibrate.fit_base)
     prefill_scale: "PrefillScale | None" = None
     warmup: "WarmupStalls | None" = None
 
@@ -302,6 +312,8 @@ class FitResult:
             paths.append((STALL_KEY,))
         out: dict = {}
         for path in dict.fromkeys(paths):
+            if is_held(path, self.held):  # not this fit's: the other context's entry gives it
+                continue
             v = get_path(self.calibration, path)
             set_path(out, path, dict(v) if isinstance(v, dict) else float(f"{v:.4g}"))
         return out
@@ -329,9 +341,16 @@ def residual_summary(trials: list[TrialSteps], calibration: dict) -> dict[str, d
     return out
 
 
+def is_held(path: tuple[str, ...], held: Iterable[str]) -> bool:
+    """Whether the value at ``path`` is, or lies below, one of the ``held`` dotted paths."""
+    name = ".".join(path)
+    return any(name == h or name.startswith(h + ".") for h in held)
+
+
 def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters: Iterable[Parameter] = PARAMETERS,
-        progress: Callable[[str], None] | None = None) -> FitResult:
-    """Least squares of the relative window-time error over the parameters the data can see."""
+        held: Iterable[str] = (), progress: Callable[[str], None] | None = None) -> FitResult:
+    """Least squares of the relative window-time error over the parameters the data can see, but
+    those ``held`` (value paths another context's fit gives: ``calibrate.fit_base``)."""
     from scipy.optimize import least_squares  # heavy
 
     if not trials:
@@ -340,7 +359,8 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
     if len(gpus) != 1:
         raise ConfigError(f"fit one GPU at a time; the data hold {sorted(gpus)}", key="--results")
     base = copy.deepcopy(calibration if calibration is not None else load_calibration(trials[0].gpu.name))
-    free = [p for p in parameters if _sees(trials, p.needs)]
+    held = list(held)
+    free = [p for p in parameters if _sees(trials, p.needs) and not is_held(p.path, held)]
     fixed = [p.name for p in parameters if p not in free]
     prior = {p.name: float(_prior(base, p)) for p in parameters}
 
@@ -381,7 +401,7 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
     at_bound = [p.name for p, v in zip(free, sol.x) if v <= p.lower * 1.001 or v >= p.upper * 0.999]
     return FitResult(values=values, prior=prior, fixed=fixed, trials=[t.label for t in trials],
                      windows=sum(len(t.windows) for t in trials), residuals=residual_summary(trials, cal),
-                     calibration=cal, at_bound=at_bound)
+                     calibration=cal, at_bound=at_bound, held=held)
 
 
 # ---- stage 2: prefill time from SGLang's own prefill-forward stage -------------------------------
@@ -404,21 +424,28 @@ class PrefillScale:
         return float(np.std(r)) if r else 0.0
 
 
-def scale_prefill(calibration: dict, scale: float) -> dict:
-    """Prefill steps ``scale`` times as long: prefill compute efficiencies / scale, eager launch x scale."""
+def scale_prefill(calibration: dict, scale: float, held: Iterable[str] = ()) -> dict:
+    """Prefill steps ``scale`` times as long: prefill compute efficiencies / scale, launch costs x
+    scale; values ``held`` (another context's fit gives them) stay."""
     cal = copy.deepcopy(calibration)
+    held = list(held)
+
+    def rescale(path: tuple[str, ...], value: float, factor: float) -> None:
+        if not is_held(path, held):
+            set_path(cal, path, float(value) * factor)
+
     for path in PREFILL_COMPUTE:
-        set_path(cal, path, get_path(cal, path) / scale)
-    ext = get_path(cal, ("compute_efficiency", "extend_attention")) or {}
+        rescale(path, get_path(cal, path), 1.0 / scale)
+    ext = dict(get_path(cal, ("compute_efficiency", "extend_attention")) or {})
     base = get_path(cal, ("compute_efficiency", "attention"))
     for mode in ("gqa", "mla_absorbed", "mla_mha", "dsa"):
         for key in (mode, mode + "_causal"):
-            set_path(cal, ("compute_efficiency", "extend_attention", key),
-                     float(ext.get(key, ext.get(mode, base))) / scale)
+            rescale(("compute_efficiency", "extend_attention", key), ext.get(key, ext.get(mode, base)), 1.0 / scale)
     ov = cal["overhead"]
-    ov["eager_prefill_per_layer_s"] = ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]) * scale
-    ov["prefill_per_layer_s"] = ov["prefill_per_layer_s"] * scale
-    ov["prefill_batch_s"] = ov.get("prefill_batch_s", 0.0) * scale
+    rescale(("overhead", "eager_prefill_per_layer_s"), ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]),
+            scale)
+    rescale(("overhead", "prefill_per_layer_s"), ov["prefill_per_layer_s"], scale)
+    rescale(("overhead", "prefill_batch_s"), ov.get("prefill_batch_s", 0.0), scale)
     return cal
 
 
@@ -434,15 +461,17 @@ def simulated_stages(p, calibration: dict) -> dict:
     return m.extra["server_stage_means"]
 
 
-def fit_prefill_scale(points, calibration: dict, progress: Callable[[str], None] | None = None) -> PrefillScale:
-    """Bisection on the scale for mean log(simulated / measured prefill forward) = 0."""
+def fit_prefill_scale(points, calibration: dict, progress: Callable[[str], None] | None = None,
+                      held: Iterable[str] = ()) -> PrefillScale:
+    """Bisection on the scale for mean log(simulated / measured prefill forward) = 0 (the values
+    ``held`` do not scale)."""
     pts = steady_points(points)
     if not pts:
         raise ConfigError("no warm-server load point with SGLang's stage metrics (extra.server_metrics)",
                           key="--results")
 
     def evaluate(scale):
-        cal = scale_prefill(calibration, scale)
+        cal = scale_prefill(calibration, scale, held)
         rows = []
         for p in pts:
             sim = simulated_stages(p, cal)
@@ -617,15 +646,16 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
                         fit_decay_s(times, WARMUP_LOOK_S), servers, stalls, later, **kernel)
 
 
-def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None,
+def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None, held: Iterable[str] = (),
               progress: Callable[[str], None] | None = None) -> FitResult:
-    """Every stage: the window fit, the prefill scale, then the fresh-server stalls."""
-    res = fit(trials, calibration=calibration, progress=progress)
+    """Every stage: the window fit, the prefill scale, then the fresh-server stalls; none moves the
+    values ``held`` (another context's fit gives them: ``calibrate.fit_base``)."""
+    res = fit(trials, calibration=calibration, held=held, progress=progress)
     pts = [p for p in points if any(p.study == t.study and p.trial == t.trial for t in trials)]
     if steady_points(pts):
-        scale = fit_prefill_scale(pts, res.calibration, progress)
+        scale = fit_prefill_scale(pts, res.calibration, progress, held=res.held)
         res.prefill_scale = scale
-        res.calibration = scale_prefill(res.calibration, scale.scale)
+        res.calibration = scale_prefill(res.calibration, scale.scale, res.held)
     # the stalls of fresh servers, measured against the calibrated step times; the simulator puts
     # them into a deployment's first load point (tuner.sim.warmup)
     res.warmup = warmup_stalls(trials, res.calibration)
