@@ -25,8 +25,9 @@
 set -uo pipefail
 STUDY=${STUDY:?name of a studies/*.yaml}
 LIMIT=${LIMIT:-480}
-# the machine kills a call at 600 s and then nothing under $OUT comes back but what is there: every
-# backstop below ends its step by HARD s, which leaves the database copy and the packing 15 s
+# the machine kills a call at 600 s (or at the call's own timeout) and then nothing under $OUT comes
+# back but what is there: every backstop below ends its step by HARD s, which leaves the database
+# copy and the packing 15 s. A call with a shorter timeout must set HARD 15 s below it.
 HARD=${HARD:-585}
 STEPS=${STEPS:-study}
 OUT=${OUT:-/tmp/out}
