@@ -57,6 +57,26 @@ def test_the_fit_uses_only_the_chosen_trials_and_reports_the_others_as_unseen(tm
     assert cal["overhead"]["cpu_step_s"] == values["overhead"]["cpu_step_s"]
 
 
+def test_a_fit_with_prefill_graphs_holds_the_eager_fits_values_and_fits_the_launch_cost(tmp_path):
+    """The committed server with prefill CUDA graphs: the eager-prefill entry holds in part there,
+    so only the graph prefill step's launch cost (and the stalls) are fitted and written, and the
+    check covers the points of this context alone."""
+    out = tmp_path / "graphs.yaml"
+    res = CliRunner().invoke(cli, ["calibration", "fit", "--results", str(REPO / "results" / "h200-sglang-prefill-graphs"),
+                                   "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["context"]["prefill_cuda_graph"] is True
+    assert {"overhead.cpu_step_s", "memory_efficiency", "compute_efficiency.moe"} <= set(doc["held"])
+    fitted = {p["name"]: p for p in doc["parameters"] if p["fitted_from_data"]}
+    assert set(fitted) == {"overhead.prefill_per_layer_s"}
+    # far above the 40 us prior of a whole-graph replay: 0.5.17's breakable graphs run attention eagerly
+    assert 1e-4 < doc["calibration"]["overhead"]["prefill_per_layer_s"] < 1.136e-3
+    assert set(doc["calibration"]["overhead"]) == {"prefill_per_layer_s"}
+    assert {pt["study"] for pt in doc["fidelity"]["points"]} == {"h200-sglang-qwen3-prefill-graphs"}
+    assert "--only-trials h200-sglang-qwen3-prefill-graphs#0" in out.read_text()
+
+
 def test_recheck_groups_the_points_by_context_and_records_them_in_the_entry(tmp_path, monkeypatch):
     import shutil
 

@@ -190,7 +190,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
                             source=_source(results_dirs, res, selection), checked=checked)
         doc["written"] = str(path)
     if out_path:
-        doc["out"] = str(_write_override(out_path, res.as_overrides(), _source(results_dirs, res, selection)))
+        # values fitted over another context's (held) apply on this context's trials only
+        doc["try_it"] = f"tuner bench fidelity --calibration {out_path}" + (
+            f" --only-trials {','.join(res.trials)}" if held else "")
+        doc["out"] = str(_write_override(out_path, res.as_overrides(), _source(results_dirs, res, selection),
+                                         doc["try_it"]))
     if as_json:
         emit_json(doc)
         return
@@ -213,7 +217,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     if write:
         click.echo(f"\nwrote {doc['written']}")
     if out_path:
-        click.echo(f"wrote {doc['out']} (try it: tuner bench fidelity --calibration {doc['out']})")
+        click.echo(f"wrote {doc['out']} (try it: {doc['try_it']})")
 
 
 @calibration.command()
@@ -301,7 +305,7 @@ def _source(results_dirs, res, selection) -> str:
             f"{len(res.trials)} trials ({', '.join(res.trials)}), {res.windows} decode windows; docs/calibration.md")
 
 
-def _write_override(path, values: dict, source: str):
+def _write_override(path, values: dict, source: str, use: str):
     """The fitted values as a calibration file of their own (whole or not at all)."""
     import yaml
 
@@ -309,7 +313,7 @@ def _write_override(path, values: dict, source: str):
 
     target = safewrite.check_target(path)
     with safewrite.atomic_open(target) as f:
-        f.write(f"# {source}\n# use: tuner bench fidelity --calibration {path}\n")
+        f.write(f"# {source}\n# use: {use}\n")
         yaml.safe_dump(values, f, sort_keys=False)
     return target
 
