@@ -296,3 +296,27 @@ def test_priors_only_drops_every_fitted_entry_and_says_so(tmp_path):
     assert priors["mape"]["p90_tpot_s"] > 0.05  # the fit's scheduler and kernel values are what moved it
     assert format_report(priors).startswith("priors only: no fitted calibration entry applied")
     assert "priors only" not in format_report(fitted)
+
+
+def test_points_of_trials_no_applied_fit_saw_get_their_own_figures(tmp_path):
+    """study 'fid' trial 0 is in no fitted entry's trials: every point is unseen; a fit that lists
+    it makes them seen; with the priors alone no fit applied, so neither."""
+    from tuner.sim import calibrate
+
+    results, _ = make_db(tmp_path, ttft_scale=2.0)
+    doc = run_fidelity([results])
+    assert all(p["seen_by_fit"] is False for p in doc["points"])
+    unseen = doc["unseen_by_fit"]
+    assert unseen["trials"] == ["fid#0"] and unseen["load_points"] == len(USERS)
+    assert unseen["mape"]["p90_ttft_s"] == pytest.approx(0.5)
+    assert "on the 2 points of trials no fit they used was fitted on (fid#0): P90 TTFT 50.0%" in format_report(doc)
+    assert run_fidelity([results], priors_only=True)["unseen_by_fit"] is None
+    # an entry that names the trial: its points were seen by the fit
+    cal = _resolved_calibration()
+    cal["fitted_trials"] = ["fid#0"]
+    seen = run_fidelity([results], calibration=cal)
+    assert all(p["seen_by_fit"] is True for p in seen["points"]) and seen["unseen_by_fit"] is None
+    # the committed entries name the trials they were fitted on
+    trials = calibrate.load_calibration("h200", context={"sglang_version": "0.5.17", "attention_backend": "triton",
+                                                         "prefill_cuda_graph": False})["fitted_trials"]
+    assert "h200-sglang-qwen3#0" in trials and "h200-sglang-qwen3#17" not in trials

@@ -123,11 +123,12 @@ def test_write_fitted_replaces_the_entry_of_the_same_context_and_keeps_the_rest(
     write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.004}}, name="one", source="s1",
                  directory=tmp_path)
     write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.005}}, name="two", source="s2",
-                 checked={"load_points": 9}, directory=tmp_path)
+                 checked={"load_points": 9}, trials=["s#1", "s#2"], directory=tmp_path)
     text = (tmp_path / "h200.yaml").read_text()
     doc = yaml.safe_load(text)
     assert text.startswith("# header kept") and doc["memory_efficiency"] == 0.8
     assert [e["name"] for e in doc["fitted"]] == ["two"] and doc["fitted"][0]["checked"] == {"load_points": 9}
+    assert doc["fitted"][0]["trials"] == ["s#1", "s#2"]  # what a fidelity check tells unseen points by
 
 
 def test_the_committed_h200_fit_applies_to_0517_triton_eager_prefill_only():
@@ -254,7 +255,7 @@ def test_record_recheck_adds_a_later_check_and_keeps_the_fit(tmp_path):
     (tmp_path / "h200.yaml").write_text("# header kept\nmemory_efficiency: 0.8\n")
     when = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
     write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.005}}, name="two", source="s2",
-                 checked={"load_points": 9}, directory=tmp_path)
+                 checked={"load_points": 9}, trials=["s#1", "s#2"], directory=tmp_path)
     record_recheck("h200", when=when, rechecked={"load_points": 20, "date": "d1"}, directory=tmp_path)
     record_recheck("h200", when=when, rechecked={"load_points": 48, "date": "d2"}, directory=tmp_path)
     text = (tmp_path / "h200.yaml").read_text()

@@ -26,7 +26,7 @@ from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
-                                find_sources, format_metric, points_from_database, points_from_probe)
+                                find_sources, format_metric, points_from_database, points_from_probe, trial_label)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class PointResult:
     step_time_source: str | None = None
     calibration_applied: list[str] = field(default_factory=list)  # the fitted entries its prediction used
     calibration_fitted_on: str | None = None  # where they were fitted on another GPU (same architecture)
+    calibration_fitted_trials: list[str] = field(default_factory=list)  # the trials those entries were fitted on
     predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
 
     @property
@@ -105,6 +106,7 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     res.step_time_source = (m.extra.get("step_time_source") or {}).get("overall")
     res.calibration_applied = list(m.extra.get("calibration_applied") or [])
     res.calibration_fitted_on = m.extra.get("calibration_fitted_on")
+    res.calibration_fitted_trials = list(m.extra.get("calibration_fitted_trials") or [])
     res.predicted_stages = m.extra.get("server_stage_means")
     for k in METRICS:
         meas, pred = p.measured.get(k), res.predicted.get(k)
@@ -242,6 +244,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         "points": point_docs,
         "by_server": by_server(point_docs),
         "by_gpu": by_gpu(point_docs),
+        "unseen_by_fit": unseen_by_fit(point_docs),
         "window_noise": None if priors_only else window_noise(
             points, noise_seeds, sglang_version=sglang_version, calibration=calibration, first=results),
         "priors_only": priors_only,
@@ -274,6 +277,17 @@ def _subset_figures(point_docs: list[dict]) -> dict:
     return {k: s[k] for k in ("mape", "verdict_agreement", "target_results", "load_points")}
 
 
+def unseen_by_fit(point_docs: list[dict]) -> dict | None:
+    """The figures on the points whose trials none of the fitted entries they used was fitted on:
+    measured after the fit, or left out of it (the check a fit cannot have been tuned to); None
+    where there are none."""
+    sel = [p for p in point_docs if p.get("seen_by_fit") is False]
+    if not sel:
+        return None
+    return {**_subset_figures(sel), "trials": sorted({trial_label(p["study"], p["trial"]) if p.get("study") is not None
+                                                      else p["label"].rsplit("@", 1)[0] for p in sel})}
+
+
 def by_gpu(point_docs: list[dict]) -> dict:
     """The same figures per GPU, with the fitted entries its predictions used (``fitted``; [] for the
     priors alone) and, where those were fitted on another GPU of the same architecture, which
@@ -302,6 +316,9 @@ def _point_doc(r: PointResult) -> dict:
         "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
         "off_target": r.off_target(), "error": r.error,
         "fresh_server": p.fresh_server,
+        # whether a fitted entry its prediction used was fitted on this point's trial (None: no fit applied)
+        "seen_by_fit": (trial_label(p.study, p.trial) in r.calibration_fitted_trials
+                        if r.calibration_applied else None),
         "stages": {"measured": p.server_stage_means(), "predicted": r.predicted_stages},
     }
 
@@ -374,6 +391,10 @@ def format_report(doc: dict) -> str:
         b = (doc.get("by_server") or {}).get(name)
         if b:
             lines.append(subset(f"{what} ({b['load_points']})", b))
+    unseen = doc.get("unseen_by_fit")
+    if unseen:
+        lines.append(subset(f"the {unseen['load_points']} points of trials no fit they used was fitted on "
+                            f"({', '.join(unseen['trials'])})", unseen))
     gpus = doc.get("by_gpu") or {}
     if len(gpus) > 1:  # one GPU: the figures above are its own
         for gpu, b in gpus.items():

@@ -187,7 +187,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
         name = f"{gpu}-sglang-{context['sglang_version']}-{context['attention_backend']}" + (
             "" if context["prefill_cuda_graph"] else "-eager-prefill")
         path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name,
-                            source=_source(results_dirs, res, selection), checked=checked)
+                            source=_source(results_dirs, res, selection), checked=checked, trials=res.trials)
         doc["written"] = str(path)
     if out_path:
         # values fitted over another context's (held) apply on this context's trials only

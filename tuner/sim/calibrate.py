@@ -177,10 +177,11 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     ``fitted_applied``, and the values taken from partly applying ones in ``fitted_partial``; their
     fidelity checks were made in another context and are not carried. Without a context none applies."""
     entries = _matching_entries(cal.pop("fitted", None) or [], context, file)
-    applied, checks, rechecks, partial = [], [], [], {}
+    applied, checks, rechecks, partial, trials = [], [], [], {}, []
     for entry in entries:
         cal = _merge(cal, entry["values"])
         applied.append(_applied_name(entry))
+        trials += [str(t) for t in entry.get("trials") or []]
         if entry.get("partial"):
             partial[entry["name"]] = entry["partial"]
             continue
@@ -192,6 +193,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     cal["fitted_checks"] = checks
     cal["fitted_rechecks"] = rechecks  # later checks of the same values by today's simulator
     cal["fitted_partial"] = partial
+    cal["fitted_trials"] = sorted(set(trials))  # the trials (study#N) the applied entries were fitted on
     cal["fitted_on"] = None  # the GPU the applied entries were fitted on, where it is not this one
     return cal
 
@@ -244,6 +246,7 @@ def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] 
         for entry in entries:
             cal = _merge(cal, _architecture_values(entry["values"]))
             cal["fitted_applied"].append(f"{_applied_name(entry)} (fitted on {other}, same SM{sm})")
+            cal["fitted_trials"] = sorted({*cal.get("fitted_trials", []), *map(str, entry.get("trials") or [])})
             if entry.get("partial"):
                 cal["fitted_partial"][entry["name"]] = entry["partial"]
                 continue
@@ -489,9 +492,11 @@ def write_refit(summary: str | Path, gpu: str, compares: tuple[str | Path, ...] 
 
 
 def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name: str, source: str,
-                 checked: dict[str, Any] | None = None, directory: Path = CALIBRATION_DIR) -> Path:
+                 checked: dict[str, Any] | None = None, trials: list[str] | None = None,
+                 directory: Path = CALIBRATION_DIR) -> Path:
     """Put a fitted entry into ``<gpu>.yaml`` (replacing the entry with the same ``when``),
-    keeping the file's header comments and every other key."""
+    keeping the file's header comments and every other key. ``trials``: the trials (study#N) it
+    was fitted on, so that a fidelity check can tell the points it never saw."""
     unknown = set(when) - set(CONTEXT_KEYS)
     if unknown:
         raise ConfigError(f"unknown condition {sorted(unknown)}; valid: {', '.join(CONTEXT_KEYS)}", key="when")
@@ -499,6 +504,8 @@ def write_fitted(gpu: str, *, when: dict[str, Any], values: dict[str, Any], name
     current = _read(path) if path.exists() else {}
     entries = [e for e in (current.get("fitted") or []) if (e or {}).get("when") != when]
     entry = {"name": name, "when": dict(when), "source": source, "values": values}
+    if trials:
+        entry["trials"] = list(trials)
     if checked:
         entry["checked"] = checked  # the fidelity figures of the calibrated simulator on these data
     entries.append(entry)

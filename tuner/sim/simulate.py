@@ -327,6 +327,7 @@ def simulate_load_point(
         "sglang_version": version,
         "step_time_source": step_model.source_summary(),
         "calibration_applied": list(cal.get("fitted_applied") or []),
+        "calibration_fitted_trials": list(cal.get("fitted_trials") or []),
         "calibration_fitted_on": cal.get("fitted_on"),  # another GPU of the same architecture, or None
         "evicted_tokens": evicted,
         "reprefill_tokens": stats.reprefill_tokens,
