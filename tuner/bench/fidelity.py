@@ -196,9 +196,10 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
                                       else None}}
 
 
-def point_context(p: LoadPoint, sglang_version: str | None = None) -> dict:
-    """The calibration context a load point is predicted under (``calibrate.calibration_context``)."""
-    return calibration_context(get_model(p.model), get_gpu(p.gpu), p.flags, sglang_version or p.sglang_version)
+def point_context(model: str, gpu: str, flags: dict, sglang_version: str | None) -> dict:
+    """The calibration context a load point (catalog model and GPU names) is predicted under
+    (``calibrate.calibration_context``)."""
+    return calibration_context(get_model(model), get_gpu(gpu), flags, sglang_version)
 
 
 def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL_BACKENDS,
@@ -224,7 +225,8 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
                          for p in points})
         points = [p for p in points if selection.keeps_point(p)]
     if context is not None:
-        points = [p for p in points if point_context(p, sglang_version) == context]
+        points = [p for p in points if point_context(p.model, p.gpu, p.flags, sglang_version or p.sglang_version)
+                  == context]
     if not points:
         where = ", ".join(str(d) for d in dirs) + (f" in calibration context {context}" if context else "")
         raise UserError(f"no real measurements found under {where}: need study databases (*.db) with "

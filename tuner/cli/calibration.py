@@ -238,16 +238,15 @@ def recheck(results_dirs, write, as_json):
     under (GPU, SGLang version, attention backend, prefill CUDA graphs) and prints each group's
     figures beside the entry that applies to it. Without any real load point it is an error.
     """
-    from tuner.bench.fidelity import run_fidelity, summarize_points
-    from tuner.catalog import get_gpu, get_model
-    from tuner.sim.calibrate import calibration_context, fitted_entries, load_calibration, record_recheck
+    from tuner.bench.fidelity import point_context, run_fidelity, summarize_points
+    from tuner.catalog import get_gpu
+    from tuner.sim.calibrate import fitted_entries, load_calibration, record_recheck
 
     fid = run_fidelity(results_dirs)
     groups: dict[tuple, list[dict]] = {}
     for pt in fid["points"]:
-        gpu = get_gpu(pt["gpu"])
-        ctx = calibration_context(get_model(pt["model"]), gpu, pt.get("flags") or {}, pt.get("sglang_version"))
-        groups.setdefault((gpu.name, tuple(sorted(ctx.items()))), []).append(pt)
+        ctx = point_context(pt["model"], pt["gpu"], pt.get("flags") or {}, pt.get("sglang_version"))
+        groups.setdefault((get_gpu(pt["gpu"]).name, tuple(sorted(ctx.items()))), []).append(pt)
     rows = []
     for (gpu, ctx_items), pts in groups.items():
         ctx = dict(ctx_items)

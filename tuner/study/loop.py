@@ -38,6 +38,11 @@ from tuner.study.signals import StopSignal, signals_received, stop_signal
 RESULT_WAIT_S = 0.5  # how long one round waits for a worker's result
 
 
+def _median_s(walls_s: list[float]) -> float:
+    """The median of this run's walls of one kind, 0 before there is any."""
+    return statistics.median(walls_s) if walls_s else 0.0
+
+
 @dataclass
 class RunningTrial:
     proposal: Proposal
@@ -254,11 +259,14 @@ class TrialLoop:
         if self.time_limit_s is None:
             return None
         expected_s = max(self._window_s(rt.step), rt.last_point_wall_s)
-        left_s = self.time_limit_s - (time.time() - self.started_at)
+        left_s = self._time_left_s()
         if expected_s <= left_s:
             return None
         return (f"time limit of {self.time_limit_s:g} s: the next load point takes about {expected_s:.0f} s "
                 f"and {max(0.0, left_s):.0f} s are left")
+
+    def _time_left_s(self) -> float:
+        return self.time_limit_s - (time.time() - self.started_at)
 
     def _window_s(self, step: int) -> float:
         """Clock time of a load point's warm-up and window at this step of a search (0 where the
@@ -276,7 +284,7 @@ class TrialLoop:
     def _check_time_limit(self) -> None:
         if self.time_limit_s is None or self.winding_down is not None:
             return
-        if time.time() - self.started_at >= self.time_limit_s:
+        if self._time_left_s() <= 0:
             self.stop = self.stop or StopReason.TIME_LIMIT
             self.winding_down = f"time limit of {self.time_limit_s:g} s reached"
 
@@ -288,11 +296,9 @@ class TrialLoop:
         needs more than that point."""
         if self.time_limit_s is None:
             return None
-        floor_s = max(self._window_s(0), statistics.median(self.point_walls_s) if self.point_walls_s else 0.0)
-        if self.deploy_walls_s:
-            floor_s += statistics.median(self.deploy_walls_s)
-        expected_s = max(statistics.median(self.trial_walls_s) if self.trial_walls_s else 0.0, floor_s)
-        left_s = self.time_limit_s - (time.time() - self.started_at)
+        floor_s = max(self._window_s(0), _median_s(self.point_walls_s)) + _median_s(self.deploy_walls_s)
+        expected_s = max(_median_s(self.trial_walls_s), floor_s)
+        left_s = self._time_left_s()
         if expected_s <= left_s:
             return None
         return (f"no new trial: time limit of {self.time_limit_s:g} s: a trial takes about {expected_s:.0f} s "
