@@ -15,6 +15,7 @@ def profile():
     tuner profile plan  ...           what would be timed (CPU)
     tuner profile run   ... -o FILE   time it on this machine's GPU with SGLang's own kernels
     tuner profile compose --profile FILE --whole-steps FILE   per-op sum against whole steps
+    tuner profile comm --gpus 8 -o FILE   collectives between this machine's GPUs (several GPUs)
     tuner profile show FILE           what a profile covers
     """
 
@@ -127,6 +128,69 @@ def run_cmd(output, model_path, tuned_moe_dir, max_kv_tokens, repeats, **opts):
     path = write_profile(doc, output)
     skipped = len(doc["provenance"]["skipped_points"])
     click.echo(f"wrote {path}: {len(doc['ops'])} tables, {p.points() - skipped} points timed, {skipped} skipped")
+
+
+def _parse_sizes(ctx, param, value):
+    if value is None:
+        return None
+    out = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        mult = 1
+        for suffix, m in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+            if part.endswith(suffix):
+                part, mult = part[: -len(suffix)], m
+                break
+        try:
+            out.append(int(float(part) * mult))
+        except ValueError:
+            raise click.BadParameter(f"{part!r} is not a size (bytes, or a number with KiB, MiB or GiB)",
+                                     param=param) from None
+    return tuple(out)
+
+
+@profile.command("comm")
+@click.option("--gpus", type=int, required=True,
+              help="GPUs in the group (a TP, attention-DP or EP group of this size); this machine's first N.")
+@click.option("--hardware", default="h200", show_default=True, help="Catalog GPU name the table is filed under.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Profile to write, e.g. tuner/sim/profiles/h200/comm-8gpu-nvlink.json.")
+@click.option("--ops", default=None,
+              help="Comma-separated subset of all_reduce,all_gather,reduce_scatter,all_to_all (default: all).")
+@click.option("--sizes", default=None, callback=_parse_sizes,
+              help="Message sizes, comma-separated, in bytes or with KiB/MiB/GiB (default: 1KiB to 256MiB, x4).")
+@click.option("--iters", type=int, default=20, show_default=True, help="Back-to-back calls per timed repeat.")
+@click.option("--repeats", type=int, default=5, show_default=True, help="Timed repeats per point (median).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and exit (CPU).")
+def comm_cmd(gpus, hardware, output, ops, sizes, iters, repeats, dry_run):
+    """Time NCCL collectives between this machine's GPUs and write the table the simulator reads.
+
+    One process per GPU (torch.distributed, NCCL). The simulator uses the table for every group of
+    --gpus GPUs on this GPU type (attention-TP all-reduce, attention-DP gather and reduce-scatter,
+    all-to-all among the EP group) instead of its analytic link model. Needs several GPUs to
+    measure anything: with --gpus 1 the collectives are local copies (a check of the tool only).
+    """
+    from tuner.catalog import get_gpu
+    from tuner.profile.comm import DEFAULT_SIZES_BYTES, CommPlan, run_comm_profile
+    from tuner.profile.runner import write_profile
+    from tuner.sim.optable import COMM_OPS
+
+    g = get_gpu(hardware)
+    plan = CommPlan(gpus=gpus, ops=tuple(o.strip() for o in ops.split(",") if o.strip()) if ops else COMM_OPS,
+                    sizes_bytes=sizes or DEFAULT_SIZES_BYTES, iters=iters, repeats=repeats)
+    click.echo(f"{len(plan.ops)} collectives x {len(plan.sizes_bytes)} sizes ({plan.sizes_bytes[0]} B to "
+               f"{plan.sizes_bytes[-1]} B) over {plan.gpus} GPU(s) of {g.name} ({g.torch_name}): "
+               f"{plan.points()} points")
+    if dry_run:
+        return
+    command = (f"tuner profile comm --gpus {gpus} --hardware {hardware} --iters {iters} --repeats {repeats}"
+               + (f" --ops {ops}" if ops else "") + (f" --sizes {','.join(map(str, plan.sizes_bytes))}" if sizes else ""))
+    doc = run_comm_profile(plan, gpu=g.name, expected_device_name=g.torch_name, command=command)
+    path = write_profile(doc, output)
+    skipped = len(doc["provenance"]["skipped_points"])
+    click.echo(f"wrote {path}: {len(doc['ops'])} tables, {plan.points() - skipped} points timed, {skipped} skipped")
 
 
 def _parse_overrides(ctx, param, values) -> dict:

@@ -20,19 +20,6 @@ from .steptime import RankWork, StepTimeModel
 DECODE_PARTS = ("attention", "moe", "dense", "communication", "overhead")
 
 
-def _moe_communication_s(model: StepTimeModel, tokens: int) -> float:
-    """Token dispatch/combine between attention-DP ranks inside ``moe_time`` (same terms)."""
-    lay = model.layout
-    if not model.moe or tokens <= 0 or not (lay.attn_dp > 1 and lay.tp > 1):
-        return 0.0
-    if lay.a2a_backend == "deepep":
-        per_gpu = tokens / lay.attn_dp * model.moe_k * model.h * 3 * (lay.ep - 1) / lay.ep
-        return model.moe_layers * (2 * model.comm_lat + per_gpu / model.link_bw)
-    n = lay.tp
-    nbytes = tokens * model.h * 2
-    return model.moe_layers * 2 * (model.comm_lat + (n - 1) / n * nbytes / model.link_bw)
-
-
 def decode_step_parts(model: StepTimeModel, works: list[RankWork], running: int, overlap: bool) -> dict[str, float]:
     """Seconds of one decode step by part (``DECODE_PARTS``), adding up to ``model.step_time``."""
     active = [w for w in works if w.decode_reqs]
@@ -43,7 +30,7 @@ def decode_step_parts(model: StepTimeModel, works: list[RankWork], running: int,
     dense = model.linear_time(worst.tokens, worst.decode_reqs) + model.layer_misc_time(worst.tokens)
     attention = model.decode_attention_time(worst.decode_reqs, worst.decode_ctx_tokens)
     attn_tp_comm = max(0.0, model.rank_time(worst) - dense - attention)
-    moe_comm = _moe_communication_s(model, tokens)
+    moe_comm = model.moe_comm_time(tokens)
     moe = max(0.0, model.moe_time(tokens) - moe_comm)
     dense += model.sampling_time(max(w.decode_reqs for w in active))
     step = model.step_time(works, running, overlap=overlap)

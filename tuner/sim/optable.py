@@ -12,7 +12,9 @@ Values are microseconds per call (one layer for per-layer operators). Lookups in
 piecewise-linearly between grid points in the work the operator does (active experts for fused
 MoE, query-key pairs for extend attention, the axis itself otherwise); above the grid the
 compute-bound token operators go on linearly, elsewhere outside it they return ``None`` and the
-step-time model falls back to its roofline for that operator.
+step-time model falls back to its roofline for that operator. Collectives (``COMM_OPS``, written by
+``tuner profile comm``) are keyed by GPU count and message size instead, and below their grid take
+the smallest message's time.
 """
 
 from __future__ import annotations
@@ -31,8 +33,12 @@ from .scheduler import version_tuple
 
 FORMAT = "tuner-op-profile/1"
 PROFILE_DIR = Path(__file__).parent / "profiles"
-OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
+# collectives between the GPUs of one group (``tuner profile comm``): microseconds per call at a
+# message size, shape {"gpus": n, "nodes": k}; they depend on the machine, not on SGLang's version
+COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead", *COMM_OPS)
 AXES = {
+    **{op: ("bytes",) for op in COMM_OPS},
     "gemm": ("tokens",),
     "decode_attention": ("batch", "context"),
     "extend_attention": ("new_tokens", "prefix"),
@@ -65,7 +71,7 @@ def _interp(xs: list[float], ys: list, x: float, work: Callable[[float], float] 
 # Between grid points an operator's time follows the work it does, not its size: a coarse grid
 # interpolated linearly in tokens misses the shape of both curves below by 30-300% at mid-points.
 # token-axis operators whose time above the largest measured size is extrapolated linearly
-EXTRAPOLATED_UP = frozenset({"gemm", "moe", "layer_misc"})
+EXTRAPOLATED_UP = frozenset({"gemm", "moe", "layer_misc", *COMM_OPS})
 SATURATED = 0.99  # share of experts active above which fused-MoE time grows with tokens, not experts
 
 
@@ -101,6 +107,8 @@ class OpTable:
     def lookup_us(self, *x: float) -> float | None:
         if len(self.axes) == 1:
             xs, ys = self.grid[0], self.us
+            if x[0] < xs[0] and self.op in COMM_OPS and ys[0] is not None:
+                return ys[0]  # below the grid a collective is latency-bound: its smallest message's time
             if x[0] > xs[-1] and self.op in EXTRAPOLATED_UP and len(xs) >= 2 and None not in ys[-2:] \
                     and ys[-1] > ys[-2]:
                 # above the grid these operators are compute-bound: time grows linearly in tokens,
@@ -207,18 +215,21 @@ def parse_profile(doc: Any, path: str | Path) -> ProfileFile:
         raise _err(path, None, "a profile must be a JSON object")
     if doc.get("format") != FORMAT:
         raise _err(path, "format", f"expected {FORMAT!r}, got {doc.get('format')!r}")
-    for key in ("gpu", "sglang_version", "attention_backend"):
-        if not isinstance(doc.get(key), str) or not doc.get(key):
-            raise _err(path, key, "required string")
     ops = doc.get("ops")
     if not isinstance(ops, list):
         raise _err(path, "ops", "must be a list of operator tables")
+    # a file of collectives only is the machine's, whatever SGLang runs on it
+    comm_only = bool(ops) and all(isinstance(e, dict) and e.get("op") in COMM_OPS for e in ops)
+    for key in ("gpu",) if comm_only else ("gpu", "sglang_version", "attention_backend"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            raise _err(path, key, "required string")
     prov = doc.get("provenance")
     if not isinstance(prov, dict) or not prov:
         raise _err(path, "provenance", "required: where and how the times were measured")
     holder: list[OpTable] = []
     pf = ProfileFile(path=str(path), gpu=doc["gpu"].lower(), device_name=str(doc.get("device_name", "")),
-                     sglang_version=doc["sglang_version"], attention_backend=doc["attention_backend"],
+                     sglang_version=str(doc.get("sglang_version") or ""),
+                     attention_backend=str(doc.get("attention_backend") or ""),
                      moe_runner_backend=str(doc.get("moe_runner_backend", "triton")), model=doc.get("model"),
                      parallel=dict(doc.get("parallel") or {}), provenance=prov, tables=(),
                      whole_steps=tuple(doc.get("whole_steps") or ()))
@@ -236,6 +247,9 @@ def parse_profile(doc: Any, path: str | Path) -> ProfileFile:
         if not isinstance(shape, dict):
             raise _err(path, f"{where}.shape", "must be an object")
         grid, us = _check_grid(path, where, axes, entry.get("grid"), entry.get("us"))
+        if op in COMM_OPS and not all(isinstance(shape.get(k), int) and not isinstance(shape.get(k), bool)
+                                      and shape[k] >= 1 for k in ("gpus", "nodes")):
+            raise _err(path, f"{where}.shape", f"{op} tables need whole numbers gpus and nodes (>= 1)")
         mode = entry.get("mode")
         if op == "extend_attention" and mode not in ("mha", "absorbed"):
             raise _err(path, f"{where}.mode", "extend_attention needs mode mha or absorbed")
@@ -303,7 +317,8 @@ class OpTables:
                 continue
             if not _shape_matches(t.shape, shape):
                 continue
-            d = _version_distance(t.source.sglang_version, sglang_version)
+            # collectives: the machine's, not SGLang's; any version's table serves
+            d = (False, 0) if op in COMM_OPS else _version_distance(t.source.sglang_version, sglang_version)
             if best_d is None or d < best_d:
                 best, best_d = t, d
         return best

@@ -15,8 +15,10 @@ Every compute operator (each linear layer as a GEMM, decode attention, extend at
 MoE, the per-layer small kernels, sampling) is taken from a measured table of ``tuner profile``
 (``tuner.sim.optable``) where one covers its shape and size, and otherwise from a roofline
 ``max(FLOPs / (peak x eff), bytes / (HBM x eff))`` with peaks from the GPU catalog and efficiencies
-from the calibration file. Inter-GPU communication is always analytic (published link bandwidths,
-see docs/calibration.md). ``source_summary()`` says which was used.
+from the calibration file. Inter-GPU collectives (attention-TP all-reduce, the attention-DP MoE
+gather and reduce-scatter, the DeepEP all-to-all) come from a table of ``tuner profile comm``
+measured on a machine with that many GPUs where one covers the group, and otherwise from published
+link bandwidths (docs/calibration.md). ``source_summary()`` says which was used.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from tuner.catalog.routing import routed_expert_pool
 from .scheduler import version_tuple
 
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
+COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
 
 
 @dataclass(slots=True)
@@ -82,7 +85,7 @@ class StepTimeModel:
         self.layers = model.num_layers
         self.h = model.hidden_size
         tables = op_tables if op_tables is not None else tables_for_gpu(gpu.name)
-        self._src = {c: [0, 0] for c in CATEGORIES}
+        self._src = {c: [0, 0] for c in (*CATEGORIES, COMMUNICATION)}
         self._files: set[str] = set()
 
         def find(op, shape, **kw):
@@ -227,6 +230,9 @@ class StepTimeModel:
         link = comm["internode_gbps"] if layout.tp > gpus_per_node else gpu.interconnect_gbps
         self.link_bw = link * 1e9 * comm["bandwidth_efficiency"]
         self.comm_lat = comm["latency_s"]
+        self.gpus_per_node = gpus_per_node
+        self._tables = tables
+        self._comm_found: dict[tuple[str, int], object] = {}
         self._moe_cache: dict[int, float] = {}
         # step_overhead_time and sampling_time by batch (at most max-running-requests x ranks)
         self._overhead_cache: dict[int, float] = {}
@@ -390,9 +396,48 @@ class StepTimeModel:
             t = max(t, load) + min(t, load) / self.layers
         n = self.layout.attn_tp
         if n > 1 and tokens:
-            nbytes = tokens * self.h * 2
-            t += 2 * self.layers * (self.comm_lat + 2 * (n - 1) / n * nbytes / self.link_bw)
+            t += 2 * self.layers * self.all_reduce_s(n, tokens * self.h * 2)
         return t
+
+    # ---- collectives: a measured table of the group's size, else the link's analytic time ----
+    def _collective_s(self, op: str, gpus: int, nbytes: float, analytic_s: float) -> float:
+        key = (op, gpus)
+        table = self._comm_found.get(key, False)
+        if table is False:
+            nodes = -(-gpus // self.gpus_per_node)
+            table = self._comm_found[key] = self._tables.find(op, {"gpus": gpus, "nodes": nodes},
+                                                              sglang_version=self.version)
+        v = table.lookup_s(nbytes) if table is not None else None
+        if v is None:
+            self._src[COMMUNICATION][1] += 1
+            return analytic_s
+        self._count(COMMUNICATION, table)
+        return v
+
+    def all_reduce_s(self, gpus: int, nbytes: float) -> float:
+        """One all-reduce of ``nbytes`` over ``gpus`` GPUs (ring: 2(n-1)/n of the buffer crosses the link)."""
+        return self._collective_s("all_reduce", gpus, nbytes,
+                                  self.comm_lat + 2 * (gpus - 1) / gpus * nbytes / self.link_bw)
+
+    def moe_comm_time(self, tokens: int) -> float:
+        """Token dispatch and combine between attention-DP ranks around the MoE layers (0 without
+        attention DP): DeepEP's all-to-all (fp8 dispatch, bf16 combine) among the EP group, else a
+        gather of every rank's tokens and a reduce-scatter of the results."""
+        lay = self.layout
+        if not self.moe or tokens <= 0 or not (lay.attn_dp > 1 and lay.tp > 1):
+            return 0.0
+        if lay.a2a_backend == "deepep":
+            ep = lay.ep
+            send = tokens / lay.attn_dp * self.moe_k * self.h  # one GPU's dispatch buffer, 1 byte an element
+            cross = (ep - 1) / ep  # the share that leaves the GPU
+            dispatch = self._collective_s("all_to_all", ep, send, self.comm_lat + send * cross / self.link_bw)
+            combine = self._collective_s("all_to_all", ep, 2 * send, self.comm_lat + 2 * send * cross / self.link_bw)
+            return self.moe_layers * (dispatch + combine)
+        n = lay.tp
+        nbytes = tokens * self.h * 2  # every rank's tokens, bf16: the gathered buffer
+        one_way = self.comm_lat + (n - 1) / n * nbytes / self.link_bw
+        return self.moe_layers * (self._collective_s("all_gather", n, nbytes, one_way)
+                                  + self._collective_s("reduce_scatter", n, nbytes, one_way))
 
     # ---- routed experts over the tokens of all ranks --------------------------------------
     def moe_time(self, tokens: int) -> float:
@@ -402,7 +447,6 @@ class StepTimeModel:
         if cached is not None:
             return cached
         e, k, ep = self.moe_e, self.moe_k, self.layout.ep
-        lay = self.layout
         # under attention DP every GPU's MoE layer sees the tokens of all ranks
         # a table timed with uniform routing does not cover a collapsed router (tuner.catalog.routing)
         local = self.moe_table.lookup_s(tokens) if self.moe_table is not None and self.moe_pool is None else None
@@ -412,17 +456,9 @@ class StepTimeModel:
         else:
             self._src["moe"][1] += 1
             total = self._moe_roofline(tokens, e, k, ep)
-        # token dispatch / combine between attention-DP ranks (gather + reduce-scatter, or a2a)
-        if lay.attn_dp > 1 and lay.tp > 1:
-            n = lay.tp
-            if lay.a2a_backend == "deepep":
-                per_gpu = tokens / lay.attn_dp * k * self.h * 3 * (ep - 1) / ep  # fp8 dispatch + bf16 combine
-                total += self.moe_layers * (2 * self.comm_lat + per_gpu / self.link_bw)
-            else:
-                nbytes = tokens * self.h * 2
-                total += self.moe_layers * 2 * (self.comm_lat + (n - 1) / n * nbytes / self.link_bw)
-        elif lay.tp > 1 and lay.ep == 1 and lay.attn_dp == 1:
-            pass  # moe-TP: the all-reduce after the MoE is counted with attention-TP in rank_time
+        # token dispatch / combine between attention-DP ranks; under moe-TP without attention DP
+        # the all-reduce after the MoE is counted with attention-TP's in rank_time
+        total += self.moe_comm_time(tokens)
         if len(self._moe_cache) < 100000:
             self._moe_cache[tokens] = total
         return total
@@ -520,12 +556,15 @@ class StepTimeModel:
     def source_summary(self) -> dict:
         """Which operators came from measured tables and which from the roofline."""
         ops = {}
-        for cat, (prof, roof) in self._src.items():
+        for cat in CATEGORIES:
+            prof, roof = self._src[cat]
             if prof or roof:
                 ops[cat] = "profile" if not roof else "roofline" if not prof else "mixed"
         values = set(ops.values())
         overall = "roofline" if values <= {"roofline"} else "profile" if values == {"profile"} else "mixed"
-        return {"overall": overall, "ops": ops, "communication": "analytic",
+        prof, roof = self._src[COMMUNICATION]
+        comm = "none" if not (prof or roof) else "profile" if not roof else "analytic" if not prof else "mixed"
+        return {"overall": overall, "ops": ops, "communication": comm,
                 "profiles": sorted(self._files), "attention_backend": self.attention_backend}
 
 
