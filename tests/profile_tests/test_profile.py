@@ -12,6 +12,7 @@ from tuner.errors import ConfigError
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.profile import (FakeKernels, FakeTimer, build_plan, compose, fit_step_overhead, read_whole_steps,
                            run_profile, write_profile)
+from tuner.profile.compose import WholeStep
 from tuner.profile.modelcfg import hf_config
 from tuner.sim import optable
 from tuner.sim.calibrate import load_calibration
@@ -308,3 +309,54 @@ def test_profile_folders_from_the_environment_are_read_and_change_the_cache_key(
     assert all(str(folder) in f for f in summary["profiles"])
     optable.clear_cache()
 
+
+
+DSV3_DUMMY = {"tp-size": 1, "attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3",
+              "load-format": "dummy"}
+
+
+def test_a_moe_table_timed_under_a_collapsed_router_serves_only_that_routing(tmp_path):
+    # random weights send a biased gate's tokens to top-k + 2 experts (tuner.catalog.routing): the
+    # table is timed that way, says so in its shape, and only a server with that routing reads it
+    plan = build_plan("deepseek-v3", "h200", DSV3_DUMMY, sglang_version="0.5.17", quick=True, ops=("moe",))
+    assert plan.moe_pool == 10
+    timer = FakeTimer()
+    doc = run_profile(plan, FakeKernels(), timer, provenance={"note": "fake kernels for a CPU test"})
+    assert {m["routed_pool"] for m in timer.timed} == {10}
+    path = write_profile(doc, tmp_path / "dsv3-dummy-moe.json")
+    tables = OpTables([load_profile(path)])
+    table = next(t for t in tables.files[0].tables if t.op == "moe")
+    assert table.shape["routed_pool"] == 10
+    dummy = step_model(DSV3_DUMMY, model="deepseek-v3", tables=tables)
+    assert dummy.moe_table is table
+    assert dummy.moe_time(64) == pytest.approx(table.lookup_s(64) * dummy.moe_layers)
+    real = step_model({k: v for k, v in DSV3_DUMMY.items() if k != "load-format"}, model="deepseek-v3", tables=tables)
+    assert real.moe_table is None  # trained weights route apart: the collapsed table does not hold
+    # and a table timed with uniform routing does not serve the collapsed server
+    uniform_plan = build_plan("deepseek-v3", "h200", {k: v for k, v in DSV3_DUMMY.items() if k != "load-format"},
+                              sglang_version="0.5.17", quick=True, ops=("moe",))
+    assert uniform_plan.moe_pool is None
+    upath = write_profile(run_profile(uniform_plan, FakeKernels(), FakeTimer(), provenance={"note": "fake"}),
+                          tmp_path / "dsv3-moe.json")
+    assert step_model(DSV3_DUMMY, model="deepseek-v3", tables=OpTables([load_profile(upath)])).moe_table is None
+
+
+def test_composition_reads_extra_profiles_and_the_weights_the_steps_ran(tmp_path):
+    base_flags = {k: v for k, v in DSV3_DUMMY.items() if k != "load-format"}
+    full = build_plan("deepseek-v3", "h200", base_flags, sglang_version="0.5.17", quick=True)
+    base = write_profile(run_profile(full, FakeKernels(), FakeTimer(), provenance={"note": "fake"}),
+                         tmp_path / "dsv3.json")
+    moe_plan = build_plan("deepseek-v3", "h200", DSV3_DUMMY, sglang_version="0.5.17", quick=True, ops=("moe",))
+    extra = write_profile(run_profile(moe_plan, FakeKernels(), FakeTimer(), provenance={"note": "fake"}),
+                          tmp_path / "dsv3-dummy-moe.json")
+    steps = [WholeStep("decode", 16, 2064, 0, 0.005, "bench_one_batch")]
+    over = {"num_hidden_layers": 8}
+    uniform = compose(str(base), steps, over)["rows"][0]
+    assert uniform["moe_table_routed_pool"] is None and "moe" not in uniform["ops_from_roofline"]
+    no_table = compose([str(base)], steps, over, "dummy")["rows"][0]
+    assert "moe" in no_table["ops_from_roofline"]  # the uniform table does not hold for random weights
+    both = compose([str(base), str(extra)], steps, over, "dummy")
+    row = both["rows"][0]
+    assert row["moe_table_routed_pool"] == 10 and "moe" not in row["ops_from_roofline"]
+    assert both["profiles"] == [str(base), str(extra)] and both["load_format"] == "dummy"
+    assert row["per_op_sum_s"] != pytest.approx(uniform["per_op_sum_s"])

@@ -38,16 +38,22 @@ def _config_options(fn):
         click.option("--moe-variants", default="default", show_default=True,
                      help="default (SGLang's own tiles) and/or tuned (tuner's tuned tile files)."),
         click.option("--quick", is_flag=True, help="A coarse grid (minutes instead of tens of minutes)."),
+        click.option("--load-format", type=click.Choice(["auto", "dummy"]), default="auto", show_default=True,
+                     help="The weights the tables are for: dummy (random weights, as --load-format dummy serves "
+                          "them) times fused MoE with the routing they give, a few experts per call for a "
+                          "biased gate (DeepSeek-V3, GLM-5.x)."),
     ]):
         fn = opt(fn)
     return fn
 
 
 def _plan(model, hardware, tp_size, attn_dp_size, ep_size, quantization, kv_cache_dtype, attention_backend,
-          sglang_version, ops, moe_variants, quick):
+          sglang_version, ops, moe_variants, quick, load_format):
     from tuner.profile import build_plan
 
     flags = {"tp-size": tp_size, "attention-backend": attention_backend}
+    if load_format == "dummy":
+        flags["load-format"] = "dummy"
     for k, v in (("attn-dp-size", attn_dp_size), ("ep-size", ep_size), ("kv-cache-dtype", kv_cache_dtype)):
         if v is not None:
             flags[k] = v
@@ -70,7 +76,7 @@ def plan_cmd(as_json, **opts):
         "parallel": {"tp": p.layout.tp, "attn_tp": p.layout.attn_tp, "ep": p.layout.ep, "moe_tp": p.layout.moe_tp},
         "gemms": [{"name": g.name, **g.key, "layers": g.layers} for g in p.gemm_list],
         "attention": p.attention.key, "extend_modes": list(p.extend_modes),
-        "moe": p.moe.key if p.moe else None, "points": p.points(),
+        "moe": p.moe.key if p.moe else None, "moe_routed_pool": p.moe_pool, "points": p.points(),
     }
     if as_json:
         emit_json(doc)
@@ -206,7 +212,9 @@ def _parse_overrides(ctx, param, values) -> dict:
 
 
 @profile.command("compose")
-@click.option("--profile", "profile_path", required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--profile", "profile_path", required=True, multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="The profile of the configuration; repeat to add tables of other files (the first names the "
+                   "configuration).")
 @click.option("--whole-steps", required=True, type=click.Path(exists=True, dir_okay=False),
               help="SGLang bench_one_batch --result-filename output, or timed server steps (JSON lines).")
 @click.option("--fit-overhead", is_flag=True,
@@ -214,8 +222,12 @@ def _parse_overrides(ctx, param, values) -> dict:
 @click.option("--model-override", "model_overrides", multiple=True, metavar="KEY=VALUE", callback=_parse_overrides,
               help="A config.json key of the model the whole steps ran, when it differs from the profile's "
                    "(e.g. num_hidden_layers=8 for a model too large for one GPU); repeatable.")
+@click.option("--load-format", type=click.Choice(["auto", "dummy"]), default="auto", show_default=True,
+              help="The weights the whole steps ran: dummy (random) routes a biased gate's tokens to a few "
+                   "experts, and only a fused-MoE table timed that way (tuner profile run --load-format dummy) "
+                   "covers them.")
 @json_option
-def compose_cmd(profile_path, whole_steps, fit_overhead, model_overrides, as_json):
+def compose_cmd(profile_path, whole_steps, fit_overhead, model_overrides, load_format, as_json):
     """Compare the per-operator sum of a profile with whole forward steps; prints each error.
 
     Exits 1 when the mean absolute error is above 10%.
@@ -225,9 +237,10 @@ def compose_cmd(profile_path, whole_steps, fit_overhead, model_overrides, as_jso
     from tuner.profile import compose, fit_step_overhead, read_whole_steps
 
     steps = read_whole_steps(whole_steps)
-    doc = compose(profile_path, steps, model_overrides)
+    fmt = None if load_format == "auto" else load_format
+    doc = compose(list(profile_path), steps, model_overrides, fmt)
     if fit_overhead:
-        fit_step_overhead(profile_path, steps, model_overrides)
+        fit_step_overhead(list(profile_path), steps, model_overrides, fmt)
         doc["fitted_step_overhead"] = True
     if as_json:
         emit_json(doc)

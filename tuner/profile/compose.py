@@ -92,9 +92,17 @@ def read_whole_steps(path: str | Path) -> list[WholeStep]:
     return out
 
 
-def _step_model(profile_path: str | Path, model_overrides: dict | None = None):
+def _paths(profile_path) -> list:
+    return list(profile_path) if isinstance(profile_path, (list, tuple)) else [profile_path]
 
+
+def _step_model(profile_path, model_overrides: dict | None = None, load_format: str | None = None):
+    """The step-time model over the first profile's configuration and the tables of every profile
+    given (e.g. a fused-MoE table timed under another routing, in a file of its own)."""
+    paths = _paths(profile_path)
+    profile_path = paths[0]
     pf = load_profile(profile_path)
+    more = [load_profile(p) for p in paths[1:]]
     doc = json.loads(Path(profile_path).read_text())
     if not pf.model:
         raise ConfigError("the profile names no model; composition needs one", file=str(profile_path), key="model")
@@ -103,11 +111,13 @@ def _step_model(profile_path: str | Path, model_overrides: dict | None = None):
     ref = {"name": pf.model, "overrides": dict(model_overrides)} if model_overrides else pf.model
     model, gpu = get_model(ref), get_gpu(pf.gpu)
     flags = dict(doc.get("flags") or {"tp-size": pf.parallel.get("tp_size", 1)})
+    if load_format:  # the weights the whole steps ran (random weights route a biased gate's tokens to few experts)
+        flags["load-format"] = load_format
     gpus = int(flags.get("tp-size", 1)) * int(flags.get("dp-size", 1))
     plan = plan_memory(model, gpu, gpus, flags, sglang_version=pf.sglang_version)
     layout = parse_layout(model, flags, gpus)
     st = build_step_model(model, gpu, plan, layout, flags, {}, load_calibration(gpu.name), gpus, pf.sglang_version,
-                          op_tables=OpTables([pf]))
+                          op_tables=OpTables([pf, *more]))
     return st, pf, doc
 
 
@@ -120,11 +130,13 @@ def _work(step: WholeStep):
                      prefill_ctx_units=step.batch * n * (p + n / 2), extend_items=[(n, p)] * step.batch)]
 
 
-def compose(profile_path: str | Path, steps: list[WholeStep], model_overrides: dict | None = None) -> dict:
+def compose(profile_path, steps: list[WholeStep], model_overrides: dict | None = None,
+            load_format: str | None = None) -> dict:
     """Per-op sum against whole steps: one row per step, the mean absolute error, and whether it
-    is within 10 %. ``model_overrides`` (config.json keys, e.g. ``num_hidden_layers``) name the
-    model variant the whole steps ran."""
-    st, pf, _ = _step_model(profile_path, model_overrides)
+    is within 10 %. ``profile_path``: one profile, or several (the first names the configuration).
+    ``model_overrides`` (config.json keys, e.g. ``num_hidden_layers``) name the model variant the
+    whole steps ran, ``load_format`` the weights it ran with."""
+    st, pf, _ = _step_model(profile_path, model_overrides, load_format)
     rows = []
     for s in steps:
         st._src = {c: [0, 0] for c in st._src}
@@ -133,24 +145,27 @@ def compose(profile_path: str | Path, steps: list[WholeStep], model_overrides: d
         rows.append({"kind": s.kind, "batch": s.batch, "tokens": s.tokens, "prefix": s.prefix,
                      "measured_s": s.seconds, "per_op_sum_s": predicted,
                      "error": (predicted - s.seconds) / s.seconds, "source": s.source,
-                     "ops_from_roofline": sorted(k for k, v in summary["ops"].items() if v != "profile")})
+                     "ops_from_roofline": sorted(k for k, v in summary["ops"].items() if v != "profile"),
+                     "moe_table_routed_pool": (st.moe_table.shape.get("routed_pool")
+                                               if getattr(st, "moe_table", None) is not None else None)})
     def mean_abs(kind=None):
         vals = [abs(r["error"]) for r in rows if kind is None or r["kind"] == kind]
         return sum(vals) / len(vals) if vals else None
 
     overall = mean_abs()
-    return {"profile": str(profile_path), "model_overrides": dict(model_overrides or {}), "rows": rows,
+    return {"profile": str(_paths(profile_path)[0]), "profiles": [str(p) for p in _paths(profile_path)],
+            "load_format": load_format, "model_overrides": dict(model_overrides or {}), "rows": rows,
             "mean_abs_error": overall, "mean_abs_error_decode": mean_abs("decode"),
             "mean_abs_error_prefill": mean_abs("prefill"),
             "tolerance": TOLERANCE, "within_tolerance": overall is not None and overall <= TOLERANCE}
 
 
-def fit_step_overhead(profile_path: str | Path, steps: list[WholeStep], model_overrides: dict | None = None) -> dict:
+def fit_step_overhead(profile_path, steps: list[WholeStep], model_overrides: dict | None = None,
+                      load_format: str | None = None) -> dict:
     """Store the decode residual (whole step minus per-op sum, per batch size) and the whole steps
-    in the profile; returns the updated document (written back to ``profile_path``)."""
-
-
-    st, pf, doc = _step_model(profile_path, model_overrides)
+    in the (first) profile; returns the updated document (written back to it)."""
+    st, pf, doc = _step_model(profile_path, model_overrides, load_format)
+    profile_path = _paths(profile_path)[0]
     resid: dict[int, list[float]] = {}
     for s in steps:
         if s.kind != "decode":

@@ -26,7 +26,9 @@ class Kernels:
     def extend_attention(self, shape: AttentionShape, mode: str, new_tokens: int, prefix: int) -> Runnable:
         raise NotImplementedError
 
-    def moe(self, shape: MoEShape, variant: str, tokens: int) -> Runnable:
+    def moe(self, shape: MoEShape, variant: str, tokens: int, routed_pool: int | None = None) -> Runnable:
+        """``routed_pool``: every token picks its top-k among these many experts (a collapsed
+        router); None: among all of them, uniformly."""
         raise NotImplementedError
 
     def layer_misc(self, hidden: int, arch: str, moe: bool, shape: AttentionShape, tokens: int,
@@ -54,8 +56,8 @@ class FakeKernels(Kernels):
     def extend_attention(self, shape, mode, new_tokens, prefix):
         return self._run(op="extend_attention", mode=mode, new_tokens=new_tokens, prefix=prefix)
 
-    def moe(self, shape, variant, tokens):
-        return self._run(op="moe", variant=variant, tokens=tokens)
+    def moe(self, shape, variant, tokens, routed_pool=None):
+        return self._run(op="moe", variant=variant, tokens=tokens, routed_pool=routed_pool)
 
     def layer_misc(self, hidden, arch, moe, shape, tokens, dense_inter):
         return self._run(op="layer_misc", tokens=tokens)

@@ -13,6 +13,7 @@ from tuner.errors import ConfigError
 from tuner.planner import parse_layout, resolve_checkpoint
 from tuner.planner.memory import kv_cache_dtype
 from tuner.planner.startup import default_attention_backend
+from tuner.catalog.routing import routed_expert_pool
 from tuner.sim.scheduler import check_version
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -62,6 +63,13 @@ class ProfilePlan:
     @property
     def moe(self) -> MoEShape | None:
         return moe_shape(self.model, self.ckpt, self.layout)
+
+    @property
+    def moe_pool(self) -> int | None:
+        """The routed experts the server's tokens spread over (None: all, routed apart): a biased
+        gate under random weights (``load-format: dummy``) sends every token to a few
+        (``tuner.catalog.routing``), and the fused-MoE table is then timed with that routing."""
+        return routed_expert_pool(self.model, self.flags)
 
     @property
     def contexts(self) -> tuple[int, ...]:

@@ -84,15 +84,17 @@ def run_profile(plan: ProfilePlan, kernels: Kernels, timer: Timer, *,
             ops.append({"op": "extend_attention", "mode": mode, "shape": attn.key,
                         "axes": ["new_tokens", "prefix"],
                         "grid": {"new_tokens": list(plan.new_tokens), "prefix": list(prefixes)}, "us": rows})
-    moe = plan.moe
+    moe, pool = plan.moe, plan.moe_pool
     if "moe" in plan.ops and moe is not None:
+        # a table timed with a collapsed routing says so in its shape: it serves only that routing
+        shape = {**moe.key, "routed_pool": pool} if pool else moe.key
         for variant in plan.moe_variants:
             us = []
             for t in plan.tokens:
-                label = f"moe {variant} E={moe.experts} N={moe.n} K={moe.k} tokens={t}"
-                us.append(_timed(lambda: kernels.moe(moe, variant, t), timer, skipped, label))
+                label = f"moe {variant} E={moe.experts} N={moe.n} K={moe.k}{f' pool={pool}' if pool else ''} tokens={t}"
+                us.append(_timed(lambda: kernels.moe(moe, variant, t, routed_pool=pool), timer, skipped, label))
                 tick(label)
-            ops.append({"op": "moe", "variant": variant, "shape": moe.key, "axes": ["tokens"],
+            ops.append({"op": "moe", "variant": variant, "shape": shape, "axes": ["tokens"],
                         "grid": {"tokens": list(plan.tokens)}, "us": us})
     m = plan.model
     if "layer_misc" in plan.ops:

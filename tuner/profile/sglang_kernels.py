@@ -250,7 +250,7 @@ class SGLangKernels(Kernels):
                                             "prefix": prefix}, keep=keep)
 
     # ---- fused MoE ----------------------------------------------------------------------------
-    def moe(self, shape: MoEShape, variant: str, tokens: int) -> Runnable:
+    def moe(self, shape: MoEShape, variant: str, tokens: int, routed_pool: int | None = None) -> Runnable:
         torch = self.torch
         from sglang.srt.layers.moe.moe_runner.triton_utils import override_config
         from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts_impl
@@ -275,8 +275,14 @@ class SGLangKernels(Kernels):
         calls, keep = [], [w1, w2, s1, s2]
         for _ in range(rot):
             x = self._randn(tokens, K)
-            ids = torch.stack([torch.randperm(E, generator=self.gen, device=self.device)[:topk]
-                               for _ in range(tokens)]).to(torch.int32)
+            if routed_pool:  # a collapsed router: each token's top-k among the same few experts
+                pool = torch.randperm(E, generator=self.gen, device=self.device)[:routed_pool]
+                ids = torch.stack([pool[torch.randperm(routed_pool, generator=self.gen, device=self.device)[:topk]]
+                                   for _ in range(tokens)]).to(torch.int32)
+                self._impl["moe_routing"] = f"collapsed: top-{topk} of the same {routed_pool} experts per call"
+            else:
+                ids = torch.stack([torch.randperm(E, generator=self.gen, device=self.device)[:topk]
+                                   for _ in range(tokens)]).to(torch.int32)
             wts = torch.softmax(torch.rand(tokens, topk, generator=self.gen, device=self.device), dim=-1)
             keep += [x, ids, wts]
 

@@ -147,7 +147,9 @@ class OpTable:
         follows the expert weights read), in tokens once nearly every expert is active."""
         if self.op != "moe":
             return None
-        e, k = int(self.shape.get("experts") or 0), int(self.shape.get("topk") or 0)
+        # a table timed under a collapsed router spreads its tokens over its pool only
+        e = int(self.shape.get("routed_pool") or self.shape.get("experts") or 0)
+        k = int(self.shape.get("topk") or 0)
         if e <= 0 or k <= 0:
             return None
         xs = self.grid[0]

@@ -203,7 +203,9 @@ class StepTimeModel:
                 # table timed under that routing counts, and without one tuned tiles are claimed no gain
                 table = collapsed_table(calibration, self.moe_kernel_tag) or {1: 1.0}
             self.moe_tuned_speedup = SpeedupCurve(table)
-            self.moe_table = find("moe", shape.key, moe_runner_backend=self.moe_backend,
+            # a table timed with the routing this server sees: uniform, or the collapsed pool
+            self.moe_table = find("moe", {**shape.key, "routed_pool": self.moe_pool},
+                                  moe_runner_backend=self.moe_backend,
                                   variant="tuned" if moe_tiles == "tuned" else "default")
         self.sm_count = gpu.sm_count
         self.sm_share = calibration.get("moe_sm_bandwidth_share", 2.0)
@@ -448,8 +450,7 @@ class StepTimeModel:
             return cached
         e, k, ep = self.moe_e, self.moe_k, self.layout.ep
         # under attention DP every GPU's MoE layer sees the tokens of all ranks
-        # a table timed with uniform routing does not cover a collapsed router (tuner.catalog.routing)
-        local = self.moe_table.lookup_s(tokens) if self.moe_table is not None and self.moe_pool is None else None
+        local = self.moe_table.lookup_s(tokens) if self.moe_table is not None else None
         if local is not None:
             self._count("moe", self.moe_table)
             total = local * self.moe_layers

@@ -16,7 +16,11 @@
 # one GPU), dsv3-8l-whole (whole steps of DeepSeek-V3 with 8 of its layers, as the MLA study serves it,
 # composed against the dsv3-fp8 profile: the operators are keyed by shape, so the profile covers the
 # variant), dsv3-8l-routing (routing_probe.py: distinct experts per MoE call of that model in prefill
-# and decode). QUICK=0 times the full grid instead of --quick's coarse one.
+# and decode), dsv3-moe-dummy (DeepSeek-V3's fused MoE alone, full token grid, timed with the routing
+# random weights give: every token's top-8 among the same 10 experts; `--load-format dummy`),
+# dsv3-8l-dummy-compose (the dsv3-8l whole steps composed again with that table: `--load-format
+# dummy`), comm (`tuner profile comm` over this machine's GPUs; on one GPU the collectives are local
+# copies: a check of the tool, not a table). QUICK=0 times the full grid instead of --quick's coarse one.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
@@ -128,6 +132,24 @@ PY
       echo "dsv3-8l-routing: rc $?" | tee -a "$LOGS/steps.log"; tail -8 "$LOGS/routing-dsv3-8l.log" ;;
     dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
                      whole fp8-fp8kv deepseek-v3 fp8 ;;
+    dsv3-moe-dummy) QUICK_SAVED=$quick; quick=""
+      LOG_TAG=dsv3-moe-dummy profile fp8-fp8kv-dummy-moe deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 \
+        --ops moe --load-format dummy
+      quick=$QUICK_SAVED ;;
+    dsv3-8l-dummy-compose)
+      for fmt in "" --json; do
+        python3 -m tuner profile compose --profile "$PROFILES/deepseek-v3-tp1-fp8-fp8kv-triton-0.5.17.json" \
+          --profile "$PROFILES/deepseek-v3-tp1-fp8-fp8kv-dummy-moe-triton-0.5.17.json" \
+          --whole-steps "$HERE/whole-steps-dsv3-8l-fp8-fp8kv.jsonl" --model-override num_hidden_layers=8 \
+          --load-format dummy $fmt > "$LOGS/compose-dsv3-8l-dummy${fmt:+.json}" 2>&1
+      done
+      mv "$LOGS/compose-dsv3-8l-dummy.json" "$HERE/" 2>/dev/null; cp "$LOGS/compose-dsv3-8l-dummy" "$LOGS/compose-dsv3-8l-dummy.log"
+      cat "$LOGS/compose-dsv3-8l-dummy.log" ;;
+    comm)
+      n=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+      timeout -s INT -k 5 60 python3 -m tuner profile comm --gpus "$n" --hardware h200 --sizes 4KiB,256KiB,16MiB,256MiB \
+        --iters 10 --repeats 3 -o "$HERE/comm-${n}gpu-check.json" > "$LOGS/comm.log" 2>&1
+      echo "comm: rc $?" | tee -a "$LOGS/steps.log"; tail -20 "$LOGS/comm.log" ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
   esac
 done
