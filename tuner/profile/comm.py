@@ -194,10 +194,14 @@ def _rank_main(rank: int, plan: CommPlan, init_method: str, result_path: str) ->
                 "times_us": out, "skipped_points": skipped,
                 "device_name": torch.cuda.get_device_name(device),
                 "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+                "nccl": _version_text(torch.cuda.nccl.version()),
                 "cuda": torch.version.cuda}))
     finally:
         dist.destroy_process_group()
+
+
+def _version_text(v) -> str:
+    return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
 
 
 def _free_port() -> int:
