@@ -165,6 +165,13 @@ def test_one_gpu_has_no_communication():
     assert sm.source_summary()["communication"] == "none"
 
 
+def test_show_says_a_file_of_collectives_is_the_machines(tmp_path):
+    path, _ = comm_file(tmp_path)
+    r = CliRunner().invoke(cli, ["profile", "show", str(path)])
+    assert r.exit_code == 0 and "collectives (nccl) between 8 GPU(s)" in r.output and "SGLang" not in r.output
+    assert "all_to_all" in r.output
+
+
 def test_cli_plans_without_a_gpu_and_names_bad_options(tmp_path, capsys):
     r = CliRunner().invoke(cli, ["profile", "comm", "--gpus", "8", "-o", str(tmp_path / "c.json"), "--dry-run",
                                  "--sizes", "4KiB,1MiB,64MiB"])

@@ -274,7 +274,11 @@ def show_cmd(path, as_json):
     if as_json:
         emit_json(doc)
         return
-    click.echo(f"{pf.path}: {pf.gpu}, SGLang {pf.sglang_version}, {pf.attention_backend} attention, model {pf.model}")
+    if pf.sglang_version:
+        click.echo(f"{pf.path}: {pf.gpu}, SGLang {pf.sglang_version}, {pf.attention_backend} attention, model {pf.model}")
+    else:  # collectives only: the machine's, not an SGLang configuration's
+        click.echo(f"{pf.path}: {pf.gpu}, collectives ({pf.provenance.get('library', '?')}) between "
+                   f"{pf.parallel.get('gpus', '?')} GPU(s)")
     for t in tables:
         label = t["op"] + "".join(f" {x}" for x in (t["name"], t["mode"], t["variant"]) if x)
         click.echo(f"  {label:<34} {t['shape']}  {t['range']}")
