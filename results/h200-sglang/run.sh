@@ -15,9 +15,6 @@
 # (`tuner study tiles-ab`, TILES_TRIAL, TILES_USERS, TILES_DIR: the tuned files, default
 # results/kernels/h200/sglang; TILES_VARIANTS: which variants in which order, default "default,tuned";
 # after verify, before the study).
-# "comm" (first, at most COMM_S=60 s) checks `tuner profile comm` with NCCL on this machine's GPUs
-# (all of them; with one GPU the collectives are local copies: a check of the tool, not a table for
-# the simulator) into $LOGS/comm-<N>gpu.json.
 # "probe" (last) spends the time left on planner probes (`tuner bench planner-probe`, PROBES names
 # them: "--only A --only B"), packed into $OUT/planner.tgz; a probe cut off by the limit is retried
 # in a later call. PROBE_GPU=h100 probes probes/planner-matrix-h100.yaml into results/h100-planner.
@@ -62,12 +59,6 @@ PY
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu-before.csv"
 free -g | head -2
 STORE="sqlite:///$DB"
-if [[ " $STEPS " == *" comm "* ]]; then
-  n=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-  timeout -s INT -k 5 "${COMM_S:-60}" python3 -m tuner profile comm --gpus "$n" --hardware "${COMM_GPU:-h200}" \
-    --sizes 4KiB,256KiB,16MiB,256MiB --iters 10 --repeats 3 -o "$LOGS/comm-${n}gpu.json" 2>&1 | tee "$LOGS/comm.log"
-  echo "comm took $(( $(date +%s) - t0 )) s since the call began"
-fi
 if [[ " $STEPS " == *" verify "* ]]; then
   which=(); [ -n "${VERIFY_TRIAL:-}" ] && which=(--trial "$VERIFY_TRIAL")  # default: the best
   python3 -m tuner study export "$STUDY" --storage "$STORE" -o "$LOGS/best-$STUDY.yaml" --sglang-version 0.5.17 \

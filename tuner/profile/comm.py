@@ -26,13 +26,13 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import socket
 import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tuner.backends.process import free_port
 from tuner.errors import BackendUnavailableError, ConfigError
 from tuner.sim.optable import COMM_OPS, FORMAT, parse_profile
 
@@ -204,12 +204,6 @@ def _version_text(v) -> str:
     return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_comm_profile(plan: CommPlan, *, gpu: str, expected_device_name: str, command: str = "") -> dict:
     """Time the plan on this machine's first ``plan.gpus`` GPUs; returns the profile document."""
     try:
@@ -226,7 +220,7 @@ def run_comm_profile(plan: CommPlan, *, gpu: str, expected_device_name: str, com
                           key="--hardware")
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        mp.spawn(_rank_main, args=(plan, f"tcp://127.0.0.1:{_free_port()}", str(result)), nprocs=plan.gpus,
+        mp.spawn(_rank_main, args=(plan, f"tcp://127.0.0.1:{free_port()}", str(result)), nprocs=plan.gpus,
                  join=True)
         got = json.loads(result.read_text())
     provenance = {"device_name_measured": got["device_name"], "torch": got["torch"], "nccl": got["nccl"],

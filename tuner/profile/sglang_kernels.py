@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 
+from tuner.backends.process import free_port
 from tuner.catalog import GPUDescription, ModelDescription
 from tuner.planner.startup import triton_max_kv_splits
 from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape
@@ -42,12 +42,6 @@ from .timing import Runnable
 from tuner.kernels.configfile import config_relpath, nearest_config, read_configs
 
 MAX_ROTATIONS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SGLangKernels(Kernels):
@@ -106,7 +100,7 @@ class SGLangKernels(Kernels):
         set_global_server_args_for_scheduler(self.server_args)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         init_distributed_environment(backend="nccl", world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                     distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
         initialize_model_parallel(tensor_model_parallel_size=1)
         initialize_dp_attention(self.server_args, ModelConfig.from_server_args(self.server_args))
 
