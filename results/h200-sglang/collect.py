@@ -1,6 +1,8 @@
 """Bring one device call's output into results/h200-sglang/: the study database, each trial's
 --config YAML, rendered config.json, /server_info snapshot and gzipped server log, and the call's
-own log. Usage: python results/h200-sglang/collect.py CALL_OUT_DIR CALL_NAME"""
+own log. Usage: python results/h200-sglang/collect.py CALL_OUT_DIR CALL_NAME [RESULTS_DIR]
+(RESULTS_DIR: where the study's database, calls/ and runs/ go; default results/h200-sglang, e.g.
+results/h100-sglang for a call run with RESULTS=results/h100-sglang)"""
 
 from __future__ import annotations
 
@@ -34,15 +36,16 @@ def _differs_from_kept(dest: Path, data: bytes) -> bool:
     return dest.exists() and dest.read_bytes() != data
 
 
-def main(out_dir: str, call: str) -> None:
+def main(out_dir: str, call: str, results_dir: str | None = None) -> None:
     src = Path(out_dir)
-    calls = HERE / "calls" / call
+    root = Path(results_dir).resolve() if results_dir else HERE
+    calls = root / "calls" / call
     calls.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.suffix == ".db":
             for side in ("-wal", "-shm"):  # a local reader's leftovers would be replayed onto the new file
-                (HERE / (f.name + side)).unlink(missing_ok=True)
-            shutil.copyfile(f, HERE / f.name)
+                (root / (f.name + side)).unlink(missing_ok=True)
+            shutil.copyfile(f, root / f.name)
         elif f.suffix in (".log", ".csv", ".json", ".yaml", ".txt") and f.is_file():
             _keep(f.read_bytes(), calls / f.name)
     # the call's small files, packed (a call returns at most 8 files): call-logs-<study>.tgz, one per
@@ -65,11 +68,11 @@ def main(out_dir: str, call: str) -> None:
                 if rel.name.endswith(".pids.json"):
                     continue
                 data = tar.extractfile(m).read()
-                dest = HERE / "runs" / rel
+                dest = root / "runs" / rel
                 if _differs_from_kept(dest, data):
                     # an earlier call's file of the same trial and variant (a repeated A/B): keep both
                     dest = calls / "runs" / rel
-                    print(f"kept beside the earlier call's file: {dest.relative_to(HERE)}")
+                    print(f"kept beside the earlier call's file: {dest.relative_to(root)}")
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if rel.suffix == ".log":
                     with gzip.open(str(dest) + ".gz", "wb", compresslevel=9) as g:
@@ -90,8 +93,10 @@ def main(out_dir: str, call: str) -> None:
                     dest = HERE.parent / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     dest.write_bytes(tar.extractfile(m).read())
-    print(f"collected {src} -> {HERE} (call {call})")
+    print(f"collected {src} -> {root} (call {call})")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if len(sys.argv) not in (3, 4):
+        sys.exit(__doc__)
+    main(*sys.argv[1:4])
