@@ -41,6 +41,19 @@ def test_the_committed_h200_trials_are_within_one_percent_and_the_ooms_predicted
         assert doc["missing"] == {"max_total_tokens": ["set"]} and doc["passed"] is False
 
 
+def test_the_committed_h100_trials_are_within_one_percent():
+    # the H100 was never used to fit anything: its free memory before the weights (read from
+    # SGLang's log) is the one measured input, and the small HiCache pool of trial 5 shows an error
+    # in it (5.2% low with the torch total less 1 GiB)
+    doc = run_planner_bench([REPO / "results" / "h100-sglang"])
+    rows = {r["label"]: r for r in doc["rows"]}
+    assert {"h100-sglang-qwen3#0", "h100-sglang-qwen3#5"} <= set(rows)
+    for r in rows.values():
+        assert abs(r["kv_error"]) <= 0.01 and abs(r["weight_error"]) <= 0.01, r["label"]
+        assert r["fits_agrees"] is True
+    assert rows["h100-sglang-qwen3#5"]["measured"]["kv_tokens"] == 128_339
+
+
 def test_probe_files_are_found_under_the_documented_out_directory(tmp_path):
     import shutil
 

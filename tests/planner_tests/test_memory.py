@@ -145,3 +145,22 @@ def test_cli_json_contract_and_exit_codes():
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--model", "nope", "--hardware", "h200", "--gpus", "8", "--tp-size", "8"])
     assert exc.value.code == 2
+
+
+def test_a_one_gpu_replica_starts_from_the_measured_free_memory_and_a_larger_one_from_the_prior():
+    from tuner.catalog import get_gpu
+    from tuner.planner.memory import GIB, PRE_LOAD_OVERHEAD_BYTES, pre_load_free_bytes
+
+    h100 = get_gpu("h100")
+    assert pre_load_free_bytes(h100, 1) == (h100.sglang_pre_load_free_bytes, True)
+    assert pre_load_free_bytes(h100, 8) == (h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False)
+    unmeasured = h100.model_copy(update={"sglang_pre_load_free_bytes": None})
+    assert pre_load_free_bytes(unmeasured, 1) == (h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False)
+    # SGLang's KV pool is pre_load * mfs - weights: 0.4 GiB more free memory moves the pool by 0.32 GiB at 0.8
+    flags = {"tp-size": 1, "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.8}
+    measured = plan_memory("qwen3-30b-a3b", h100, 1, flags)
+    prior = plan_memory("qwen3-30b-a3b", unmeasured, 1, flags)
+    gained = (measured.kv_capacity_tokens_per_gpu - prior.kv_capacity_tokens_per_gpu) * measured.bytes_per_token
+    assert gained / GIB == pytest.approx(0.8 * (h100.sglang_pre_load_free_bytes - prior.pre_model_load_gb * 1e9) / GIB,
+                                         abs=0.01)
+    assert measured.pre_model_load_gb == pytest.approx(h100.sglang_pre_load_free_bytes / 1e9, abs=1e-3)

@@ -84,6 +84,9 @@ class GPUDescription(BaseModel):
     torch_name: str
     memory_mib: int
     torch_total_memory_bytes: int | None = None
+    # free device memory when SGLang starts loading the weights on a one-GPU server (its log's
+    # "Load weight begin. avail mem=..."), where measured: the CUDA context and workspaces taken
+    sglang_pre_load_free_bytes: int | None = None
     memory_bandwidth_gbps: float
     bf16_tflops: float
     fp8_tflops: float

@@ -26,8 +26,19 @@ DEFAULT_SGLANG_VERSION = "0.5.23"
 MIB = 2**20
 GIB = 2**30
 # Free memory lost before the weights load: CUDA context, NCCL and custom all-reduce buffers,
-# cuBLAS workspaces (per GPU). Measured values range 0.6-1.5 GiB; see docs/calibration.md.
+# cuBLAS workspaces (per GPU). Measured values range 0.6-1.5 GiB; see docs/calibration.md. Used
+# where the catalog has no measured free memory for the GPU (GPUDescription.sglang_pre_load_free_bytes,
+# a model replica on one GPU: one over several GPUs also holds NCCL and all-reduce buffers).
 PRE_LOAD_OVERHEAD_BYTES = 1 * GIB
+
+
+def pre_load_free_bytes(gpu: GPUDescription, gpus_per_replica: int) -> tuple[int, bool]:
+    """Free device memory per GPU when SGLang starts loading the weights, and whether it was
+    measured (the catalog's figure for a one-GPU server) rather than the torch total less
+    PRE_LOAD_OVERHEAD_BYTES."""
+    if gpus_per_replica == 1 and gpu.sglang_pre_load_free_bytes:
+        return gpu.sglang_pre_load_free_bytes, True
+    return gpu.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 SPEC_ALGOS_WITH_DRAFT_LAYER = ("EAGLE", "NEXTN", "EAGLE3", "MTP")
 
@@ -317,7 +328,7 @@ def plan_memory(
         model, ckpt, layout, with_mtp=draft_layers > 0, dp_lm_head=flag_bool(flags, "enable-dp-lm-head")
     )
     weights = sum(w_bytes.values())
-    pre_load = gpu.memory_bytes - PRE_LOAD_OVERHEAD_BYTES
+    pre_load, _ = pre_load_free_bytes(gpu, layout.tp)
     dtype = kv_cache_dtype(model, gpu, flags)
     cell = kv_cell_bytes(model, gpu, layout, dtype, draft_layers)
     psize = page_size(model, gpu, flags)
