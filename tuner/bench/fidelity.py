@@ -26,7 +26,8 @@ from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
-                                find_sources, format_metric, points_from_database, points_from_probe, trial_label)
+                                find_sources, format_metric, load_points, points_from_database, points_from_probe,
+                                trial_label)
 
 log = logging.getLogger(__name__)
 
@@ -210,16 +211,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
     ``context`` those predicted under that calibration context) predicted and compared.
     ``priors_only``: with no fitted entry at all (neither the GPU's own nor one of its architecture),
     what the fits add."""
-    dbs, probes = find_sources(dirs)
-    points: list[LoadPoint] = []
-    skipped = []
-    for path in dbs:
-        try:
-            points += points_from_database(path, backends)
-        except UserError as exc:
-            skipped.append({"source": str(path), "reason": str(exc)})
-    for path in probes:
-        points += points_from_probe(path)
+    points, skipped = load_points(dirs, backends)
     if selection is not None and not selection.everything and points:
         selection.check({(p.study, p.trial) if p.study is not None else (p.label.rsplit("@", 1)[0], None)
                          for p in points})
@@ -241,7 +233,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
     point_docs = [_point_doc(r) for r in results]
     doc.update({
         "targets": dict(TARGETS),
-        "sources": [str(p) for p in dbs + probes],
+        "sources": [str(p) for p in sum(find_sources(dirs), [])],
         "skipped": skipped,
         "points": point_docs,
         "by_server": by_server(point_docs),

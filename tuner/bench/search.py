@@ -273,7 +273,7 @@ def bench_search(name: str, *, seeds: int = 5, budget: int = 60, samplers: tuple
 PERTURBED_CALIBRATION = {
     "memory_efficiency": 0.68,
     "compute_efficiency": {"moe": 0.38, "attention": 0.50},
-    "host_link_efficiency": 0.45,
+    "host_link_efficiency": 0.25,  # below the measured 0.35 (default.yaml)
     "comm": {"bandwidth_efficiency": 0.55},
 }
 REALITY_CANDIDATES = 60  # the simulator's best configurations also measured in 'reality'

@@ -286,6 +286,41 @@ def recheck(results_dirs, write, as_json):
                 click.echo(f"  recorded in {row['written']}")
 
 
+@calibration.command("host-link")
+@click.option("--results", "results_dirs", multiple=True, default=("results",), show_default=True,
+              help="Directory (or database) with real measurements, as `tuner bench fidelity` reads them. "
+                   "Repeat for several.")
+@click.option("--min-tokens", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Leave out load points that loaded fewer tokens back (launch latency, not the link).")
+@json_option
+def host_link(results_dirs, min_tokens, as_json):
+    """HiCache load-back as real SGLang servers achieved it: per load point, the tokens loaded back
+    from host memory, the summed GPU time of the copies (SGLang's own /metrics), the rate and its
+    share of the catalog's host link; then the share over all points, which is what the simulator's
+    host_link_efficiency stands for. Needs HiCache servers whose device pool evicted and loaded
+    back, started with --enable-metrics."""
+    from tuner.sim.calibrate import load_calibration
+    from tuner.sim.hostlink import load_back_samples, pooled_efficiency
+    from tuner.sim.measured import load_points
+
+    points, _ = load_points(results_dirs)
+    samples = load_back_samples(points, min_tokens=min_tokens)
+    pooled = pooled_efficiency(samples)
+    assumed = {s.gpu: load_calibration(s.gpu)["host_link_efficiency"] for s in samples}
+    if as_json:
+        emit_json({"points": [s.to_dict() for s in samples], "pooled_efficiency": round(pooled, 4),
+                   "calibration_host_link_efficiency": assumed})
+        return
+    click.echo(f"{'load point':34s} {'KV':>9s} {'B/token':>8s} {'loads':>6s} {'tokens':>9s} {'copy s':>7s} "
+               f"{'GB/s':>6s} {'of link':>8s}")
+    for s in samples:
+        click.echo(f"{s.label:34s} {s.kv_cache_dtype:>9s} {s.kv_bytes_per_token:8,d} {s.loads:6d} {s.tokens:9,d} "
+                   f"{s.seconds:7.3f} {s.gbps:6.1f} {s.efficiency:8.1%}")
+    now = ", ".join(f"{g} {v:.2f}" for g, v in sorted(assumed.items()))
+    click.echo(f"over all {len(samples)} load points: {pooled:.1%} of the host link "
+               f"(the simulator's host_link_efficiency: {now})")
+
+
 def _rounded(mape: dict) -> dict:
     return {k: None if v is None else round(v, 4) for k, v in mape.items()}
 

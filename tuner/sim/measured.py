@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 from tuner.catalog.hf import ModelRef
 from tuner.config.load import results_study
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, UserError
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
 from tuner.workload.profiles import load_profile
@@ -167,6 +167,23 @@ def find_sources(dirs: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
         dbs += sorted(p for p in d.rglob("*.db") if p.is_file())
         probes += sorted({*d.rglob("*.probe.json"), *d.rglob("probes/*.json")})
     return dbs, probes
+
+
+def load_points(dirs: Iterable[str | Path], backends: tuple[str, ...] = REAL_BACKENDS
+                ) -> tuple[list["LoadPoint"], list[dict]]:
+    """Every real load point under ``dirs`` (study databases, then probe files), and the databases
+    that could not be read, each with the reason."""
+    dbs, probes = find_sources(dirs)
+    points: list[LoadPoint] = []
+    skipped = []
+    for path in dbs:
+        try:
+            points += points_from_database(path, backends)
+        except UserError as exc:
+            skipped.append({"source": str(path), "reason": str(exc)})
+    for path in probes:
+        points += points_from_probe(path)
+    return points, skipped
 
 
 def extra_args_to_flags(args: Iterable[str]) -> dict[str, Any]:
