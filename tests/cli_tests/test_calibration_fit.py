@@ -110,7 +110,7 @@ def test_recheck_without_real_points_says_so_and_fails(tmp_path, capsys):
     assert code != 0 and "no real measurements found" in err and str(tmp_path) in err
 
 
-def test_recheck_of_an_h100_says_it_runs_the_h200_fit_and_records_nothing(tmp_path, monkeypatch):
+def test_recheck_of_an_h100_records_its_check_beside_the_h200_fit_it_runs(tmp_path, monkeypatch):
     import shutil
 
     import tuner.bench.fidelity as fidelity
@@ -129,4 +129,13 @@ def test_recheck_of_an_h100_says_it_runs_the_h200_fit_and_records_nothing(tmp_pa
     assert res.exit_code == 0, res.output
     assert "h100, SGLang 0.5.17, triton attention, eager prefill: 1 load points" in res.output
     assert "these points run on h200's (same GPU architecture)" in res.output
-    assert (cal_dir / "h200.yaml").read_text() == before and not (cal_dir / "h100.yaml").exists()
+    assert not (cal_dir / "h100.yaml").exists()
+    after = yaml.safe_load((cal_dir / "h200.yaml").read_text())["fitted"]
+    old = yaml.safe_load(before)["fitted"]
+    eager = next(i for i, e in enumerate(after) if e["when"].get("prefill_cuda_graph") is False)
+    assert after[eager]["rechecked_on"]["h100"]["load_points"] == 1
+    assert after[eager]["rechecked_on"]["h100"]["mape"]["p90_ttft_s"] == 0.2
+    # the H200's own records and values are untouched
+    assert after[eager].get("rechecked") == old[eager].get("rechecked")
+    assert after[eager]["values"] == old[eager]["values"]
+    assert [e for i, e in enumerate(after) if i != eager] == [e for i, e in enumerate(old) if i != eager]

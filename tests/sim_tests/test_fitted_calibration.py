@@ -179,6 +179,25 @@ def test_a_gpu_own_fit_wins_over_a_transferred_one(tmp_path):
         transfer_fitted(apply_fitted({}, ctx), "h100", ctx, directory=tmp_path)
 
 
+def test_a_check_on_another_gpu_is_kept_beside_the_entry_and_read_only_on_that_gpu(tmp_path):
+    from tuner.sim.calibrate import record_recheck
+
+    when = {"sglang_version": "0.5.17"}
+    ctx = {"sglang_version": "0.5.17", "attention_backend": "triton", "prefill_cuda_graph": False}
+    write_fitted("h200", when=when, values={"overhead": {"cpu_step_s": 0.005}}, name="e", source="s",
+                 checked={"load_points": 9}, directory=tmp_path)
+    record_recheck("h200", when=when, rechecked={"load_points": 30}, directory=tmp_path)
+    record_recheck("h200", when=when, rechecked={"load_points": 10, "date": "d"}, directory=tmp_path, on_gpu="h100")
+    entry = yaml.safe_load((tmp_path / "h200.yaml").read_text())["fitted"][0]
+    # the H200's own record is not replaced by the H100's
+    assert entry["rechecked"] == {"load_points": 30} and entry["rechecked_on"] == {"h100": {"load_points": 10, "date": "d"}}
+    moved = transfer_fitted(apply_fitted({}, ctx), "h100", ctx, directory=tmp_path)
+    assert moved["fitted_checks_here"] == [{"load_points": 10, "date": "d", "gpu": "h100"}]
+    assert moved["fitted_rechecks"] == [{"load_points": 30, "gpu": "h200"}]
+    own = apply_fitted({"fitted": [entry]}, ctx)  # on the H200 itself the H100's check is not its own
+    assert own["fitted_checks_here"] == [] and own["fitted_rechecks"] == [{"load_points": 30}]
+
+
 def test_the_transferred_fit_scales_with_the_h100s_own_bandwidth():
     """Same efficiencies, 30% less HBM bandwidth: decode at 8 users is slower on the H100 than on
     the H200 (the model gives 1.22-1.29x over three seeds; host-side time does not scale)."""

@@ -133,7 +133,13 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
     assert "Simulator against this study" in html and "P90 TTFT MAPE" in html
 
 
-def test_the_trust_line_says_when_the_fit_was_made_on_another_gpu():
-    line = trust.trust_line(load_study(str(REPO / "studies" / "h100-sglang-qwen3.yaml")))
-    assert "on h200 (the same GPU architecture" in line and "not yet checked on h100" in line
+def test_the_trust_line_says_when_the_fit_was_made_on_another_gpu(monkeypatch):
+    h100 = load_study(str(REPO / "studies" / "h100-sglang-qwen3.yaml"))
+    line = trust.trust_line(h100)
+    # the committed H200 entry carries its check on the H100's own load points (results/h100-sglang)
+    assert "on h200 (the same GPU architecture" in line and "checked on h100 itself: P90 TTFT MAPE" in line
     assert "on h200 (the same" not in trust.trust_line(load_study(str(REPO / "studies" / "h200-sglang-qwen3.yaml")))
+    real = trust.simulator_trust(h100)
+    assert real["checked_here"] and real["checked_here"][0]["gpu"] == "h100"
+    monkeypatch.setattr(trust, "simulator_trust", lambda s: {**real, "checked_here": []})
+    assert "not yet checked on h100 itself" in trust.trust_line(h100)

@@ -226,8 +226,9 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
                    "Repeat for several.")
 @click.option("--write", is_flag=True,
               help="Record the figures in each matching fitted entry of tuner/sim/calibration/<gpu>.yaml as its "
-                   "`rechecked` record (its values and fit-time `checked` record stay), which the warm start's "
-                   "trust line then prints.")
+                   "`rechecked` record (its values and fit-time `checked` record stay; another GPU's points that "
+                   "run the entry transferred go to `rechecked_on.<that gpu>`), which the warm start's trust "
+                   "line then prints.")
 @json_option
 def recheck(results_dirs, write, as_json):
     """Check the committed fitted entries again, with today's simulator, on every real load point.
@@ -236,7 +237,10 @@ def recheck(results_dirs, write, as_json):
     load points of that day. The simulator and the measurements move on; this predicts every real
     load point (as `tuner bench fidelity`), groups the points by the calibration context they run
     under (GPU, SGLang version, attention backend, prefill CUDA graphs) and prints each group's
-    figures beside the entry that applies to it. Without any real load point it is an error.
+    figures beside the entry that applies to it. A GPU without entries of its own runs those of a
+    GPU of its architecture; its points are recorded beside them, under its own name
+    (`rechecked_on.<gpu>`), for the warm start's trust line on that GPU. Without any real load
+    point it is an error.
     """
     from tuner.bench.fidelity import point_context, run_fidelity, summarize_points
     from tuner.catalog import get_gpu
@@ -261,6 +265,10 @@ def recheck(results_dirs, write, as_json):
         if write:
             for e in entries:
                 row["written"] = str(record_recheck(gpu, when=e.get("when") or {}, rechecked=record))
+            # a GPU running another's entries: the check goes beside them, under this GPU's name
+            for e in (fitted_entries(fitted_on, ctx) if fitted_on else []):
+                row["written"] = str(record_recheck(fitted_on, when=e.get("when") or {}, rechecked=record,
+                                                    on_gpu=gpu))
         rows.append(row)
     if as_json:
         emit_json({"groups": rows, "skipped": fid["skipped"]})
@@ -274,7 +282,7 @@ def recheck(results_dirs, write, as_json):
                        f"P90 TPOT MAPE {m['p90_tpot_s']:.1%}, verdicts {r['verdict_agreement']:.1%}")
             if row["fitted_on"]:
                 click.echo(f"  no fitted entry of its own: these points run on {row['fitted_on']}'s (same GPU "
-                           "architecture), which is rechecked on its own GPU's points only")
+                           f"architecture); --write records them there as its check on {row['gpu']}")
             elif not row["fitted"]:
                 click.echo("  no fitted entry applies: these points run on the priors")
             for name, chk in zip(row["fitted"], row["checked"]):

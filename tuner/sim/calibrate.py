@@ -195,6 +195,7 @@ def apply_fitted(cal: dict[str, Any], context: dict[str, Any] | None, *, file: s
     cal["fitted_partial"] = partial
     cal["fitted_trials"] = sorted(set(trials))  # the trials (study#N) the applied entries were fitted on
     cal["fitted_on"] = None  # the GPU the applied entries were fitted on, where it is not this one
+    cal["fitted_checks_here"] = []  # a transferred entry's checks on this GPU's own load points
     return cal
 
 
@@ -243,6 +244,7 @@ def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] 
         if not entries:
             continue
         sm = gpus()[other].sm_version
+        me = gpus()[gpu_name.lower()].name
         for entry in entries:
             cal = _merge(cal, _architecture_values(entry["values"]))
             cal["fitted_applied"].append(f"{_applied_name(entry)} (fitted on {other}, same SM{sm})")
@@ -254,6 +256,9 @@ def transfer_fitted(cal: dict[str, Any], gpu_name: str, context: dict[str, Any] 
                 cal["fitted_checks"].append({**entry["checked"], "gpu": other})
             if isinstance(entry.get("rechecked"), dict):
                 cal["fitted_rechecks"].append({**entry["rechecked"], "gpu": other})
+            here = (entry.get("rechecked_on") or {}).get(me)
+            if isinstance(here, dict):  # checked on this GPU's own load points since
+                cal["fitted_checks_here"].append({**here, "gpu": me})
         cal["fitted_on"] = other
         break
     return cal
@@ -522,16 +527,21 @@ def fitted_entries(gpu: str, context: dict[str, Any], *, directory: Path | None 
 
 
 def record_recheck(gpu: str, *, when: dict[str, Any], rechecked: dict[str, Any],
-                   directory: Path | None = None) -> Path:
-    """Store a later fidelity check of the fitted entry for ``when`` as its ``rechecked`` record
-    (replacing an earlier one); its values and its fit-time ``checked`` record stay as they are."""
+                   directory: Path | None = None, on_gpu: str | None = None) -> Path:
+    """Store a later fidelity check of ``gpu``'s fitted entry for ``when`` as its ``rechecked``
+    record (replacing an earlier one); its values and its fit-time ``checked`` record stay as they
+    are. ``on_gpu``: the check was made on another GPU's load points, which run this entry
+    transferred (``transfer_fitted``); it goes to ``rechecked_on.<on_gpu>`` instead."""
     path = safewrite.check_target(Path(directory or CALIBRATION_DIR) / f"{gpu}.yaml")
     current = _read(path) if path.exists() else {}
     entry = next((e for e in (current.get("fitted") or []) if (e or {}).get("when") == when), None)
     if entry is None:
         raise ConfigError(f"no fitted entry for {when} (run `tuner calibration fit --write` first)",
                           file=str(path), key="fitted")
-    entry["rechecked"] = rechecked
+    if on_gpu and on_gpu != gpu:
+        entry.setdefault("rechecked_on", {})[on_gpu] = rechecked
+    else:
+        entry["rechecked"] = rechecked
     _write_keeping_header(path, current)
     return path
 

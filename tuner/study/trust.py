@@ -81,7 +81,8 @@ def simulator_trust(spec) -> dict[str, Any]:
     return {"context": context, "fitted": list(cal.get("fitted_applied") or []),
             "fitted_on": cal.get("fitted_on"),  # another GPU of the same architecture, or None
             "checked": list(cal.get("fitted_checks") or []),
-            "rechecked": list(cal.get("fitted_rechecks") or [])}
+            "rechecked": list(cal.get("fitted_rechecks") or []),
+            "checked_here": list(cal.get("fitted_checks_here") or [])}  # a transferred entry's, on this GPU
 
 
 def trust_line(spec) -> str:
@@ -105,8 +106,11 @@ def trust_line(spec) -> str:
     later = [f"{_figures(chk)} over {chk.get('load_points')} real load points ({chk.get('date', '?')})"
              for chk in t.get("rechecked") or []]
     if t.get("fitted_on"):  # its checks were on the other GPU's load points
-        where += (f", on {t['fitted_on']} (the same GPU architecture as this study's; not yet checked on "
-                  f"{spec.hardware.gpu} itself)")
+        here = [f"{_figures(chk)} over {chk.get('load_points')} real load points ({chk.get('date', '?')})"
+                for chk in t.get("checked_here") or []]
+        where += (f", on {t['fitted_on']} (the same GPU architecture as this study's; "
+                  + (f"checked on {spec.hardware.gpu} itself: " + "; ".join(here) if here
+                     else f"not yet checked on {spec.hardware.gpu} itself") + ")")
     return (f"simulator: calibrated for {where} ({', '.join(t['fitted'])}); checked: "
             + ("; ".join(parts) if parts else "no fidelity record")
             + ("; rechecked by today's simulator: " + "; ".join(later) if later else ""))
