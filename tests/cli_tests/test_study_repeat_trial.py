@@ -25,6 +25,7 @@ def test_a_repeated_trial_runs_its_configuration_again_and_bad_numbers_write_not
     before = _digest(db_path)
     for args, says in ((["--repeat-trial", "7", "--trials", "5"], "has no trial 7 (its trials: 0, 1)"),
                        (["--repeat-trial", "0", "--trials", "5"], "trial 0 is the baseline"),
+                       (["--repeat-trial", "1:kv-cache-dtype=fp4", "--trials", "5"], "is not one of its values"),
                        (["--repeat-trial", "1"], "no room for 1 repeat(s); give --trials 3 or more")):
         r = run_cli(["study", "resume", "again", "--storage", storage, "--no-ray", *args], cwd=tmp_path)
         assert r.returncode == 2, (args, r.stderr[-1500:])
@@ -39,3 +40,16 @@ def test_a_repeated_trial_runs_its_configuration_again_and_bad_numbers_write_not
     assert trials[2].params == trials[1].params
     assert trials[2].state == optuna.trial.TrialState.COMPLETE, "measured, not answered as a duplicate"
     assert "duplicate" not in trials[2].user_attrs
+
+    # a varied repeat: trial 1 again with the KV dtype set otherwise (an A/B of that knob)
+    other = None if trials[1].params.get("kv-cache-dtype") == "fp8_e4m3" else "fp8_e4m3"
+    r = run_cli(["study", "resume", "again", "--storage", storage, "--no-ray", "--trials", "4",
+                 "--repeat-trial", f"1:kv-cache-dtype={'null' if other is None else other}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    trials = {t.number: t for t in optuna.load_study(study_name="again", storage=storage).trials}
+    assert trials[3].user_attrs.get("repeat_of") == 1
+    assert trials[3].user_attrs.get("repeat_changes") == {"kv-cache-dtype": other}
+    assert trials[3].params.get("kv-cache-dtype") == other
+    assert {k: v for k, v in trials[3].params.items() if k != "kv-cache-dtype"} == \
+        {k: v for k, v in trials[1].params.items() if k != "kv-cache-dtype"}
+    assert trials[3].state == optuna.trial.TrialState.COMPLETE

@@ -133,3 +133,27 @@ def test_a_repeat_launches_a_finished_configuration_again_first(tmp_path):
         with pytest.raises(ConfigError, match=says) as err:
             repeat_configs(study, tried, numbers)
         assert err.value.key == "--repeat-trial"
+
+
+def test_a_varied_repeat_sets_the_named_knobs_otherwise_and_drops_what_their_conditions_exclude(tmp_path):
+    from tuner.study.proposer import RepeatRequest, repeat_configs
+
+    study = tiny_study(tmp_path, sampler="tpe")
+    tried = {0: TriedTrial(baseline_values(study), TrialStatus.COMPLETE, 16, is_baseline=True),
+             1: TriedTrial(FP4_DP8, TrialStatus.COMPLETE, 40)}
+    req = RepeatRequest.parse("1:attn-dp-size=1, kv-cache-dtype=null")
+    assert req == RepeatRequest(1, {"attn-dp-size": 1, "kv-cache-dtype": None})
+    p = _proposer(study, tried=list(tried.values()), repeats=repeat_configs(study, tried, [1, req]))
+    same, varied = p.propose(), p.propose()
+    assert same.repeat_of == 1 and same.repeat_changes is None and config_key(same.values) == config_key(FP4_DP8)
+    assert varied.launch and varied.repeat_of == 1
+    assert varied.repeat_changes == {"attn-dp-size": 1, "kv-cache-dtype": None}
+    # attention DP off: the router knob's condition fails, so it is not set
+    assert varied.values["attn-dp-size"] == 1 and varied.values["kv-cache-dtype"] is None
+    assert varied.values.get("router-policy") is None and varied.values["quantization"] == "modelopt_fp4"
+    for text, says in (("1:nope=3", "'nope' is not a knob of search space"),
+                       ("1:attn-dp-size=4", r"attn-dp-size=4 is not one of its values \[1, 8\]"),
+                       ("x:attn-dp-size=1", "expected a trial number"), ("1:attn-dp-size", "expected KNOB=VALUE")):
+        with pytest.raises(ConfigError, match=says) as err:
+            repeat_configs(study, tried, [RepeatRequest.parse(text)])
+        assert err.value.key == "--repeat-trial"

@@ -236,10 +236,12 @@ def _dry_run(spec, backend, budget, seed, warm_k, as_json):
                    "pass or miss) is measured once more at the same user count and decided by both windows "
                    "together, their P90s averaged by requests (stored with the study as "
                    "capacity.confirm_marginal; costs one load point where it applies).")
-@click.option("--repeat-trial", "repeat_trials", type=int, multiple=True, metavar="N",
+@click.option("--repeat-trial", "repeat_trials", multiple=True, metavar="N[:KNOB=VALUE,...]",
               help="Measure trial N's configuration again, first, as a new trial (repeatable): one a time limit "
-                   "interrupted, or a best whose capacity sat at the edge of its SLO. The earlier record stays; "
-                   "the repeat counts against the budget (raise --trials).")
+                   "interrupted, or a best whose capacity sat at the edge of its SLO. With :KNOB=VALUE,... the "
+                   "repeat sets those knobs otherwise, an A/B of them against trial N on the same machine (e.g. "
+                   "--repeat-trial 1:enable-hierarchical-cache=false); values as the search space writes them. "
+                   "The earlier record stays; the repeat counts against the budget (raise --trials).")
 @click.option("--no-pruning", is_flag=True,
               help="Run every capacity search of this run to the end, even when it can no longer beat the best.")
 @json_option
@@ -257,9 +259,12 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     from tuner.storage import db, repo
     from tuner.study.runner import StudyRunner, load_existing
 
+    from tuner.study.proposer import RepeatRequest
+
     spec = load_existing(storage, name)
     row = repo.get_study(db.reader_engine(storage), name)
     limit_s = parse_duration(time_limit)
+    repeat_trials = [RepeatRequest.parse(r) for r in repeat_trials]
     if repeat_trials:
         _check_repeats(spec, storage, name, list(repeat_trials), trials or row.trials_budget)
     with stopping_on_signals():  # SIGTERM and SIGHUP stop it as Ctrl-C does
@@ -289,7 +294,7 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
             runner.release()
 
 
-def _check_repeats(spec, storage: str, name: str, numbers: list[int], budget: int) -> None:
+def _check_repeats(spec, storage: str, name: str, numbers: list, budget: int) -> None:
     """--repeat-trial refused before anything is written: an unknown, baseline or never-launched
     trial, or a budget with no room left for the repeats."""
     from tuner.errors import ConfigError

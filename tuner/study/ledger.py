@@ -141,7 +141,8 @@ class Ledger:
         self.counters.launched += 1
         self._start_row(proposal)
         self.on_event("trial_start", {"number": proposal.number, "config": proposal.values,
-                                      "baseline": proposal.is_baseline, "repeat_of": proposal.repeat_of})
+                                      "baseline": proposal.is_baseline, "repeat_of": proposal.repeat_of,
+                                      "repeat_changes": proposal.repeat_changes})
 
     @_uninterrupted
     def search_starts(self, proposal: Proposal, users: int, basis: str) -> None:
@@ -232,6 +233,8 @@ class Ledger:
         proposal.trial.set_user_attr("config", dict(proposal.values))
         if proposal.repeat_of is not None:
             proposal.trial.set_user_attr("repeat_of", proposal.repeat_of)
+        if proposal.repeat_changes:
+            proposal.trial.set_user_attr("repeat_changes", dict(proposal.repeat_changes))
 
     def _start_row(self, proposal: Proposal) -> None:
         self.records.start_trial(

@@ -23,6 +23,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import yaml
+
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError, UserError
 from tuner.lifecycle import Outcome, TrialStatus, config_key
@@ -69,6 +71,7 @@ class Proposal:
     predicted_kv_capacity_tokens: int | None = None  # the planner's, for the whole node/cluster
     from_queue: bool = False  # an enqueued configuration (warm start, seeds, grid)
     repeat_of: int | None = None  # the earlier trial whose configuration this measures again
+    repeat_changes: dict[str, Any] | None = None  # knobs a varied repeat sets otherwise (an A/B of them)
 
     @property
     def launch(self) -> bool:
@@ -81,14 +84,58 @@ class Proposal:
         return Outcome.not_launched(self.reason or "", screened_by_planner=self.decision is Decision.SCREENED)
 
 
-def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial], numbers: Iterable[int]) -> list[tuple[int, dict]]:
-    """``study resume --repeat-trial N``: each trial's configuration as the parameters Optuna should
-    fix (only knobs whose condition holds). Refused (exit 2): a trial the study does not have, the
-    baseline (SGLang's defaults are not a point of the search space), and one that never launched
-    (the same checks would settle it again)."""
+@dataclass(frozen=True)
+class RepeatRequest:
+    """``--repeat-trial N`` or ``N:KNOB=VALUE,...``: trial N's configuration measured again, with
+    the given knobs set otherwise (a varied repeat: an A/B of those knobs against trial N)."""
+
+    trial: int
+    changes: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> "RepeatRequest":
+        head, _, rest = str(text).partition(":")
+        try:
+            n = int(head)
+        except ValueError:
+            raise ConfigError(f"{text!r}: expected a trial number, optionally followed by :KNOB=VALUE,... "
+                              "(e.g. 3 or 3:enable-hierarchical-cache=false)", key="--repeat-trial") from None
+        changes: dict[str, Any] = {}
+        for item in filter(None, (x.strip() for x in rest.split(","))):
+            knob, eq, value = item.partition("=")
+            if not eq or not knob.strip():
+                raise ConfigError(f"{item!r} in {text!r}: expected KNOB=VALUE", key="--repeat-trial")
+            # YAML scalars, as the search space's own values are written: false, 0.85, null, fp8_e4m3
+            changes[knob.strip()] = yaml.safe_load(value.strip()) if value.strip() else None
+        return cls(n, changes)
+
+
+def _check_changes(space, changes: dict[str, Any], where: str) -> None:
+    for knob, value in changes.items():
+        p = space.params.get(knob)
+        if p is None:
+            raise ConfigError(f"{where}: {knob!r} is not a knob of search space {space.name!r}; valid: "
+                              + ", ".join(space.params), key="--repeat-trial")
+        if p.values is not None and value not in p.values:
+            raise ConfigError(f"{where}: {knob}={value!r} is not one of its values {p.values}", key="--repeat-trial")
+        if p.values is None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                 or not p.low <= value <= p.high):
+            raise ConfigError(f"{where}: {knob}={value!r} is outside its range [{p.low}, {p.high}]",
+                              key="--repeat-trial")
+
+
+def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial],
+                   requests: Iterable[int | RepeatRequest]) -> list[tuple[int, dict, dict]]:
+    """``study resume --repeat-trial N[:KNOB=VALUE,...]``: each trial's configuration, with the
+    request's changes, as the parameters Optuna should fix (only knobs whose condition holds), and
+    the changes. Refused (exit 2): a trial the study does not have, the baseline (SGLang's defaults
+    are not a point of the search space), one that never launched (the same checks would settle it
+    again), and a change to a knob the space does not have or to a value it does not offer."""
     space, env = study.space(), space_mod.env_for(study)
-    out: list[tuple[int, dict]] = []
-    for n in numbers:
+    out: list[tuple[int, dict, dict]] = []
+    for req in requests:
+        req = req if isinstance(req, RepeatRequest) else RepeatRequest(int(req))
+        n = req.trial
         t = tried.get(n)
         if t is None:
             have = ", ".join(str(k) for k in sorted(tried)) or "none"
@@ -99,8 +146,10 @@ def repeat_configs(study: StudySpec, tried: dict[int, TriedTrial], numbers: Iter
         if not t.launched:
             raise ConfigError(f"trial {n} never launched ({t.status}): there is no measurement to repeat",
                               key="--repeat-trial")
-        out.append((n, {k: t.values.get(k) for k in space.params
-                        if space_mod.condition_holds(space, k, t.values, env)}))
+        _check_changes(space, req.changes, f"--repeat-trial {n}")
+        values = {**t.values, **req.changes}
+        out.append((n, {k: values.get(k) for k in space.params if space_mod.condition_holds(space, k, values, env)},
+                    dict(req.changes)))
     return out
 
 
@@ -152,7 +201,7 @@ class Proposer:
     tried: Iterable[TriedTrial] = ()
     initial_configs: list[dict] = field(default_factory=list)  # warm start, right after the baseline
     # (trial number, configuration) of earlier trials to measure again, before anything else
-    repeats: list[tuple[int, dict]] = field(default_factory=list)
+    repeats: list[tuple[int, dict, dict]] = field(default_factory=list)  # (trial, config, changes)
     prescreen: bool = True  # settle what the planner says cannot fit without launching
     verdict: Callable[[StudySpec, dict], tuple[bool, str, int | None]] = planner_verdict
     asks: int = 0
@@ -169,10 +218,10 @@ class Proposer:
 
     # ---------------------------------------------------------------- one ask
     def propose(self) -> Proposal:
-        is_baseline, from_queue, repeat_of = self._first_is_baseline, False, None
+        is_baseline, from_queue, repeat_of, changes = self._first_is_baseline, False, None, None
         self._first_is_baseline = False
         if not is_baseline and self._repeats:
-            repeat_of, config = self._repeats.pop(0)
+            repeat_of, config, changes = self._repeats.pop(0)
             self.optuna.enqueue(config, skip_if_exists=False)  # Optuna would skip a configuration it has seen
             from_queue = True
         elif not is_baseline and self._queue:
@@ -186,7 +235,7 @@ class Proposer:
 
         def proposal(decision: Decision, **kw) -> Proposal:
             return Proposal(trial, trial.number, values, flags, knobs, is_baseline, decision, from_queue=from_queue,
-                            repeat_of=repeat_of, **kw)
+                            repeat_of=repeat_of, repeat_changes=changes or None, **kw)
 
         violated = [] if is_baseline else space_mod.violated_constraints(self._space, values, self._env)
         if violated:

@@ -102,7 +102,7 @@ class StudyRunner:
                  max_failures: int | None = None, on_event: Callable[[str, dict], None] | None = None,
                  workdir: str = "results/runs", prescreen: bool = True, prune: bool = True,
                  initial_configs: list[dict] | None = None, time_limit_s: float | None = None,
-                 command: str = "start", repeat_trials: list[int] | None = None):
+                 command: str = "start", repeat_trials: list | None = None):
         self.study = study
         self.time_limit_s = time_limit_s  # wall-clock budget of one run (tuner.study.loop)
         self.prune = prune  # stop capacity searches that cannot beat the best (tuner.study.pruning)
