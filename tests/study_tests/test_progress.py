@@ -29,3 +29,17 @@ def test_the_header_shows_the_first_to_reach_a_capacity_then_the_studys_own_best
     assert "best 80 users (trial 3)" in _header(progress)
     progress.study_best(None, None)  # a study without a best leaves the display as it was
     assert "best 80 users (trial 3)" in _header(progress)
+
+
+def test_a_long_reason_is_cut_at_a_word_with_an_ellipsis_and_a_short_one_is_whole():
+    progress = StudyProgress("s", 4, enabled=False)
+    long = ("planner: HiCache needs 2023 GB of host memory but 80% of 2048 GB is 1638 GB: not enough host "
+            "memory; give hicache-ratio 1.5 or less, or a node with more host memory than this one has")
+    progress.event("trial_end", {"number": 1, "status": TrialStatus.INFEASIBLE, "reason": long,
+                                 "failure_class": "infeasible", "launched": False})
+    progress.event("trial_end", {"number": 2, "status": TrialStatus.INFEASIBLE, "reason": "planner: too small",
+                                 "failure_class": "infeasible", "launched": False})
+    cut, whole = progress.recent
+    assert cut.endswith(" …)") and len(cut) < len(long)
+    assert cut[:-3].split()[-1] in long.split()  # whole words only
+    assert whole == "trial 2: infeasible (infeasible: planner: too small)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 
 from rich.console import Console, Group
@@ -76,9 +77,9 @@ class StudyProgress:
             if data["status"] == TrialStatus.COMPLETE:
                 msg += f", capacity {cap} users"
             elif data["status"] == TrialStatus.PRUNED:
-                msg += f", {str(data.get('reason') or '')[:110]}"
+                msg += f", {_short(data.get('reason'))}"
             elif data.get("reason"):
-                msg += f" ({data.get('failure_class') or data['status']}: {str(data['reason'])[:90]})"
+                msg += f" ({data.get('failure_class') or data['status']}: {_short(data['reason'])})"
             self.recent = (self.recent + [msg])[-6:]
         if self.live:
             self.live.update(self._render())
@@ -100,3 +101,8 @@ class StudyProgress:
             cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
             table.add_row(str(n) + (" (baseline)" if r["baseline"] else ""), cfg[:110], " ".join(r["steps"]))
         return Group(head, table, Text("\n".join(self.recent), style="dim"))
+
+
+def _short(reason, width: int = 140) -> str:
+    """A reason for the live display: whole words, and an ellipsis where it was cut."""
+    return textwrap.shorten(str(reason or ""), width=width, placeholder=" …")
