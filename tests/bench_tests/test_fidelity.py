@@ -8,6 +8,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.conftest import REPO
 from tuner.bench.fidelity import extra_args_to_flags, format_report, run_fidelity
 from tuner.cli import cli
 from tuner.sim import simulate_load_point
@@ -320,3 +321,16 @@ def test_points_of_trials_no_applied_fit_saw_get_their_own_figures(tmp_path):
     trials = calibrate.load_calibration("h200", context={"sglang_version": "0.5.17", "attention_backend": "triton",
                                                          "prefill_cuda_graph": False})["fitted_trials"]
     assert "h200-sglang-qwen3#0" in trials and "h200-sglang-qwen3#17" not in trials
+
+
+def test_hicache_points_compare_the_load_back_sglang_counted_with_the_simulators():
+    doc = run_fidelity([REPO / "results" / "h100-sglang" / "h100-sglang-qwen3.db"])
+    pts = {p["label"]: p for p in doc["points"]}
+    assert pts["h100-sglang-qwen3#0@16"]["hicache"] is None  # HiCache off
+    evicting = pts["h100-sglang-qwen3#5@32"]["hicache"]  # a 128 k-token pool over a larger working set
+    assert evicting["measured"] == {"load_back_tokens": 385_334, "loads": 75}
+    assert 0.5 * 385_334 < evicting["predicted"]["load_back_tokens"] < 1.5 * 385_334
+    never = pts["h100-sglang-qwen3#1@24"]["hicache"]  # an 820 k-token pool that never evicts
+    assert never["measured"]["load_back_tokens"] == 0 == never["predicted"]["load_back_tokens"]
+    text = format_report(doc)
+    assert "HiCache load-back over the whole load point" in text and "385,334" in text

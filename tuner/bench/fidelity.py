@@ -22,9 +22,11 @@ from typing import Iterable
 
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError, TrialError, UserError
+from tuner.planner.parallel import flag_bool
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import calibration_context, load_calibration
+from tuner.sim.hostlink import COUNT_KEY as LOAD_BACK_COUNT_KEY, TOKENS_KEY as LOAD_BACK_TOKENS_KEY
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
                                 find_sources, format_metric, load_points, points_from_database, points_from_probe,
                                 trial_label)
@@ -53,6 +55,7 @@ class PointResult:
     calibration_fitted_on: str | None = None  # where they were fitted on another GPU (same architecture)
     calibration_fitted_trials: list[str] = field(default_factory=list)  # the trials those entries were fitted on
     predicted_stages: dict | None = None  # the simulator's per-request stage means (SGLang's /metrics)
+    predicted_hicache: dict | None = None  # HiCache servers: the simulator's load-back over the load point
 
     @property
     def clear_of_slo(self) -> bool | None:
@@ -109,6 +112,9 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
     res.calibration_fitted_on = m.extra.get("calibration_fitted_on")
     res.calibration_fitted_trials = list(m.extra.get("calibration_fitted_trials") or [])
     res.predicted_stages = m.extra.get("server_stage_means")
+    if flag_bool(p.flags, "enable-hierarchical-cache"):
+        res.predicted_hicache = {"load_back_tokens": int(m.extra.get("hicache_load_tokens") or 0),
+                                 "loads": int(m.extra.get("hicache_loads") or 0)}
     for k in METRICS:
         meas, pred = p.measured.get(k), res.predicted.get(k)
         res.ape[k] = None if meas in (None, 0) or pred is None else abs(pred - meas) / abs(meas)
@@ -314,7 +320,19 @@ def _point_doc(r: PointResult) -> dict:
         "seen_by_fit": (trial_label(p.study, p.trial) in r.calibration_fitted_trials
                         if r.calibration_applied else None),
         "stages": {"measured": p.server_stage_means(), "predicted": r.predicted_stages},
+        # HiCache servers: tokens loaded back from host memory over the whole load point, warm-up
+        # included (SGLang's counters; the measured side is None where the server exported none)
+        "hicache": None if r.predicted_hicache is None else {
+            "measured": _measured_load_back(p.server_metrics), "predicted": r.predicted_hicache},
     }
+
+
+def _measured_load_back(sm: dict | None) -> dict | None:
+    sm = sm or {}
+    if not any(k.startswith("sglang:hicache_") or k == LOAD_BACK_TOKENS_KEY for k in sm):
+        return None  # not a HiCache server's counters (or metrics off)
+    return {"load_back_tokens": int(sm.get(LOAD_BACK_TOKENS_KEY) or 0),
+            "loads": int(sm.get(LOAD_BACK_COUNT_KEY) or 0)}
 
 
 def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=None) -> dict:
@@ -431,6 +449,15 @@ def format_report(doc: dict) -> str:
                          f"{cell('ttft_s'):>18}  {'fresh' if pt.get('fresh_server') else 'warm'}")
         lines.append("(the simulator's queue is arrival to batch; SGLang's starts when the scheduler receives "
                      "the request, and its TTFT adds the HTTP and tokenizer path)")
+    hicache = [pt for pt in doc["points"] if (pt.get("hicache") or {}).get("measured")]
+    if hicache:
+        lines.append("")
+        lines.append("HiCache load-back over the whole load point (SGLang's /metrics), pred / meas:")
+        lines.append(f"{'point':<{w}}{'tokens':>22}{'loads':>14}")
+        for pt in hicache:
+            m_, p_ = pt["hicache"]["measured"], pt["hicache"]["predicted"]
+            lines.append(f"{pt['label']:<{w}}{p_['load_back_tokens']:>10,d} / {m_['load_back_tokens']:<9,d}"
+                         f"{p_['loads']:>6d} / {m_['loads']:<5d}")
     return "\n".join(lines)
 
 
