@@ -26,7 +26,7 @@ from tuner.planner.parallel import flag_bool
 from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import calibration_context, load_calibration
-from tuner.sim.hostlink import COUNT_KEY as LOAD_BACK_COUNT_KEY, TOKENS_KEY as LOAD_BACK_TOKENS_KEY
+from tuner.sim.hostlink import load_back_counters
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
                                 find_sources, format_metric, load_points, points_from_database, points_from_probe,
                                 trial_label)
@@ -328,11 +328,8 @@ def _point_doc(r: PointResult) -> dict:
 
 
 def _measured_load_back(sm: dict | None) -> dict | None:
-    sm = sm or {}
-    if not any(k.startswith("sglang:hicache_") or k == LOAD_BACK_TOKENS_KEY for k in sm):
-        return None  # not a HiCache server's counters (or metrics off)
-    return {"load_back_tokens": int(sm.get(LOAD_BACK_TOKENS_KEY) or 0),
-            "loads": int(sm.get(LOAD_BACK_COUNT_KEY) or 0)}
+    c = load_back_counters(sm)
+    return None if c is None else {"load_back_tokens": c["load_back_tokens"], "loads": c["loads"]}
 
 
 def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=None) -> dict:

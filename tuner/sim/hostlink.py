@@ -44,22 +44,33 @@ class LoadBackSample:
         return {**asdict(self), "gbps": round(self.gbps, 3), "efficiency": round(self.efficiency, 4)}
 
 
+def load_back_counters(sm: dict | None) -> dict | None:
+    """A HiCache server's load-back over a load point from its ``/metrics`` delta: tokens, loads
+    and the copies' summed GPU time (0 where the labelled counters never moved, as Prometheus
+    exports them only once incremented); None where the metrics are not a HiCache server's."""
+    sm = sm or {}
+    if not any(k.startswith("sglang:hicache_") or k == TOKENS_KEY for k in sm):
+        return None
+    return {"load_back_tokens": int(sm.get(TOKENS_KEY) or 0), "loads": int(sm.get(COUNT_KEY) or 0),
+            "seconds": float(sm.get(SECONDS_KEY) or 0.0)}
+
+
 def load_back_samples(points: Iterable[LoadPoint], *, min_tokens: int = 10_000) -> list[LoadBackSample]:
     """The load points whose server loaded at least ``min_tokens`` back from host memory (smaller
     ones are mostly the copies' launch latency). The KV cell is the planner's for the point's
     configuration, which matches SGLang's own pool accounting (``tuner bench planner``)."""
     out = []
     for p in points:
-        sm = p.server_metrics or {}
-        tokens, seconds = sm.get(TOKENS_KEY) or 0.0, sm.get(SECONDS_KEY) or 0.0
-        if tokens < min_tokens or seconds <= 0:
+        c = load_back_counters(p.server_metrics)
+        if c is None or c["load_back_tokens"] < min_tokens or c["seconds"] <= 0:
             continue
         gpu = get_gpu(p.gpu)
         plan = plan_memory(get_model(p.model), gpu, p.gpus, p.flags, nodes=p.nodes,
                            sglang_version=p.sglang_version)
         out.append(LoadBackSample(label=p.label, gpu=gpu.name, kv_cache_dtype=plan.kv_cache_dtype,
-                                  kv_bytes_per_token=plan.bytes_per_token, loads=int(sm.get(COUNT_KEY) or 0),
-                                  tokens=int(tokens), seconds=float(seconds), host_link_gbps=gpu.host_link_gbps))
+                                  kv_bytes_per_token=plan.bytes_per_token, loads=c["loads"],
+                                  tokens=c["load_back_tokens"], seconds=c["seconds"],
+                                  host_link_gbps=gpu.host_link_gbps))
     return out
 
 
