@@ -152,10 +152,10 @@ def test_a_one_gpu_replica_starts_from_the_measured_free_memory_and_a_larger_one
     from tuner.planner.memory import GIB, PRE_LOAD_OVERHEAD_BYTES, pre_load_free_bytes
 
     h100 = get_gpu("h100")
-    assert pre_load_free_bytes(h100, 1) == (h100.sglang_pre_load_free_bytes, True)
-    assert pre_load_free_bytes(h100, 8) == (h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False)
+    assert pre_load_free_bytes(h100, 1) == h100.sglang_pre_load_free_bytes
+    assert pre_load_free_bytes(h100, 8) == h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES
     unmeasured = h100.model_copy(update={"sglang_pre_load_free_bytes": None})
-    assert pre_load_free_bytes(unmeasured, 1) == (h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False)
+    assert pre_load_free_bytes(unmeasured, 1) == h100.memory_bytes - PRE_LOAD_OVERHEAD_BYTES
     # SGLang's KV pool is pre_load * mfs - weights: 0.4 GiB more free memory moves the pool by 0.32 GiB at 0.8
     flags = {"tp-size": 1, "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.8}
     measured = plan_memory("qwen3-30b-a3b", h100, 1, flags)

@@ -32,13 +32,12 @@ GIB = 2**30
 PRE_LOAD_OVERHEAD_BYTES = 1 * GIB
 
 
-def pre_load_free_bytes(gpu: GPUDescription, gpus_per_replica: int) -> tuple[int, bool]:
-    """Free device memory per GPU when SGLang starts loading the weights, and whether it was
-    measured (the catalog's figure for a one-GPU server) rather than the torch total less
-    PRE_LOAD_OVERHEAD_BYTES."""
+def pre_load_free_bytes(gpu: GPUDescription, gpus_per_replica: int) -> int:
+    """Free device memory per GPU when SGLang starts loading the weights: the catalog's measured
+    figure for a model replica on one GPU, else the torch total less PRE_LOAD_OVERHEAD_BYTES."""
     if gpus_per_replica == 1 and gpu.sglang_pre_load_free_bytes:
-        return gpu.sglang_pre_load_free_bytes, True
-    return gpu.memory_bytes - PRE_LOAD_OVERHEAD_BYTES, False
+        return gpu.sglang_pre_load_free_bytes
+    return gpu.memory_bytes - PRE_LOAD_OVERHEAD_BYTES
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
 SPEC_ALGOS_WITH_DRAFT_LAYER = ("EAGLE", "NEXTN", "EAGLE3", "MTP")
 
@@ -328,7 +327,7 @@ def plan_memory(
         model, ckpt, layout, with_mtp=draft_layers > 0, dp_lm_head=flag_bool(flags, "enable-dp-lm-head")
     )
     weights = sum(w_bytes.values())
-    pre_load, _ = pre_load_free_bytes(gpu, layout.tp)
+    pre_load = pre_load_free_bytes(gpu, layout.tp)
     dtype = kv_cache_dtype(model, gpu, flags)
     cell = kv_cell_bytes(model, gpu, layout, dtype, draft_layers)
     psize = page_size(model, gpu, flags)
