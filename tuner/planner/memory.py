@@ -30,6 +30,8 @@ GIB = 2**30
 # where the catalog has no measured free memory for the GPU (GPUDescription.sglang_pre_load_free_bytes,
 # a model replica on one GPU: one over several GPUs also holds NCCL and all-reduce buffers).
 PRE_LOAD_OVERHEAD_BYTES = 1 * GIB
+KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+SPEC_ALGOS_WITH_DRAFT_LAYER = ("EAGLE", "NEXTN", "EAGLE3", "MTP")
 
 
 def pre_load_free_bytes(gpu: GPUDescription, gpus_per_replica: int) -> int:
@@ -38,8 +40,6 @@ def pre_load_free_bytes(gpu: GPUDescription, gpus_per_replica: int) -> int:
     if gpus_per_replica == 1 and gpu.sglang_pre_load_free_bytes:
         return gpu.sglang_pre_load_free_bytes
     return gpu.memory_bytes - PRE_LOAD_OVERHEAD_BYTES
-KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
-SPEC_ALGOS_WITH_DRAFT_LAYER = ("EAGLE", "NEXTN", "EAGLE3", "MTP")
 
 
 @dataclass(frozen=True)
