@@ -217,7 +217,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
     ``context`` those predicted under that calibration context) predicted and compared.
     ``priors_only``: with no fitted entry at all (neither the GPU's own nor one of its architecture),
     what the fits add."""
-    points, skipped = load_points(dirs, backends)
+    points, skipped, sources = load_points(dirs, backends)
     if selection is not None and not selection.everything and points:
         selection.check({(p.study, p.trial) if p.study is not None else (p.label.rsplit("@", 1)[0], None)
                          for p in points})
@@ -239,7 +239,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
     point_docs = [_point_doc(r) for r in results]
     doc.update({
         "targets": dict(TARGETS),
-        "sources": [str(p) for p in sum(find_sources(dirs), [])],
+        "sources": [str(p) for p in sources],
         "skipped": skipped,
         "points": point_docs,
         "by_server": by_server(point_docs),
@@ -435,27 +435,34 @@ def format_report(doc: dict) -> str:
     for s in doc.get("skipped") or []:
         lines.append(f"skipped {s['source']}: {s['reason']}")
     staged = [pt for pt in doc["points"] if (pt.get("stages") or {}).get("measured") and pt["stages"]["predicted"]]
-    if staged:
-        lines.append("")
-        lines.append("SGLang's own stages, mean per request over the whole load point (its /metrics), pred / meas:")
-        lines.append(f"{'point':<{w}}{'queue ms':>18}{'prefill forward ms':>22}{'TTFT ms':>18}  server")
-        for pt in staged:
-            m_, p_ = pt["stages"]["measured"], pt["stages"]["predicted"]
-            cell = lambda k: f"{p_[k] * 1e3:.0f} / {m_[k] * 1e3:.0f}"
-            lines.append(f"{pt['label']:<{w}}{cell('queue_s'):>18}{cell('prefill_forward_s'):>22}"
-                         f"{cell('ttft_s'):>18}  {'fresh' if pt.get('fresh_server') else 'warm'}")
-        lines.append("(the simulator's queue is arrival to batch; SGLang's starts when the scheduler receives "
-                     "the request, and its TTFT adds the HTTP and tokenizer path)")
-    hicache = [pt for pt in doc["points"] if (pt.get("hicache") or {}).get("measured")]
-    if hicache:
-        lines.append("")
-        lines.append("HiCache load-back over the whole load point (SGLang's /metrics), pred / meas:")
-        lines.append(f"{'point':<{w}}{'tokens':>22}{'loads':>14}")
-        for pt in hicache:
-            m_, p_ = pt["hicache"]["measured"], pt["hicache"]["predicted"]
-            lines.append(f"{pt['label']:<{w}}{p_['load_back_tokens']:>10,d} / {m_['load_back_tokens']:<9,d}"
-                         f"{p_['loads']:>6d} / {m_['loads']:<5d}")
+
+    def stage_row(pt):
+        m_, p_ = pt["stages"]["measured"], pt["stages"]["predicted"]
+        cell = lambda k: f"{p_[k] * 1e3:.0f} / {m_[k] * 1e3:.0f}"
+        return (f"{pt['label']:<{w}}{cell('queue_s'):>18}{cell('prefill_forward_s'):>22}"
+                f"{cell('ttft_s'):>18}  {'fresh' if pt.get('fresh_server') else 'warm'}")
+
+    _section(lines, "SGLang's own stages, mean per request over the whole load point (its /metrics), pred / meas:",
+             f"{'point':<{w}}{'queue ms':>18}{'prefill forward ms':>22}{'TTFT ms':>18}  server",
+             [stage_row(pt) for pt in staged],
+             "(the simulator's queue is arrival to batch; SGLang's starts when the scheduler receives "
+             "the request, and its TTFT adds the HTTP and tokenizer path)")
+
+    def load_back_row(pt):
+        m_, p_ = pt["hicache"]["measured"], pt["hicache"]["predicted"]
+        return (f"{pt['label']:<{w}}{p_['load_back_tokens']:>10,d} / {m_['load_back_tokens']:<9,d}"
+                f"{p_['loads']:>6d} / {m_['loads']:<5d}")
+
+    _section(lines, "HiCache load-back over the whole load point (SGLang's /metrics), pred / meas:",
+             f"{'point':<{w}}{'tokens':>22}{'loads':>14}",
+             [load_back_row(pt) for pt in doc["points"] if (pt.get("hicache") or {}).get("measured")])
     return "\n".join(lines)
+
+
+def _section(lines: list[str], title: str, header: str, rows: list[str], footer: str | None = None) -> None:
+    """A per-point pred / meas table after a blank line, where it has rows."""
+    if rows:
+        lines += ["", title, header, *rows, *([footer] if footer else [])]
 
 
 __all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",

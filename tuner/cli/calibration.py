@@ -311,8 +311,7 @@ def host_link(results_dirs, min_tokens, as_json):
     from tuner.sim.hostlink import load_back_samples, pooled_efficiency
     from tuner.sim.measured import load_points
 
-    points, _ = load_points(results_dirs)
-    samples = load_back_samples(points, min_tokens=min_tokens)
+    samples = load_back_samples(load_points(results_dirs).points, min_tokens=min_tokens)
     pooled = pooled_efficiency(samples)
     assumed = {s.gpu: load_calibration(s.gpu)["host_link_efficiency"] for s in samples}
     if as_json:

@@ -257,9 +257,8 @@ def resume(name, trials, storage, ray_address, parallel, max_failures, no_ray, t
     than 30 s (TUNER_LEASE_TTL_S changes it). Run resume from the directory the study was started
     in (trial logs and PID files are under results/runs/NAME)."""
     from tuner.storage import db, repo
-    from tuner.study.runner import StudyRunner, load_existing
-
     from tuner.study.proposer import RepeatRequest
+    from tuner.study.runner import StudyRunner, load_existing
 
     spec = load_existing(storage, name)
     row = repo.get_study(db.reader_engine(storage), name)

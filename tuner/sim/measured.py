@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 
 from tuner.catalog.hf import ModelRef
@@ -169,10 +169,14 @@ def find_sources(dirs: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
     return dbs, probes
 
 
-def load_points(dirs: Iterable[str | Path], backends: tuple[str, ...] = REAL_BACKENDS
-                ) -> tuple[list["LoadPoint"], list[dict]]:
-    """Every real load point under ``dirs`` (study databases, then probe files), and the databases
-    that could not be read, each with the reason."""
+class LoadedPoints(NamedTuple):
+    points: list["LoadPoint"]
+    skipped: list[dict]  # databases that could not be read, each with the reason
+    sources: list[Path]  # every database and probe file found
+
+
+def load_points(dirs: Iterable[str | Path], backends: tuple[str, ...] = REAL_BACKENDS) -> LoadedPoints:
+    """Every real load point under ``dirs`` (study databases, then probe files)."""
     dbs, probes = find_sources(dirs)
     points: list[LoadPoint] = []
     skipped = []
@@ -183,7 +187,7 @@ def load_points(dirs: Iterable[str | Path], backends: tuple[str, ...] = REAL_BAC
             skipped.append({"source": str(path), "reason": str(exc)})
     for path in probes:
         points += points_from_probe(path)
-    return points, skipped
+    return LoadedPoints(points, skipped, dbs + probes)
 
 
 def extra_args_to_flags(args: Iterable[str]) -> dict[str, Any]:
