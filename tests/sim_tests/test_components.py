@@ -327,3 +327,30 @@ def test_a_collapsed_router_takes_tuned_tiles_only_from_a_table_timed_under_that
     assert model("tuned").moe_time(512) == pytest.approx(model("default").moe_time(512), rel=1e-9)
     cal["moe_tuned_speedup_collapsed_by_shape"] = {tag: {16: 1.1, 512: 0.5}}
     assert model("tuned").moe_time(512) > 1.5 * model("default").moe_time(512)
+
+
+def test_hicache_write_cpu_time_counts_sglangs_runtime_calls_per_page():
+    # Qwen3-30B-A3B, fp8 KV on one GPU: 48 layers x 4 KV heads x 128 x 1 byte = 24 KiB of K (and of V)
+    # per token, under the 128 KiB from which SGLang batches its copies: page size 1 issues one copy
+    # per token per tensor plus one gather launch per 64 pages
+    m, gpu = get_model("qwen3-30b-a3b"), get_gpu("h200")
+    cal = {**load_calibration("h200")}
+    cal["overhead"] = {**cal["overhead"], "hicache_write_call_s": 1e-6}
+
+    def model(**flags):
+        f = {"tp-size": 1, "kv-cache-dtype": "fp8_e4m3", **flags}
+        plan = plan_memory(m, gpu, 1, f)
+        return StepTimeModel(m, gpu, resolve_checkpoint(m, None), parse_layout(m, f, 1), plan.bytes_per_token, cal,
+                             gpus_per_node=8, flags=f)
+
+    sm = model()
+    assert sm.cell == 2 * 48 * 4 * 128
+    assert sm.host_write_cpu_s(640, 1) == pytest.approx((640 * 2 + 10) * 1e-6)
+    assert sm.host_write_cpu_s(0, 1) == 0.0
+    # page size 16: 40 pages of 384 KiB per tensor, batched: one copy call per gather launch
+    assert sm.host_write_cpu_s(640, 16) == pytest.approx(2 * 1e-6)
+    # the layer-first layout runs one transfer kernel; write-back writes nothing on insert
+    assert model(**{"hicache-mem-layout": "layer_first"}).host_write_cpu_s(640, 1) == pytest.approx(1e-6)
+    assert model(**{"hicache-write-policy": "write_back"}).host_write_cpu_s(640, 1) == 0.0
+    # the shipped calibration charges a call what the H100 on/off A/B measured
+    assert load_calibration("h200")["overhead"]["hicache_write_call_s"] > 0

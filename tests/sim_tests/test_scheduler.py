@@ -10,8 +10,14 @@ from tuner.sim.scheduler import SchedulerRules, check_version
 class FixedSteps:
     """0.1 s per prefill step, 0.01 s per decode step; remembers what each step ran."""
 
-    def __init__(self):
+    def __init__(self, write_s_per_token=0.0):
         self.log = []
+        self.write_s_per_token = write_s_per_token
+        self.written = []
+
+    def host_write_cpu_s(self, tokens, page_size):
+        self.written.append(tokens)
+        return self.write_s_per_token * tokens
 
     def step_time(self, works, running, overlap=True):
         w = works[0]
@@ -23,14 +29,15 @@ class FixedSteps:
         return {}
 
 
-def make(version="0.5.17", capacity=1000, page=1, chunk=512, max_running=10, overlap=False, host=0, **flags):
+def make(version="0.5.17", capacity=1000, page=1, chunk=512, max_running=10, overlap=False, host=0,
+         write_s_per_token=0.0, **flags):
     flags = {"disable-overlap-schedule": not overlap, **flags}
     rules = SchedulerRules.for_version(version, page_size=page, chunked_prefill_size=chunk,
                                        max_running_requests=max_running, attn_dp=1, flags=flags,
                                        hierarchical_cache=host > 0)
     rank = Rank(SessionPrefixCache(capacity, page, 0, host), rules)
     finished = []
-    model = FixedSteps()
+    model = FixedSteps(write_s_per_token)
     eng = ReplicaEngine([rank], model, rules, stats=Stats(), on_finish=lambda r, t: finished.append((r, t)),
                         max_jump=1)
     return eng, rank, finished, model
@@ -203,6 +210,50 @@ def test_hicache_loads_back_host_hits_of_at_least_ten_tokens():
     add(rank2, 1, 30, 1)
     eng2.step()
     assert model2.log[-1][1] == 30 and model2.log[-1][4] == 0
+
+
+def test_hicache_write_through_delays_the_first_token_and_holds_the_next_step():
+    # 1 ms per backed-up token. A (400 in, 3 out) prefills in 0.1 s; its 400 tokens are written to
+    # the host before its first token is streamed: first token at 0.1 + 0.4. Without overlap the
+    # next step (a 0.01 s decode) starts after that CPU work: it ends at 0.5 + 0.01.
+    eng, rank, finished, model = make("0.5.17", capacity=1000, host=4000, write_s_per_token=1e-3)
+    a = add(rank, 1, 400, 3)
+    eng.step()
+    assert model.written == [400]
+    assert a.first_t == pytest.approx(0.5)
+    assert eng.step() == pytest.approx(0.41) and eng.clock == pytest.approx(0.51)
+    # at its finish the two decoded tokens are backed up as well (cache_finished_req)
+    while not finished:
+        eng.step()
+    assert model.written[-1] == 2
+    # no host pool: nothing is written and nothing is held
+    eng2, rank2, _, model2 = make("0.5.17", capacity=1000, write_s_per_token=1e-3)
+    b = add(rank2, 1, 400, 3)
+    eng2.step()
+    assert model2.written == [] and b.first_t == pytest.approx(0.1)
+    assert eng2.step() == pytest.approx(0.01)
+
+
+def test_overlap_hides_write_through_cpu_time_behind_the_step_launched_before_it():
+    # with the overlap scheduler the decode after the prefill was launched before the write: it
+    # lasts max(0.01, CPU time) -- 0.01 s for 5 tokens (5 ms), 0.4 s for 400 tokens
+    for tokens, second_step in ((5, 0.01), (400, 0.4)):
+        eng, rank, _, model = make("0.5.17", capacity=1000, host=4000, overlap=True, write_s_per_token=1e-3)
+        a = add(rank, 1, tokens, 3)
+        eng.step()
+        assert a.first_t == pytest.approx(0.1 + tokens * 1e-3)
+        assert eng.step() == pytest.approx(second_step)
+
+
+def test_a_chunked_prompt_is_backed_up_when_its_last_chunk_is_inserted():
+    # 0.5.17 skips the hit count (and the write) of a chunked insert: 700 tokens at chunk 512 are
+    # charged once, after the second chunk
+    eng, rank, _, model = make("0.5.17", capacity=2000, host=8000, chunk=512, write_s_per_token=1e-4)
+    a = add(rank, 1, 700, 2)
+    eng.step()
+    assert model.written == [] and a.first_t is None
+    eng.step()
+    assert model.written == [700] and a.first_t == pytest.approx(0.2 + 0.07)
 
 
 def test_lpm_orders_by_longest_cached_prefix():

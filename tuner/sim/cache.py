@@ -72,6 +72,7 @@ class SessionPrefixCache(_PrefixCache):
         self.host: dict[int, int] = {}
         self.host_lru: OrderedDict[int, None] = OrderedDict()
         self.host_used = 0
+        self.host_written = 0  # tokens ever copied to the host pool (write-through backups)
         self.evicted_tokens = 0
 
     # ---- queries ---------------------------------------------------------------------------
@@ -166,7 +167,9 @@ class SessionPrefixCache(_PrefixCache):
                 self.lru[session] = None
                 self.lru.move_to_end(session)
         if self.host_capacity and self.sys_cached:
-            self.host_sys = True
+            if not self.host_sys:
+                self.host_sys = True
+                self.host_written += self.sys_len
             self._host_insert(session, new_branch)
         return min(aligned, self.sys_len + self.branch.get(session, 0)) if self.sys_cached else 0
 
@@ -175,6 +178,7 @@ class SessionPrefixCache(_PrefixCache):
         if length > old:
             self.host[session] = length
             self.host_used += length - old
+            self.host_written += length - old
         if session in self.host_lru:
             self.host_lru.move_to_end(session)
         else:
@@ -231,6 +235,7 @@ class ContentPrefixCache(_PrefixCache):
         self.alloc_tokens = 0
         self.host_capacity = host_capacity_tokens
         self.host_used = 0
+        self.host_written = 0  # tokens ever copied to the host pool (write-through backups)
         self.evicted_tokens = 0
         self._tick = 0
         self._leaves: list[tuple[int, int]] = []  # (last_access, hash) of device leaves, lazily validated
@@ -398,6 +403,7 @@ class ContentPrefixCache(_PrefixCache):
                 if self.host_capacity and self._host_room():
                     b.on_host = True
                     self.host_used += self.block
+                    self.host_written += self.block
                 if i >= req.lock_len:
                     b.lock += 1
                 self._to_device(h, b)

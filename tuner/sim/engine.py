@@ -44,7 +44,7 @@ class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
                  "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
                  "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
-                 "lock_len", "handle", "error", "rid", "sched_t", "chunk_end_t")
+                 "lock_len", "handle", "error", "rid", "sched_t", "chunk_end_t", "host_pending")
 
     def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
@@ -73,6 +73,7 @@ class Req:
         self.rid = None
         self.sched_t = None  # when the scheduler first put it into a prefill batch
         self.chunk_end_t = None  # when its last chunk before the final one finished (chunked prefill)
+        self.host_pending = 0  # tokens backed up to the host since its last charged insert (HiCache)
 
 
 class Rank:
@@ -211,6 +212,9 @@ class ReplicaEngine:
         self.stalls = sorted(stalls or [])
         # ... or: a prefill step running a fused-MoE kernel variant for the first time compiles it
         self.kernels = kernels
+        # scheduler CPU time (HiCache write-through copies) not yet charged to a step: the step
+        # already launched behind it lasts at least this long, or this much longer without overlap
+        self.cpu_hold_s = 0.0
 
     def has_work(self) -> bool:
         for r in self.ranks:  # Rank.busy() inlined: asked before every event
@@ -427,7 +431,12 @@ class ReplicaEngine:
             steps = self._leave(rank, req)
             req.generated += steps
             total = req.ctx0 + steps
+        written = cache.host_written
         cache.insert(req, total)
+        if cache.host_written > written:  # cache_finished_req backs the output up too
+            self.cpu_hold_s += self.model.host_write_cpu_s(cache.host_written - written + req.host_pending,
+                                                           self.rules.page_size)
+            req.host_pending = 0
         cache.alloc_tokens -= held
         req.alloc = 0
         cache.unlock(req)
@@ -533,6 +542,7 @@ class ReplicaEngine:
                     rank.ratio.current = rank.ratio.init
                     rank.batch_is_full = False
         if not active:
+            self.cpu_hold_s = 0.0  # done while the GPU is idle
             if not math.isfinite(horizon):
                 return 0.0
             self.clock = max(self.clock, horizon)
@@ -568,6 +578,10 @@ class ReplicaEngine:
         if not running:
             return 0.0
         dt = model.step_time(works, running, overlap=self.rules.overlap)
+        extra = self._take_hold(dt) if self.cpu_hold_s else 0.0
+        if extra:
+            k = 1
+            dt += extra
         if k > 1 and math.isfinite(horizon):
             k = max(1, min(k, math.ceil((horizon - t0) / dt))) if horizon > t0 else 1
         if k > 1:
@@ -610,6 +624,8 @@ class ReplicaEngine:
                 stalled.append(rank)
             running += len(rank.running)
         dt = self.model.step_time(works, running, overlap=self.rules.overlap)
+        if self.cpu_hold_s:
+            dt += self._take_hold(dt)
         stall = 0.0
         if self.kernels is not None:  # the MoE runs every rank's tokens of the step
             stall = self.kernels.prefill_stall(sum(w.prefill_tokens + (w.decode_reqs if mixed else 0) for w in works))
@@ -631,9 +647,13 @@ class ReplicaEngine:
         for rank in stalled:
             rank.stall_s += dt
         self._decode(decoding, 1, dt, t0, None if mixed else 1, None)
+        hold = 0.0
         for rank in self.ranks:
             if not rank.prefilling:
                 continue
+            cache = rank.cache
+            done = []
+            write_s = 0.0
             for req, c in rank.prefilling:
                 req.done += c
                 self.stats.prefill_tokens += c
@@ -641,16 +661,34 @@ class ReplicaEngine:
                     win.prefill_tokens += c
                     rank.window.prefill += c
                 # the request's KV so far goes into the tree, locked (cache_unfinished_req)
-                covered = rank.cache.insert(req, req.done)
+                written = cache.host_written
+                covered = cache.insert(req, req.done)
+                req.host_pending += cache.host_written - written
                 keep = max(0, req.done - covered)
-                rank.cache.alloc_tokens -= req.alloc - keep
+                cache.alloc_tokens -= req.alloc - keep
                 req.alloc = keep
                 if req.done >= req.prefill_len:
-                    self._prefill_done(rank, req, t1)
+                    # a chunk's blocks are backed up when its last chunk is inserted (a chunked
+                    # insert skips HiRadixCache._inc_hit_count)
+                    if req.host_pending:
+                        write_s += self.model.host_write_cpu_s(req.host_pending, self.rules.page_size)
+                        req.host_pending = 0
+                    done.append(req)
                 else:
                     req.chunk_end_t = t1
+            # process_batch_result_prefill inserts every request, then streams their first tokens
+            for req in done:
+                self._prefill_done(rank, req, t1 + write_s)
+            hold = max(hold, write_s)
             rank.prefilling = []
+        self.cpu_hold_s += hold
         return dt
+
+    def _take_hold(self, dt: float) -> float:
+        """How much longer than ``dt`` the step behind pending scheduler CPU time lasts: the
+        overlap scheduler launched it before that work and launches the next one after it."""
+        hold, self.cpu_hold_s = self.cpu_hold_s, 0.0
+        return max(0.0, hold - dt) if self.rules.overlap else hold
 
     def _decode(self, ranks: list[Rank], k: int, dt: float, t0: float, decay: int | None,
                 decay_retracted: int | None) -> None:

@@ -40,6 +40,10 @@ from .optable import OpTables, tables_for_gpu
 from tuner.catalog.routing import routed_expert_pool
 from .scheduler import version_tuple
 
+# SGLang 0.5.17's staged HiCache write-back: pages gathered per launch (_WRITE_BACK_STAGING_PAGE_CHUNK)
+# and the page size from which its copies go as one cudaMemcpyBatchAsync (kLargeCopyThresholdBytes)
+HICACHE_STAGING_PAGES = 64
+HICACHE_BATCHED_COPY_BYTES = 128 * 1024
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
 COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
 
@@ -170,6 +174,14 @@ class StepTimeModel:
             self.index_rate = 1.0
             self.topk = None
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
+        # HiCache write-through: the scheduler thread issues the copies of every block it backs
+        # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
+        policy = str(flags.get("hicache-write-policy") or "write_through")
+        self.host_write_on_insert = policy != "write_back"
+        self.host_write_tensors = 1 if model.is_mla else 2  # one latent buffer, or K and V
+        self.host_write_per_page = (str(flags.get("hicache-io-backend") or "kernel") == "kernel"
+                                    and str(flags.get("hicache-mem-layout") or "page_first") == "page_first")
+        self.host_write_call_s = float(calibration["overhead"].get("hicache_write_call_s", 0.0))
 
         # ---- routed experts ---------------------------------------------------------------
         self.moe = model.is_moe
@@ -545,6 +557,23 @@ class StepTimeModel:
         elif max_bs > self.graph_bs:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
         return gpu
+
+    def host_write_cpu_s(self, tokens: int, page_size: int) -> float:
+        """Scheduler CPU time to back ``tokens`` up to the host pool on insert (HiCache
+        write-through). With the kernel io backend and the page-first host layout, SGLang 0.5.17
+        gathers 64 pages at a time into a staging buffer (one launch each) and copies each page of
+        each KV tensor with its own ``cudaMemcpyAsync`` unless a page spans 128 KiB, when one
+        batched copy takes them all (``transfer_hicache_all_layer_staged_lf_pf``,
+        ``staged_write_back.cuh``). Each runtime call costs ``hicache_write_call_s``."""
+        if tokens <= 0 or not self.host_write_on_insert or not self.host_write_call_s:
+            return 0.0
+        pages = -(-tokens // page_size)
+        launches = -(-pages // HICACHE_STAGING_PAGES)
+        if not self.host_write_per_page:
+            return self.host_write_call_s  # one transfer kernel over all layers
+        page_bytes = page_size * self.cell / self.host_write_tensors
+        copies = pages * self.host_write_tensors if page_bytes < HICACHE_BATCHED_COPY_BYTES else launches
+        return (launches + copies) * self.host_write_call_s
 
     def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
         """Wall time of one step: the GPU time, and the scheduler's CPU time hidden behind it by
