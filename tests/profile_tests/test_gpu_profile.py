@@ -43,3 +43,16 @@ def test_every_operator_times_and_decode_attention_grows_with_context(kernels, t
     assert dec.lookup_us(16, 16384) > dec.lookup_us(16, 1024) > 0
     moe = next(t for t in pf.tables if t.op == "moe")
     assert moe.lookup_us(1024) > moe.lookup_us(1) > 0
+
+
+def test_a_hicache_backup_is_timed_on_the_host_and_grows_with_its_pages(kernels, tmp_path):
+    from tuner.profile import CudaGraphTimer, build_plan, run_profile, write_profile
+    from tuner.sim.optable import load_profile
+
+    plan, k = kernels
+    hw = dataclasses.replace(build_plan("qwen3-30b-a3b", "h200", {**plan.flags, "kv-cache-dtype": "fp8_e4m3"},
+                                        ops=("hicache_write",)), write_tokens=(64, 4096))
+    doc = run_profile(hw, k, CudaGraphTimer(repeats=5))
+    table = next(t for t in load_profile(write_profile(doc, tmp_path / "hw.json")).tables if t.op == "hicache_write")
+    small, large = table.us
+    assert 0 < small < large  # 8,192 page copies cost the thread more than 128

@@ -360,3 +360,36 @@ def test_composition_reads_extra_profiles_and_the_weights_the_steps_ran(tmp_path
     assert row["moe_table_routed_pool"] == 10 and "moe" not in row["ops_from_roofline"]
     assert both["profiles"] == [str(base), str(extra)] and both["load_format"] == "dummy"
     assert row["per_op_sum_s"] != pytest.approx(uniform["per_op_sum_s"])
+
+
+def test_a_hicache_write_table_is_timed_on_the_host_and_replaces_the_call_count(tmp_path):
+    flags = {**QWEN, "kv-cache-dtype": "fp8_e4m3"}
+    plan = build_plan("qwen3-30b-a3b", "h200", flags, sglang_version="0.5.17", ops=("hicache_write",))
+    assert plan.points() == len(plan.write_tokens) and "hicache_write" not in build_plan(
+        "qwen3-30b-a3b", "h200", flags).ops  # opt-in: the forward's operators are the default
+    assert plan.host_write.key == {"tensors": 2, "layers": 48, "element_bytes": 512, "page_size": 1,
+                                   "layout": "page_first", "io_backend": "kernel"}
+
+    class HostTimer(FakeTimer):
+        """20 us per token, as a host clock would see it; the GPU timer must not be used."""
+
+        def time_us(self, run):
+            raise AssertionError("a HiCache backup is timed on the host")
+
+        def host_us(self, run):
+            return 20.0 * run.meta["tokens"]
+
+    doc = run_profile(plan, FakeKernels(), HostTimer(), provenance={"note": "fake kernels for a CPU test"})
+    path = write_profile(doc, tmp_path / "hw.json")
+    table = next(t for t in load_profile(path).tables if t.op == "hicache_write")
+    assert table.shape == plan.host_write.key and table.lookup_us(1024) == pytest.approx(20480)
+    assert table.lookup_us(65536) == pytest.approx(20.0 * 65536)  # linear above the grid
+    sm = step_model(flags, tables=OpTables([load_profile(path)]))
+    assert sm.host_write_cpu_s(3000) == pytest.approx(3000 * 20e-6)
+    assert sm.source_summary()["ops"]["hicache_write"] == "profile"
+    # another page size is another shape: the call count at hicache_write_call_s serves it
+    other = step_model({**flags, "page-size": 16}, tables=OpTables([load_profile(path)]))
+    # (188 pages of 384 KiB: batched, one copy call per gather launch of 64 pages: 3 + 3 calls)
+    call_s = load_calibration("h200")["overhead"]["hicache_write_call_s"]
+    assert other.host_write_cpu_s(3000) == pytest.approx(6 * call_s)
+    assert other.host_write_table is None and other.source_summary()["ops"]["hicache_write"] == "roofline"

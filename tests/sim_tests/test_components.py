@@ -345,12 +345,12 @@ def test_hicache_write_cpu_time_counts_sglangs_runtime_calls_per_page():
 
     sm = model()
     assert sm.cell == 2 * 48 * 4 * 128
-    assert sm.host_write_cpu_s(640, 1) == pytest.approx((640 * 2 + 10) * 1e-6)
-    assert sm.host_write_cpu_s(0, 1) == 0.0
+    assert sm.host_write_cpu_s(640) == pytest.approx((640 * 2 + 10) * 1e-6)
+    assert sm.host_write_cpu_s(0) == 0.0
     # page size 16: 40 pages of 384 KiB per tensor, batched: one copy call per gather launch
-    assert sm.host_write_cpu_s(640, 16) == pytest.approx(2 * 1e-6)
+    assert model(**{"page-size": 16}).host_write_cpu_s(640) == pytest.approx(2 * 1e-6)
     # the layer-first layout runs one transfer kernel; write-back writes nothing on insert
-    assert model(**{"hicache-mem-layout": "layer_first"}).host_write_cpu_s(640, 1) == pytest.approx(1e-6)
-    assert model(**{"hicache-write-policy": "write_back"}).host_write_cpu_s(640, 1) == 0.0
+    assert model(**{"hicache-mem-layout": "layer_first"}).host_write_cpu_s(640) == pytest.approx(1e-6)
+    assert model(**{"hicache-write-policy": "write_back"}).host_write_cpu_s(640) == 0.0
     # the shipped calibration charges a call what the H100 on/off A/B measured
     assert load_calibration("h200")["overhead"]["hicache_write_call_s"] > 0

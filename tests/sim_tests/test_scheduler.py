@@ -15,7 +15,7 @@ class FixedSteps:
         self.write_s_per_token = write_s_per_token
         self.written = []
 
-    def host_write_cpu_s(self, tokens, page_size):
+    def host_write_cpu_s(self, tokens):
         self.written.append(tokens)
         return self.write_s_per_token * tokens
 

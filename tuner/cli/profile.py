@@ -34,7 +34,12 @@ def _config_options(fn):
         click.option("--sglang-version", default="0.5.17", show_default=True,
                      help="The SGLang installed where this runs (recorded in the profile)."),
         click.option("--ops", default=None,
-                     help="Comma-separated subset of gemm,decode_attention,extend_attention,moe,layer_misc,sampling."),
+                     help="Comma-separated operators: gemm,decode_attention,extend_attention,moe,layer_misc,sampling "
+                          "(the default), and hicache_write (the scheduler's CPU time per HiCache write-through "
+                          "backup, timed on the host; at --page-size)."),
+        click.option("--page-size", type=int, default=None,
+                     help="SGLang --page-size of the server the tables are for (default: SGLang's for this GPU "
+                          "and backend); sets the pages of a HiCache backup."),
         click.option("--moe-variants", default="default", show_default=True,
                      help="default (SGLang's own tiles) and/or tuned (tuner's tuned tile files)."),
         click.option("--quick", is_flag=True, help="A coarse grid (minutes instead of tens of minutes)."),
@@ -48,13 +53,14 @@ def _config_options(fn):
 
 
 def _plan(model, hardware, tp_size, attn_dp_size, ep_size, quantization, kv_cache_dtype, attention_backend,
-          sglang_version, ops, moe_variants, quick, load_format):
+          sglang_version, ops, page_size, moe_variants, quick, load_format):
     from tuner.profile import build_plan
 
     flags = {"tp-size": tp_size, "attention-backend": attention_backend}
     if load_format == "dummy":
         flags["load-format"] = "dummy"
-    for k, v in (("attn-dp-size", attn_dp_size), ("ep-size", ep_size), ("kv-cache-dtype", kv_cache_dtype)):
+    for k, v in (("attn-dp-size", attn_dp_size), ("ep-size", ep_size), ("kv-cache-dtype", kv_cache_dtype),
+                 ("page-size", page_size)):
         if v is not None:
             flags[k] = v
     if quantization and quantization.lower() not in ("none", "bf16"):
@@ -76,7 +82,10 @@ def plan_cmd(as_json, **opts):
         "parallel": {"tp": p.layout.tp, "attn_tp": p.layout.attn_tp, "ep": p.layout.ep, "moe_tp": p.layout.moe_tp},
         "gemms": [{"name": g.name, **g.key, "layers": g.layers} for g in p.gemm_list],
         "attention": p.attention.key, "extend_modes": list(p.extend_modes),
-        "moe": p.moe.key if p.moe else None, "moe_routed_pool": p.moe_pool, "points": p.points(),
+        "moe": p.moe.key if p.moe else None, "moe_routed_pool": p.moe_pool,
+        "hicache_write": {**p.host_write.key, "page_tensor_bytes": p.host_write.page_tensor_bytes}
+        if "hicache_write" in p.ops else None,
+        "points": p.points(),
     }
     if as_json:
         emit_json(doc)

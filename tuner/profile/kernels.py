@@ -3,7 +3,7 @@ calls SGLang 0.5.17's own kernels on a GPU, is ``tuner.profile.sglang_kernels``.
 
 from __future__ import annotations
 
-from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape
+from tuner.sim.opshapes import AttentionShape, Gemm, HostWriteShape, MoEShape
 
 from .timing import Runnable
 
@@ -38,6 +38,11 @@ class Kernels:
     def sampling(self, vocab: int, batch: int) -> Runnable:
         raise NotImplementedError
 
+    def hicache_write(self, shape: HostWriteShape, tokens: int) -> Runnable:
+        """One HiCache write-through backup of ``tokens`` tokens from the device KV pool to the
+        pinned host pool, issued as SGLang's scheduler does; timed on the host (``Timer.host_us``)."""
+        raise NotImplementedError
+
 
 class FakeKernels(Kernels):
     """No GPU work: each runnable carries only what it would time (with ``FakeTimer``)."""
@@ -64,3 +69,6 @@ class FakeKernels(Kernels):
 
     def sampling(self, vocab, batch):
         return self._run(op="sampling", batch=batch)
+
+    def hicache_write(self, shape, tokens):
+        return self._run(op="hicache_write", tokens=tokens, page_size=shape.page_size)

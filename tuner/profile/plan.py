@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.planner.parallel import ParallelLayout
-from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape, attention_shape, gemms, moe_shape
+from tuner.sim.opshapes import (AttentionShape, Gemm, HostWriteShape, MoEShape, attention_shape, gemms,
+                                host_write_shape, moe_shape)
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError
 from tuner.planner import parse_layout, resolve_checkpoint
-from tuner.planner.memory import kv_cache_dtype
+from tuner.planner.memory import kv_cache_dtype, page_size
 from tuner.planner.startup import default_attention_backend
 from tuner.catalog.routing import routed_expert_pool
 from tuner.sim.scheduler import check_version
@@ -23,7 +24,11 @@ NEW_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192)
 PREFIX = (0, 1024, 4096, 16384, 32768, 65536, 131072)
 QUICK = {"tokens": (1, 8, 64, 512, 4096), "batch": (1, 8, 64, 256), "context": (1024, 8192, 32768),
          "new_tokens": (64, 1024, 8192), "prefix": (0, 4096, 32768)}
-OP_KINDS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling")
+# the forward's operators (timed on the GPU), timed unless --ops names others
+DEFAULT_OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling")
+# hicache_write: the scheduler thread's CPU time to issue one HiCache write-through backup
+OP_KINDS = (*DEFAULT_OPS, "hicache_write")
+WRITE_TOKENS = (1, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True)
@@ -36,13 +41,14 @@ class ProfilePlan:
     attention_backend: str
     sglang_version: str
     flags: dict
-    ops: tuple[str, ...] = OP_KINDS
+    ops: tuple[str, ...] = DEFAULT_OPS
     tokens: tuple[int, ...] = TOKENS
     batch: tuple[int, ...] = BATCH
     context: tuple[int, ...] = CONTEXT
     new_tokens: tuple[int, ...] = NEW_TOKENS
     prefix: tuple[int, ...] = PREFIX
     moe_variants: tuple[str, ...] = ("default",)
+    write_tokens: tuple[int, ...] = WRITE_TOKENS
     notes: dict = field(default_factory=dict)
 
     @property
@@ -70,6 +76,10 @@ class ProfilePlan:
         gate under random weights (``load-format: dummy``) sends every token to a few
         (``tuner.catalog.routing``), and the fused-MoE table is then timed with that routing."""
         return routed_expert_pool(self.model, self.flags)
+
+    @property
+    def host_write(self) -> HostWriteShape:
+        return host_write_shape(self.model, self.layout, self.kv_cache_dtype, page_size(self.model, self.gpu, self.flags))
 
     @property
     def contexts(self) -> tuple[int, ...]:
@@ -100,6 +110,8 @@ class ProfilePlan:
             n += len(self.tokens)
         if "sampling" in self.ops:
             n += len(self.batch)
+        if "hicache_write" in self.ops:
+            n += len(self.write_tokens)
         return n
 
 
@@ -124,4 +136,4 @@ def build_plan(model: str, hardware: str, flags: dict, *, sglang_version: str | 
     return ProfilePlan(model=m, gpu=g, ckpt=ckpt, layout=layout, kv_cache_dtype=kv_cache_dtype(m, g, flags),
                        attention_backend=default_attention_backend(m, g, flags),
                        sglang_version=check_version(sglang_version), flags=dict(flags),
-                       ops=tuple(ops) if ops else OP_KINDS, moe_variants=tuple(moe_variants), **grids)
+                       ops=tuple(ops) if ops else DEFAULT_OPS, moe_variants=tuple(moe_variants), **grids)

@@ -19,15 +19,16 @@ from .timing import Timer
 log = logging.getLogger(__name__)
 
 
-def _timed(kernels_call, timer: Timer, skipped: list, label: str) -> float | None:
-    """One point: None (and a note) when the operator cannot run at this size."""
+def _timed(kernels_call, timer: Timer, skipped: list, label: str, host: bool = False) -> float | None:
+    """One point: None (and a note) when the operator cannot run at this size. ``host``: the
+    calling thread's time (``Timer.host_us``) instead of the GPU's."""
     try:
         run = kernels_call()
     except (MemoryError, RuntimeError, ValueError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         skipped.append({"point": label, "reason": f"{type(exc).__name__}: {exc}"[:300]})
         return None
     try:
-        return round(timer.time_us(run), 3)
+        return round(timer.host_us(run) if host else timer.time_us(run), 3)
     except (MemoryError, RuntimeError, ValueError) as exc:
         skipped.append({"point": label, "reason": f"{type(exc).__name__}: {exc}"[:300]})
         return None
@@ -117,6 +118,16 @@ def run_profile(plan: ProfilePlan, kernels: Kernels, timer: Timer, *,
             tick(label)
         ops.append({"op": "sampling", "shape": {"vocab": vocab}, "axes": ["batch"],
                     "grid": {"batch": list(plan.batch)}, "us": us})
+    if "hicache_write" in plan.ops:
+        hw = plan.host_write
+        us = []
+        for t in plan.write_tokens:
+            label = f"hicache_write page={hw.page_size} tensors={hw.tensors} bytes={hw.element_bytes} tokens={t}"
+            us.append(_timed(lambda: kernels.hicache_write(hw, t), timer, skipped, label, host=True))
+            tick(label)
+        ops.append({"op": "hicache_write", "shape": hw.key, "axes": ["tokens"],
+                    "grid": {"tokens": list(plan.write_tokens)}, "us": us,
+                    "timed": "scheduler-thread CPU per backup (perf_counter around the call, GPU idle before it)"})
     # a table whose every point failed is no table
     ops = [o for o in ops if _any_value(o["us"])]
     lay = plan.layout

@@ -35,7 +35,7 @@ import os
 from tuner.backends.process import free_port
 from tuner.catalog import GPUDescription, ModelDescription
 from tuner.planner.startup import triton_max_kv_splits
-from tuner.sim.opshapes import AttentionShape, Gemm, MoEShape
+from tuner.sim.opshapes import HICACHE_STAGING_PAGES, AttentionShape, Gemm, HostWriteShape, MoEShape
 
 from .kernels import Kernels
 from .timing import Runnable
@@ -367,3 +367,60 @@ class SGLangKernels(Kernels):
         self._impl["sampling"] = "torch softmax + argmax (greedy, --sampling-backend pytorch)"
         return Runnable(calls=[lambda: torch.argmax(torch.softmax(logits.float(), dim=-1), dim=-1)],
                         meta={"op": "sampling", "batch": batch}, keep=[logits])
+
+    # ---- HiCache write-through ------------------------------------------------------------------
+    def hicache_write(self, shape: HostWriteShape, tokens: int) -> Runnable:
+        """``HiCacheController.start_writing`` for the ``kernel`` io backend and the ``page_first``
+        host layout: an event on the current stream, then on the write stream SGLang's staged
+        write-back (``transfer_hicache_all_layer_staged_lf_pf``, MLA: ``..._mla_staged_lf_pf``) from
+        per-layer device buffers (pointer table, as the device pool holds them) to a pinned host
+        pool ``[tokens, layers, element]``, device indices of scattered pages, host indices on the
+        CPU, as the scheduler passes them. Bytes are bytes: fp8 KV is stored as uint8 in SGLang's
+        pool, so every dtype is timed as uint8 of the same element size."""
+        torch = self.torch
+        from sglang.kernels.ops.kvcache import hicache as hc
+
+        if not hc.can_use_write_back_jit_kernel(element_size=shape.element_bytes):
+            raise RuntimeError(f"SGLang's staged write-back kernel cannot run {shape.element_bytes}-byte elements")
+        page = shape.page_size
+        pages = -(-tokens // page)
+        n = pages * page
+        pool_pages = max(2 * pages, 64)
+        u8 = torch.uint8
+        tensors = []
+        for _ in range(shape.tensors):
+            layers = [torch.empty((pool_pages * page, shape.element_bytes), dtype=u8, device=self.device)
+                      for _ in range(shape.layers)]
+            ptrs = torch.tensor([t.data_ptr() for t in layers], dtype=torch.uint64, device=self.device)
+            host = torch.empty((n, shape.layers, shape.element_bytes), dtype=u8, pin_memory=True)
+            staging = torch.empty((HICACHE_STAGING_PAGES * page, shape.layers, shape.element_bytes), dtype=u8,
+                                  device=self.device)
+            tensors.append((layers, ptrs, host, staging))
+        # the pool's free pages after some traffic are scattered: a random choice of them
+        chosen = torch.randperm(pool_pages, generator=torch.Generator().manual_seed(tokens))[:pages]
+        src = (chosen[:, None] * page + torch.arange(page)[None, :]).reshape(-1).to(self.device)
+        dst = torch.arange(n, dtype=torch.int64)  # host indices stay on the CPU
+        stream = torch.cuda.Stream()
+        if shape.tensors == 2:
+            (_, kp, kh, ks), (_, vp, vh, vs) = tensors
+            self._impl["hicache_write"] = "sglang transfer_hicache_all_layer_staged_lf_pf"
+
+            def write():
+                hc.transfer_hicache_all_layer_staged_lf_pf(kp, vp, src, dst, ks, vs, kh, vh, page_size=page)
+        else:
+            (_, p, h, st), = tensors
+            self._impl["hicache_write"] = "sglang transfer_hicache_all_layer_mla_staged_lf_pf"
+
+            def write():
+                hc.transfer_hicache_all_layer_mla_staged_lf_pf(p, src, dst, st, h, page_size=page)
+
+        def call():
+            start = torch.cuda.Event()
+            start.record()
+            with torch.cuda.stream(stream):
+                start.wait(stream)
+                write()
+
+        return Runnable(calls=[call], meta={"op": "hicache_write", "tokens": tokens, "page_size": page},
+                        keep=[tensors, src, dst, stream])
+

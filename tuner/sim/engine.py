@@ -434,8 +434,7 @@ class ReplicaEngine:
         written = cache.host_written
         cache.insert(req, total)
         if cache.host_written > written:  # cache_finished_req backs the output up too
-            self.cpu_hold_s += self.model.host_write_cpu_s(cache.host_written - written + req.host_pending,
-                                                           self.rules.page_size)
+            self.cpu_hold_s += self.model.host_write_cpu_s(cache.host_written - written + req.host_pending)
             req.host_pending = 0
         cache.alloc_tokens -= held
         req.alloc = 0
@@ -671,7 +670,7 @@ class ReplicaEngine:
                     # a chunk's blocks are backed up when its last chunk is inserted (a chunked
                     # insert skips HiRadixCache._inc_hit_count)
                     if req.host_pending:
-                        write_s += self.model.host_write_cpu_s(req.host_pending, self.rules.page_size)
+                        write_s += self.model.host_write_cpu_s(req.host_pending)
                         req.host_pending = 0
                     done.append(req)
                 else:

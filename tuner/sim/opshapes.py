@@ -64,6 +64,45 @@ class MoEShape:
         return {"experts": self.experts, "n": self.n, "k": self.k, "topk": self.topk, "dtype": self.dtype}
 
 
+# SGLang 0.5.17's staged HiCache write-back: pages gathered per launch (_WRITE_BACK_STAGING_PAGE_CHUNK)
+# and the page size from which its copies go as one cudaMemcpyBatchAsync (kLargeCopyThresholdBytes)
+HICACHE_STAGING_PAGES = 64
+HICACHE_BATCHED_COPY_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class HostWriteShape:
+    """One HiCache write-through backup as SGLang 0.5.17 issues it from the scheduler thread
+    (``kernel`` io backend, ``page_first`` host layout): KV tensors (K and V, or MLA's one latent
+    buffer), layers, bytes of one token of one tensor in one layer, and the page size, which with
+    those sets how many copies one page takes (``StepTimeModel.host_write_cpu_s``)."""
+
+    tensors: int
+    layers: int
+    element_bytes: int
+    page_size: int
+
+    @property
+    def page_tensor_bytes(self) -> int:
+        return self.page_size * self.layers * self.element_bytes
+
+    @property
+    def key(self) -> dict:
+        return {"tensors": self.tensors, "layers": self.layers, "element_bytes": self.element_bytes,
+                "page_size": self.page_size, "layout": "page_first", "io_backend": "kernel"}
+
+
+KV_ELEMENT_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def host_write_shape(model: ModelDescription, layout: ParallelLayout, kv_dtype: str, page_size: int) -> HostWriteShape:
+    a = attention_shape(model, layout, kv_dtype)
+    itemsize = KV_ELEMENT_BYTES.get(kv_dtype, 2)
+    if a.arch == "gqa":
+        return HostWriteShape(2, a.layers, a.kv_heads * a.qk_head_dim * itemsize, max(1, page_size))
+    return HostWriteShape(1, a.layers, a.qk_head_dim * itemsize, max(1, page_size))
+
+
 def _fmt(kind: str, ckpt: Checkpoint) -> str:
     return "bf16" if kind == "norms" or kind in ckpt.unquantized else ckpt.weight_format
 

@@ -36,7 +36,10 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 # collectives between the GPUs of one group (``tuner profile comm``): microseconds per call at a
 # message size, shape {"gpus": n, "nodes": k}; they depend on the machine, not on SGLang's version
 COMM_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead", *COMM_OPS)
+# hicache_write: the scheduler thread's CPU microseconds to issue one HiCache write-through backup
+# of that many tokens (not GPU time)
+OPS = ("gemm", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead",
+       "hicache_write", *COMM_OPS)
 AXES = {
     **{op: ("bytes",) for op in COMM_OPS},
     "gemm": ("tokens",),
@@ -46,6 +49,7 @@ AXES = {
     "layer_misc": ("tokens",),
     "sampling": ("batch",),
     "step_overhead": ("batch",),
+    "hicache_write": ("tokens",),
 }
 
 
@@ -71,7 +75,7 @@ def _interp(xs: list[float], ys: list, x: float, work: Callable[[float], float] 
 # Between grid points an operator's time follows the work it does, not its size: a coarse grid
 # interpolated linearly in tokens misses the shape of both curves below by 30-300% at mid-points.
 # token-axis operators whose time above the largest measured size is extrapolated linearly
-EXTRAPOLATED_UP = frozenset({"gemm", "moe", "layer_misc", *COMM_OPS})
+EXTRAPOLATED_UP = frozenset({"gemm", "moe", "layer_misc", "hicache_write", *COMM_OPS})
 SATURATED = 0.99  # share of experts active above which fused-MoE time grows with tokens, not experts
 
 

@@ -29,22 +29,20 @@ from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape as kernel_moe_shape
 from tuner.planner.parallel import ParallelLayout
-from tuner.planner.memory import prefill_graph_enabled
+from tuner.planner.memory import page_size as planner_page_size, prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
 
 from .calibrate import SpeedupCurve, collapsed_table, tuned_speedup, tuned_table
 from .moe_tiles import best_tile, default_tile, tile_efficiency
-from .opshapes import attention_shape, gemms, moe_shape
+from .opshapes import (HICACHE_BATCHED_COPY_BYTES, HICACHE_STAGING_PAGES, attention_shape, gemms,
+                       host_write_shape, moe_shape)
 from .optable import OpTables, tables_for_gpu
 from tuner.catalog.routing import routed_expert_pool
 from .scheduler import version_tuple
 
-# SGLang 0.5.17's staged HiCache write-back: pages gathered per launch (_WRITE_BACK_STAGING_PAGE_CHUNK)
-# and the page size from which its copies go as one cudaMemcpyBatchAsync (kLargeCopyThresholdBytes)
-HICACHE_STAGING_PAGES = 64
-HICACHE_BATCHED_COPY_BYTES = 128 * 1024
-CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead")
+CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead",
+              "hicache_write")
 COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
 
 
@@ -178,10 +176,12 @@ class StepTimeModel:
         # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
         policy = str(flags.get("hicache-write-policy") or "write_through")
         self.host_write_on_insert = policy != "write_back"
-        self.host_write_tensors = 1 if model.is_mla else 2  # one latent buffer, or K and V
+        self.host_write = host_write_shape(model, layout, kv_cache_dtype, planner_page_size(model, gpu, flags))
         self.host_write_per_page = (str(flags.get("hicache-io-backend") or "kernel") == "kernel"
                                     and str(flags.get("hicache-mem-layout") or "page_first") == "page_first")
         self.host_write_call_s = float(calibration["overhead"].get("hicache_write_call_s", 0.0))
+        # the scheduler's own time for a backup, timed by ``tuner profile run --ops hicache_write``
+        self.host_write_table = find("hicache_write", self.host_write.key) if self.host_write_per_page else None
 
         # ---- routed experts ---------------------------------------------------------------
         self.moe = model.is_moe
@@ -558,21 +558,30 @@ class StepTimeModel:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
         return gpu
 
-    def host_write_cpu_s(self, tokens: int, page_size: int) -> float:
+    def host_write_cpu_s(self, tokens: int) -> float:
         """Scheduler CPU time to back ``tokens`` up to the host pool on insert (HiCache
-        write-through). With the kernel io backend and the page-first host layout, SGLang 0.5.17
-        gathers 64 pages at a time into a staging buffer (one launch each) and copies each page of
-        each KV tensor with its own ``cudaMemcpyAsync`` unless a page spans 128 KiB, when one
-        batched copy takes them all (``transfer_hicache_all_layer_staged_lf_pf``,
-        ``staged_write_back.cuh``). Each runtime call costs ``hicache_write_call_s``."""
-        if tokens <= 0 or not self.host_write_on_insert or not self.host_write_call_s:
+        write-through): the measured table where one covers this shape, else a count of SGLang
+        0.5.17's runtime calls at ``hicache_write_call_s`` each. With the kernel io backend and the
+        page-first host layout it gathers 64 pages at a time into a staging buffer (one launch
+        each) and copies each page of each KV tensor with its own ``cudaMemcpyAsync`` unless a page
+        spans 128 KiB, when one batched copy takes them all (``transfer_hicache_all_layer_staged_lf_pf``,
+        ``staged_write_back.cuh``); other layouts run one transfer kernel."""
+        if tokens <= 0 or not self.host_write_on_insert:
             return 0.0
-        pages = -(-tokens // page_size)
-        launches = -(-pages // HICACHE_STAGING_PAGES)
+        table = self.host_write_table
+        if table is not None:
+            v = table.lookup_s(tokens)
+            if v is not None:
+                self._count("hicache_write", table)
+                return v
+        self._count("hicache_write", None)
+        shape = self.host_write
         if not self.host_write_per_page:
-            return self.host_write_call_s  # one transfer kernel over all layers
-        page_bytes = page_size * self.cell / self.host_write_tensors
-        copies = pages * self.host_write_tensors if page_bytes < HICACHE_BATCHED_COPY_BYTES else launches
+            return self.host_write_call_s
+        pages = -(-tokens // shape.page_size)
+        launches = -(-pages // HICACHE_STAGING_PAGES)
+        per_page = shape.page_tensor_bytes < HICACHE_BATCHED_COPY_BYTES
+        copies = pages * shape.tensors if per_page else launches
         return (launches + copies) * self.host_write_call_s
 
     def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:

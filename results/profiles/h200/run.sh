@@ -20,7 +20,10 @@
 # random weights give: every token's top-8 among the same 10 experts; `--load-format dummy`),
 # dsv3-8l-dummy-compose (the dsv3-8l whole steps composed again with that table: `--load-format
 # dummy`), comm (`tuner profile comm` over this machine's GPUs; on one GPU the collectives are local
-# copies: a check of the tool, not a table). QUICK=0 times the full grid instead of --quick's coarse one.
+# copies: a check of the tool, not a table), hicache-write (`--ops hicache_write`: the scheduler
+# thread's CPU time to issue one HiCache write-through backup of 1 to 32,768 tokens with SGLang's staged
+# write-back, Qwen3-30B-A3B fp8 and bf16 KV, DeepSeek-V3 fp8 KV, page size 1). QUICK=0 times the full
+# grid instead of --quick's coarse one.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
@@ -117,6 +120,12 @@ for step in $STEPS; do
     qwen3-bf16-fp8kv) profile bf16-fp8kv qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 ;;
     qwen3-fp8-fp8kv) profile fp8-fp8kv qwen3-30b-a3b --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
     dsv3-fp8) LOG_TAG=dsv3-fp8-fp8kv profile fp8-fp8kv deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 ;;
+    hicache-write)  # the scheduler thread's CPU time per HiCache write-through backup (host-timed)
+      QUICK_SAVED=$quick; quick=""
+      LOG_TAG=qwen3-hostwrite-fp8kv profile fp8kv-hostwrite qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 --ops hicache_write
+      LOG_TAG=qwen3-hostwrite-bf16kv profile bf16kv-hostwrite qwen3-30b-a3b --ops hicache_write
+      LOG_TAG=dsv3-hostwrite-fp8kv profile fp8kv-hostwrite deepseek-v3 --kv-cache-dtype fp8_e4m3 --ops hicache_write
+      quick=$QUICK_SAVED ;;
     dsv3-8l-routing)  # distinct experts per MoE call in prefill and decode, random weights
       python3 - deepseek-v3 fp8 /tmp/model-routing '{"num_hidden_layers": 8}' <<'PY'
 import json
