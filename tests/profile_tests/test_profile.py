@@ -377,10 +377,13 @@ def test_a_hicache_write_table_is_timed_on_the_host_and_replaces_the_call_count(
             raise AssertionError("a HiCache backup is timed on the host")
 
         def host_us(self, run):
+            run.meta["done_us"] = 30.0 * run.meta["tokens"]
             return 20.0 * run.meta["tokens"]
 
     doc = run_profile(plan, FakeKernels(), HostTimer(), provenance={"note": "fake kernels for a CPU test"})
     path = write_profile(doc, tmp_path / "hw.json")
+    entry = next(e for e in doc["ops"] if e["op"] == "hicache_write")
+    assert entry["done_us"] == [30.0 * t for t in plan.write_tokens]  # the copies' completion, recorded
     table = next(t for t in load_profile(path).tables if t.op == "hicache_write")
     assert table.shape == plan.host_write.key and table.lookup_us(1024) == pytest.approx(20480)
     assert table.lookup_us(65536) == pytest.approx(20.0 * 65536)  # linear above the grid

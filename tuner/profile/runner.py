@@ -19,16 +19,21 @@ from .timing import Timer
 log = logging.getLogger(__name__)
 
 
-def _timed(kernels_call, timer: Timer, skipped: list, label: str, host: bool = False) -> float | None:
+def _timed(kernels_call, timer: Timer, skipped: list, label: str, host: bool = False,
+           extra: dict | None = None) -> float | None:
     """One point: None (and a note) when the operator cannot run at this size. ``host``: the
-    calling thread's time (``Timer.host_us``) instead of the GPU's."""
+    calling thread's time (``Timer.host_us``) instead of the GPU's; ``extra`` receives what else
+    the timer noted (``done_us``)."""
     try:
         run = kernels_call()
     except (MemoryError, RuntimeError, ValueError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         skipped.append({"point": label, "reason": f"{type(exc).__name__}: {exc}"[:300]})
         return None
     try:
-        return round(timer.host_us(run) if host else timer.time_us(run), 3)
+        us = round(timer.host_us(run) if host else timer.time_us(run), 3)
+        if extra is not None and "done_us" in run.meta:
+            extra["done_us"] = round(run.meta["done_us"], 3)
+        return us
     except (MemoryError, RuntimeError, ValueError) as exc:
         skipped.append({"point": label, "reason": f"{type(exc).__name__}: {exc}"[:300]})
         return None
@@ -120,14 +125,17 @@ def run_profile(plan: ProfilePlan, kernels: Kernels, timer: Timer, *,
                     "grid": {"batch": list(plan.batch)}, "us": us})
     if "hicache_write" in plan.ops:
         hw = plan.host_write
-        us = []
+        us, done_us = [], []
         for t in plan.write_tokens:
             label = f"hicache_write page={hw.page_size} tensors={hw.tensors} bytes={hw.element_bytes} tokens={t}"
-            us.append(_timed(lambda: kernels.hicache_write(hw, t), timer, skipped, label, host=True))
+            extra: dict = {}
+            us.append(_timed(lambda: kernels.hicache_write(hw, t), timer, skipped, label, host=True, extra=extra))
+            done_us.append(extra.get("done_us"))
             tick(label)
         ops.append({"op": "hicache_write", "shape": hw.key, "axes": ["tokens"],
                     "grid": {"tokens": list(plan.write_tokens)}, "us": us,
-                    "timed": "scheduler-thread CPU per backup (perf_counter around the call, GPU idle before it)"})
+                    "timed": "scheduler-thread CPU per backup (perf_counter around the call, GPU idle before it)",
+                    "done_us": done_us})  # until its copies finished: the copy engine's time, for the record
     # a table whose every point failed is no table
     ops = [o for o in ops if _any_value(o["us"])]
     lay = plan.layout
