@@ -24,7 +24,8 @@ def _offline(model, gpu, flags, knobs, capacity, version):
     cal = load_calibration(g.name, context=calibration_context(m, g, flags, version))  # as both simulators resolve it
     step_model = build_step_model(m, g, plan, layout, flags, knobs, cal, 8, version)
     done = []
-    ranks = [Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, SYS), rules)
+    host = plan.hicache_host_tokens_per_pool if rules.hierarchical_cache else 0  # as simulate_load_point sizes it
+    ranks = [Rank(SessionPrefixCache(plan.kv_capacity_tokens_per_gpu, plan.page_size, SYS, host), rules)
              for _ in range(layout.attn_dp)]
     eng = ReplicaEngine(ranks, step_model, rules, stats=Stats(), on_finish=lambda r, t: done.append((r, t)),
                         max_jump=1)
@@ -51,7 +52,7 @@ def _online(model, gpu, flags, knobs, capacity, version):
     def step():
         engine._pending = []
         dt = rep.step()
-        done.extend((req, rep.clock) for req, tok in engine._pending if tok is None)
+        done.extend((req, rep.clock) for req, tok, _ in engine._pending if tok is None)
         return dt
 
     return engine, rep, step, done, plan
@@ -104,6 +105,9 @@ def _run(model, gpu, flags, knobs, capacity, version="0.5.23", out_scale=1):
     ({"tp-size": 1, "page-size": 16}, {}, 2_400, "0.5.23"),
     # ... and with 0.5.17's optimistic reservation, decode runs out of KV: requests are retracted
     ({"tp-size": 1, "page-size": 16, "schedule-conservativeness": 0.2}, {}, 2_000, "0.5.17"),
+    # a small pool with HiCache: evicted sessions come back from the host, and every inserted prefix
+    # is backed up first (the scheduler's write-through time holds the step behind it)
+    ({"tp-size": 1, "page-size": 16, "enable-hierarchical-cache": True, "hicache-ratio": 4}, {}, 2_400, "0.5.17"),
     # two attention-DP pools behind cache-aware routing
     ({"tp-size": 2, "attn-dp-size": 2, "page-size": 16}, {"router-policy": "cache_aware"}, 200_000, "0.5.23"),
 ])
@@ -125,8 +129,12 @@ def test_simulate_and_serve_sim_produce_the_same_schedule(flags, knobs, capacity
     assert [r.cache.evicted_tokens for r in eng.ranks] == [r.cache.evicted_tokens for r in rep.ranks]
     if capacity < 10_000:
         assert sum(r.cache.evicted_tokens for r in eng.ranks) > 0
-    if version == "0.5.17":
+    if "schedule-conservativeness" in flags:
         assert eng.stats.retractions > 0
+    if flags.get("enable-hierarchical-cache"):  # both loaded back from the host and wrote to it alike
+        assert eng.stats.hicache_load_tokens > 0
+        assert [r.cache.host_written for r in eng.ranks] == [r.cache.host_written for r in rep.ranks]
+        assert eng.ranks[0].cache.host_written > 0
 
 
 def test_default_routing_is_the_same_for_both():

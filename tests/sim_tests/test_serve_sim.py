@@ -202,3 +202,25 @@ def test_a_request_that_can_never_run_does_not_keep_the_engine_spinning():
         task.cancel()
 
     asyncio.run(run())
+
+
+def test_a_first_token_streams_after_its_hicache_backup_as_in_simulate():
+    """With HiCache the scheduler backs a prompt up to the host before it streams the first token
+    (tuner.sim.engine): serve-sim delivers that token at the same simulated time ``simulate``
+    stamps, after the prefill step has ended."""
+    async def run():
+        flags = {"tp-size": 1, "enable-hierarchical-cache": True, "kv-cache-dtype": "fp8_e4m3"}
+        engine, _ = build_online_engine("qwen3-30b-a3b", "h200", 1, flags, {}, time_scale=10.0)
+        write_s = engine.replicas[0].model.host_write_cpu_s(16000)
+        assert write_s > 0.2  # 32,000 page copies at the calibrated cost
+        task = asyncio.create_task(engine.run())
+        req = engine.submit(list(range(16000)), 3)
+        first = await asyncio.wait_for(req.handle.get(), timeout=30)
+        received = engine.now()
+        assert first is not None and req.first_t is not None
+        assert received >= req.first_t - 0.05  # not at the prefill's end, write_s earlier
+        rest = [await asyncio.wait_for(req.handle.get(), timeout=30) for _ in range(3)]
+        assert rest[-1] is None and None not in rest[:-1]  # both later tokens, then the end, in order
+        task.cancel()
+
+    asyncio.run(run())

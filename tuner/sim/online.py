@@ -10,6 +10,7 @@ differs: prompts here are arbitrary token lists, so the cache is content-address
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 
@@ -44,7 +45,11 @@ class OnlineEngine:
         self.last_gen_throughput = 0.0
         self.steps = 0
         self._produced = 0
-        self._pending: list[tuple[Req, int | None]] = []
+        self._pending: list[tuple[Req, int | None, float]] = []  # (request, token or None at its end, when)
+        # per replica: what a step produced for a time after the step's end (a prefill's first tokens
+        # stream after its HiCache write-through backups), delivered when due
+        self._deferred: dict[int, list[tuple[float, int, Req, int | None]]] = {}
+        self._deferred_seq = itertools.count()
         self.replicas: list[ReplicaEngine] = []
         self.ranks: list[Rank] = []
         for _ in range(replicas):
@@ -92,11 +97,18 @@ class OnlineEngine:
     def _token(self, req: Req, t: float) -> None:
         tok = (hash((req.rid, len(req.tokens))) % (self.vocab - 10)) + 10
         req.tokens.append(tok)
-        self._pending.append((req, tok))
+        self._pending.append((req, tok, t))
         self._produced += 1
 
     def _finished(self, req: Req, t: float) -> None:
-        self._pending.append((req, None))
+        self._pending.append((req, None, t))
+
+    def _flush(self, i: int, upto: float) -> None:
+        """Deliver replica ``i``'s deferred tokens due by simulated time ``upto``, in time order."""
+        queue = self._deferred.get(i)
+        while queue and queue[0][0] <= upto:
+            _, _, req, tok = heapq.heappop(queue)
+            req.handle.put_nowait(tok)
 
     async def run(self) -> None:
         await asyncio.gather(*(self._run_replica(i) for i in range(len(self.replicas))))
@@ -124,8 +136,17 @@ class OnlineEngine:
                 continue
             await asyncio.sleep(dt / self.time_scale)
             self.steps += 1
-            for req, tok in pending:
-                req.handle.put_nowait(tok)
+            end = rep.clock
+            self._flush(i, end)
+            queue = self._deferred.setdefault(i, [])
+            for req, tok, t in pending:
+                if t <= end + 1e-9:
+                    req.handle.put_nowait(tok)
+                else:
+                    heapq.heappush(queue, (t, next(self._deferred_seq), req, tok))
+            if queue:
+                due = queue[0][0]
+                asyncio.get_running_loop().call_later((due - end) / self.time_scale, self._flush, i, due)
             self.last_gen_throughput = produced / max(dt, 1e-9)
 
 
