@@ -44,7 +44,7 @@ class Req:
     __slots__ = ("user", "session", "turn", "arrival", "input_len", "output_len", "rank", "prefill_len",
                  "done", "generated", "first_t", "join_step", "finish_step", "release_step", "alloc", "ctx0",
                  "cached", "loaded", "active", "ignore_eos", "retractions", "tokens", "chain", "route_chain",
-                 "lock_len", "handle", "error", "rid", "sched_t", "chunk_end_t", "host_pending")
+                 "lock_len", "handle", "error", "rid", "sched_t", "chunk_end_t", "host_pending", "prefill_end_t")
 
     def __init__(self, user, session, turn, arrival, input_len, output_len, ignore_eos=True):
         self.user, self.session, self.turn = user, session, turn
@@ -74,6 +74,7 @@ class Req:
         self.sched_t = None  # when the scheduler first put it into a prefill batch
         self.chunk_end_t = None  # when its last chunk before the final one finished (chunked prefill)
         self.host_pending = 0  # tokens backed up to the host since its last charged insert (HiCache)
+        self.prefill_end_t = None  # when its first prefill ended (before the backups its first token waits for)
 
 
 class Rank:
@@ -673,6 +674,8 @@ class ReplicaEngine:
                         write_s += self.model.host_write_cpu_s(req.host_pending)
                         req.host_pending = 0
                     done.append(req)
+                    if req.prefill_end_t is None:
+                        req.prefill_end_t = t1
                 else:
                     req.chunk_end_t = t1
             # process_batch_result_prefill inserts every request, then streams their first tokens

@@ -201,8 +201,9 @@ def simulate_load_point(
             stages[1] += req.sched_t - req.arrival
             # SGLang observes prefill_forward from the first chunk's batch to the end, and each
             # earlier chunk again as chunked_prefill, into the same histogram (17:
-            # observability/req_time_stats.py::set_prefill_finished_time, set_last_chunked_prefill_finish_time)
-            stages[2] += req.first_t - req.sched_t
+            # observability/req_time_stats.py::set_prefill_finished_time, set_last_chunked_prefill_finish_time);
+            # the end is stamped before the request's own HiCache backup (process_batch_result_prefill)
+            stages[2] += (req.prefill_end_t if req.prefill_end_t is not None else req.first_t) - req.sched_t
             if req.chunk_end_t is not None:
                 stages[2] += req.chunk_end_t - req.sched_t
             stages[3] += req.first_t - req.arrival
