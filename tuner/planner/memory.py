@@ -233,7 +233,8 @@ def kv_cache_dtype(model: ModelDescription, gpu: GPUDescription, flags: dict[str
     return value
 
 
-def _dtype_bytes(dtype: str) -> float:
+def kv_dtype_bytes(dtype: str) -> float:
+    """Bytes of one KV element in SGLang's pool (scales included for the block formats)."""
     return {"bf16": 2.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "mxfp8": 1.0 + 1 / 32,
             "nvfp4": 0.5 + 1 / 16, "fp4_mx_block16": 0.5 + 1 / 16}[dtype]
 
@@ -262,10 +263,10 @@ def kv_cell_bytes(model: ModelDescription, gpu: GPUDescription, layout: Parallel
         cell = per_layer * layers
         return int(cell + cell * draft_layers / layers)
     if model.is_mla:
-        cell = (model.kv_lora_rank + model.qk_rope_head_dim) * layers * _dtype_bytes(dtype)
+        cell = (model.kv_lora_rank + model.qk_rope_head_dim) * layers * kv_dtype_bytes(dtype)
     else:
         kv_heads = max(1, model.num_kv_heads // layout.attn_tp)
-        cell = kv_heads * 2 * model.head_dim * layers * _dtype_bytes(dtype)
+        cell = kv_heads * 2 * model.head_dim * layers * kv_dtype_bytes(dtype)
     return int(math.ceil(cell + cell * draft_layers / layers))
 
 

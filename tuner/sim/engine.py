@@ -435,8 +435,7 @@ class ReplicaEngine:
         written = cache.host_written
         cache.insert(req, total)
         if cache.host_written > written:  # cache_finished_req backs the output up too
-            self.cpu_hold_s += self.model.host_write_cpu_s(cache.host_written - written + req.host_pending)
-            req.host_pending = 0
+            self.cpu_hold_s += self.model.host_write_cpu_s(cache.host_written - written)
         cache.alloc_tokens -= held
         req.alloc = 0
         cache.unlock(req)

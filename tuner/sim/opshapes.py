@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, ModelDescription
+from tuner.planner.memory import kv_dtype_bytes
 from tuner.planner.parallel import ParallelLayout
 
 
@@ -92,15 +93,12 @@ class HostWriteShape:
                 "page_size": self.page_size, "layout": "page_first", "io_backend": "kernel"}
 
 
-KV_ELEMENT_BYTES = {"bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-
-
 def host_write_shape(model: ModelDescription, layout: ParallelLayout, kv_dtype: str, page_size: int) -> HostWriteShape:
     a = attention_shape(model, layout, kv_dtype)
-    itemsize = KV_ELEMENT_BYTES.get(kv_dtype, 2)
+    itemsize = kv_dtype_bytes(kv_dtype)
     if a.arch == "gqa":
-        return HostWriteShape(2, a.layers, a.kv_heads * a.qk_head_dim * itemsize, max(1, page_size))
-    return HostWriteShape(1, a.layers, a.qk_head_dim * itemsize, max(1, page_size))
+        return HostWriteShape(2, a.layers, round(a.kv_heads * a.qk_head_dim * itemsize), max(1, page_size))
+    return HostWriteShape(1, a.layers, round(a.qk_head_dim * itemsize), max(1, page_size))
 
 
 def _fmt(kind: str, ckpt: Checkpoint) -> str:
