@@ -104,11 +104,15 @@ class OnlineEngine:
         self._pending.append((req, None, t))
 
     def _flush(self, i: int, upto: float) -> None:
-        """Deliver replica ``i``'s deferred tokens due by simulated time ``upto``, in time order."""
+        """Deliver replica ``i``'s deferred tokens due by simulated time ``upto``, in time order,
+        and wake up again for the next one (the replica may sit idle until then)."""
         queue = self._deferred.get(i)
         while queue and queue[0][0] <= upto:
             _, _, req, tok = heapq.heappop(queue)
             req.handle.put_nowait(tok)
+        if queue:
+            due = queue[0][0]
+            asyncio.get_running_loop().call_later((due - upto) / self.time_scale, self._flush, i, due)
 
     async def run(self) -> None:
         await asyncio.gather(*(self._run_replica(i) for i in range(len(self.replicas))))
@@ -137,16 +141,14 @@ class OnlineEngine:
             await asyncio.sleep(dt / self.time_scale)
             self.steps += 1
             end = rep.clock
-            self._flush(i, end)
             queue = self._deferred.setdefault(i, [])
+            for req, tok, t in pending:
+                if t > end + 1e-9:
+                    heapq.heappush(queue, (t, next(self._deferred_seq), req, tok))
+            self._flush(i, end)  # what fell due during the step first, then the step's own tokens
             for req, tok, t in pending:
                 if t <= end + 1e-9:
                     req.handle.put_nowait(tok)
-                else:
-                    heapq.heappush(queue, (t, next(self._deferred_seq), req, tok))
-            if queue:
-                due = queue[0][0]
-                asyncio.get_running_loop().call_later((due - end) / self.time_scale, self._flush, i, due)
             self.last_gen_throughput = produced / max(dt, 1e-9)
 
 
