@@ -9,7 +9,12 @@ Usage, from the repository root: python results/h100-sglang/hicache_ab.py [--fit
    `overhead.hicache_write_call_s` set to each value of --calls (µs), as an overlay on the shipped
    calibration: the median signed P90 TTFT error of the HiCache trials against that of the same
    machine's trials without it. The shipped value is where the two meet (9 µs); the H200 HiCache
-   points were not used to choose it. CPU only; --fit takes about a minute.
+   points were not used to choose it.
+3. With --sim-bins: the same per-request table as 1, simulated (each A/B load point on its own
+   seed and window) at each value of --calls, and the weighted squared error of the simulated
+   on - off differences against the measured ones: the per-request fit of the constant, which
+   is lower than the P90 fit (the real cost is not linear in the tokens of one insert).
+CPU only; --fit and --sim-bins take under a minute each.
 """
 
 from __future__ import annotations
@@ -47,6 +52,60 @@ def by_uncached(rows) -> dict[tuple[int, int], list[float]]:
             if lo <= new < hi:
                 out.setdefault((lo, hi), []).append(r["ttft_s"])
     return out
+
+
+def diffs(on_rows, off_rows) -> dict[int, tuple[float, int]]:
+    """Median TTFT on minus off per bin of uncached tokens: (seconds, requests on)."""
+    on, off = by_uncached(on_rows), by_uncached(off_rows)
+    return {lo: (statistics.median(on[(lo, hi)]) - statistics.median(off[(lo, hi)]), len(on[(lo, hi)]))
+            for lo, hi in zip(BINS, BINS[1:]) if on.get((lo, hi)) and off.get((lo, hi))}
+
+
+def simulated_requests(call_us: float) -> tuple[list[dict], list[dict]]:
+    """Each A/B load point simulated (its own seed, window and flags) with that cost per call; the
+    simulator's request records, as the replay client writes them."""
+    import tuner.sim.simulate as simulate
+    from tuner.sim.measured import load_points
+
+    captured = []
+    aggregate = simulate.aggregate
+
+    def keep(records, **kw):
+        captured.append(records)
+        return aggregate(records, **kw)
+
+    points, _, _ = load_points([HERE], ("sglang",))
+    out: dict[str, list[dict]] = {"on": [], "off": []}
+    simulate.aggregate = keep
+    try:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            f.write(f"overhead:\n  hicache_write_call_s: {call_us * 1e-6:g}\n")
+            f.flush()
+            for p in points:
+                if p.trial not in ON + OFF or p.users > 32:
+                    continue
+                simulate.simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users,
+                                             warmup_s=p.warmup_s, duration_s=p.duration_s, seed=p.seed,
+                                             nodes=p.nodes, host_memory_gb=p.host_memory_gb, calibration=f.name,
+                                             sglang_version=p.sglang_version, fresh_server=p.fresh_server)
+                out["on" if p.trial in ON else "off"] += [
+                    {"input_tokens": r.input_tokens, "cached_tokens": r.cached_tokens or 0, "ttft_s": r.ttft_s}
+                    for r in captured[-1] if r.ok and r.ttft_s is not None]
+    finally:
+        simulate.aggregate = aggregate
+    return out["on"], out["off"]
+
+
+def sim_bins(calls_us: list[float]) -> None:
+    measured = diffs(requests(ON), requests(OFF))
+    print("\nsimulated on - off per bin (ms), against measured; error: sum over bins of requests x (sim - measured)^2")
+    print("call µs  " + "".join(f"{lo:>8,}+" for lo in measured) + "      error")
+    print("measured " + "".join(f"{d * 1e3:+9.1f}" for d, _ in measured.values()))
+    for us in calls_us:
+        sim = diffs(*simulated_requests(us))
+        err = sum(n * ((sim[lo][0] if lo in sim else 0.0) - d) ** 2 * 1e6 for lo, (d, n) in measured.items())
+        print(f"{us:7.1f}  " + "".join(f"{sim[lo][0] * 1e3:+9.1f}" if lo in sim else f"{'-':>9}" for lo in measured)
+              + f"  {err:9.0f}")
 
 
 def table() -> None:
@@ -89,8 +148,12 @@ def fit(calls_us: list[float]) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true")
+    ap.add_argument("--sim-bins", action="store_true")
     ap.add_argument("--calls", default="0,5,7,9,11", help="µs per runtime call to try (comma-separated)")
     args = ap.parse_args()
     table()
+    calls = [float(x) for x in args.calls.split(",")]
     if args.fit:
-        fit([float(x) for x in args.calls.split(",")])
+        fit(calls)
+    if args.sim_bins:
+        sim_bins(calls)
