@@ -388,7 +388,14 @@ def test_a_hicache_write_table_is_timed_on_the_host_and_replaces_the_call_count(
     assert table.shape == plan.host_write.key and table.lookup_us(1024) == pytest.approx(20480)
     assert table.lookup_us(65536) == pytest.approx(20.0 * 65536)  # linear above the grid
     sm = step_model(flags, tables=OpTables([load_profile(path)]))
-    assert sm.host_write_cpu_s(3000) == pytest.approx(3000 * 20e-6)
+    assert sm.host_write_cpu_s(400) == pytest.approx(400 * 20e-6)  # 807 calls: the copy queue holds them
+    # 6,047 calls: past the queue's 1,000 the thread waits for copies (done_us: 30 us per token)
+    # to finish, and behind a step that keeps the write stream waiting, for that step too
+    calls = 3000 * 2 + 47
+    assert sm.host_write_calls(3000) == calls
+    assert sm.host_write_cpu_s(3000) == pytest.approx(3000 * 30e-6 * (calls - 1000) / calls)
+    assert sm.host_write_cpu_s(3000, 0.2) == pytest.approx(0.2 + 3000 * 30e-6 * (calls - 1000) / calls)
+    assert sm.host_write_cpu_s(400, 0.2) == pytest.approx(400 * 20e-6)
     assert sm.source_summary()["ops"]["hicache_write"] == "profile"
     # another page size is another shape: the call count at hicache_write_call_s serves it
     other = step_model({**flags, "page-size": 16}, tables=OpTables([load_profile(path)]))
@@ -396,3 +403,14 @@ def test_a_hicache_write_table_is_timed_on_the_host_and_replaces_the_call_count(
     call_s = load_calibration("h200")["overhead"]["hicache_write_call_s"]
     assert other.host_write_cpu_s(3000) == pytest.approx(6 * call_s)
     assert other.host_write_table is None and other.source_summary()["ops"]["hicache_write"] == "roofline"
+
+
+def test_run_profile_refuses_a_gpu_other_than_hardware():
+    """A table timed on an H100 but filed as --hardware h200 would be read for H200 trials."""
+    plan = build_plan("qwen3-30b-a3b", "h200", QWEN, sglang_version="0.5.17", quick=True, ops=("hicache_write",))
+    with pytest.raises(ConfigError) as err:
+        run_profile(plan, FakeKernels(device="NVIDIA H100 80GB HBM3"), FakeTimer())
+    assert "--hardware h200" in str(err.value) and "H100" in str(err.value)
+    h100 = build_plan("qwen3-30b-a3b", "h100", QWEN, sglang_version="0.5.17", quick=True, ops=("hicache_write",))
+    doc = run_profile(h100, FakeKernels(device="NVIDIA H100 80GB HBM3"), FakeTimer())
+    assert doc["gpu"] == "h100" and doc["device_name"] == "NVIDIA H100 80GB HBM3"

@@ -352,5 +352,29 @@ def test_hicache_write_cpu_time_counts_sglangs_runtime_calls_per_page():
     # the layer-first layout runs one transfer kernel; write-back writes nothing on insert
     assert model(**{"hicache-mem-layout": "layer_first"}).host_write_cpu_s(640) == pytest.approx(1e-6)
     assert model(**{"hicache-write-policy": "write_back"}).host_write_cpu_s(640) == 0.0
-    # the shipped calibration charges a call what the H100 on/off A/B measured
+    # the shipped calibration charges what the H100's hicache_write tables measured
     assert load_calibration("h200")["overhead"]["hicache_write_call_s"] > 0
+    assert load_calibration("h200")["overhead"]["hicache_copy_latency_s"] > 0
+
+
+def test_a_backup_past_the_copy_queue_waits_for_copies_and_for_an_extend_launched_before_it():
+    # 3,000 tokens: 6,000 page copies + 47 gather launches, past the 1,000 the driver queues. Each
+    # copy takes 2 us + 24 KiB over the 55 GB/s host link; the thread issues at 1 us a call
+    m, gpu = get_model("qwen3-30b-a3b"), get_gpu("h200")
+    cal = {**load_calibration("h200")}
+    cal["overhead"] = {**cal["overhead"], "hicache_write_call_s": 1e-6, "hicache_copy_latency_s": 2e-6}
+    f = {"tp-size": 1, "kv-cache-dtype": "fp8_e4m3"}
+    plan = plan_memory(m, gpu, 1, f)
+    sm = StepTimeModel(m, gpu, resolve_checkpoint(m, None), parse_layout(m, f, 1), plan.bytes_per_token, cal,
+                       gpus_per_node=8, flags=f, cuda_graph_max_bs=64, kv_cache_dtype=plan.kv_cache_dtype)
+    calls, copy_s = 6047, 2e-6 + 24576 / 55e9
+    assert sm.host_write_calls(3000) == calls
+    assert sm.host_write_cpu_s(3000) == pytest.approx((calls - 1000) * copy_s)  # the copies, not the issue
+    assert sm.host_write_cpu_s(3000, 0.08) == pytest.approx(0.08 + (calls - 1000) * copy_s)
+    assert sm.host_write_cpu_s(400, 0.08) == pytest.approx(807e-6)  # the queue holds 807 calls
+    # what gates the write stream: all of an extend, all of an eager decode, nothing of a graph replay
+    prefill, decode, eager = RankWork(), RankWork(), RankWork()
+    prefill.prefill_tokens, decode.decode_reqs, eager.decode_reqs = 2000, 64, 65
+    assert sm.write_gate_s([prefill], 0.08) == 0.08
+    assert sm.write_gate_s([decode], 0.02) == 0.0
+    assert sm.write_gate_s([eager], 0.02) == 0.02

@@ -10,14 +10,24 @@ from tuner.sim.scheduler import SchedulerRules, check_version
 class FixedSteps:
     """0.1 s per prefill step, 0.01 s per decode step; remembers what each step ran."""
 
-    def __init__(self, write_s_per_token=0.0):
+    def __init__(self, write_s_per_token=0.0, queue_tokens=None, copy_s_per_token=0.0):
         self.log = []
         self.write_s_per_token = write_s_per_token
         self.written = []
+        self.gates = []
+        self.queue_tokens = queue_tokens  # backed-up tokens queued before the CPU waits for copies
+        self.copy_s_per_token = copy_s_per_token
 
-    def host_write_cpu_s(self, tokens):
+    def host_write_cpu_s(self, tokens, gate_s=0.0):
         self.written.append(tokens)
-        return self.write_s_per_token * tokens
+        self.gates.append(gate_s)
+        issue = self.write_s_per_token * tokens
+        if self.queue_tokens is None or tokens <= self.queue_tokens:
+            return issue
+        return max(issue, gate_s + (tokens - self.queue_tokens) * self.copy_s_per_token)
+
+    def write_gate_s(self, works, dt):
+        return dt if works[0].prefill_tokens else 0.0  # decodes replay CUDA graphs
 
     def step_time(self, works, running, overlap=True):
         w = works[0]
@@ -30,14 +40,14 @@ class FixedSteps:
 
 
 def make(version="0.5.17", capacity=1000, page=1, chunk=512, max_running=10, overlap=False, host=0,
-         write_s_per_token=0.0, **flags):
+         write_s_per_token=0.0, queue_tokens=None, copy_s_per_token=0.0, **flags):
     flags = {"disable-overlap-schedule": not overlap, **flags}
     rules = SchedulerRules.for_version(version, page_size=page, chunked_prefill_size=chunk,
                                        max_running_requests=max_running, attn_dp=1, flags=flags,
                                        hierarchical_cache=host > 0)
     rank = Rank(SessionPrefixCache(capacity, page, 0, host), rules)
     finished = []
-    model = FixedSteps(write_s_per_token)
+    model = FixedSteps(write_s_per_token, queue_tokens, copy_s_per_token)
     eng = ReplicaEngine([rank], model, rules, stats=Stats(), on_finish=lambda r, t: finished.append((r, t)),
                         max_jump=1)
     return eng, rank, finished, model
@@ -241,8 +251,36 @@ def test_overlap_hides_write_through_cpu_time_behind_the_step_launched_before_it
         eng, rank, _, model = make("0.5.17", capacity=1000, host=4000, overlap=True, write_s_per_token=1e-3)
         a = add(rank, 1, tokens, 3)
         eng.step()
-        assert a.first_t == pytest.approx(0.1 + tokens * 1e-3)
         assert eng.step() == pytest.approx(second_step)
+        assert a.first_t == pytest.approx(0.1 + tokens * 1e-3)
+
+
+def test_a_backup_longer_than_the_copy_queue_waits_for_the_prefill_launched_behind_it():
+    # Overlap: A (400 in) prefills in [0, 0.1]; B arrived meanwhile, so the next step launched is B's
+    # prefill (0.1 s), and A's backup is issued behind it. 1 us per token to issue, a queue of 100
+    # tokens, then 0.1 ms per token copied once the write stream may start: when B's forward ends.
+    # A's first token: 0.1 + max(0.4 ms, 0.1 + 300 x 0.1 ms) = 0.23 s, and the step after B's
+    # prefill is held until then (B's own 300 tokens go the same way behind the decode after it).
+    eng, rank, _, model = make("0.5.17", capacity=2000, host=8000, overlap=True, write_s_per_token=1e-6,
+                               queue_tokens=100, copy_s_per_token=1e-4)
+    a = add(rank, 1, 400, 5)
+    b = add(rank, 2, 300, 5, t=0.05)
+    assert eng.step() == pytest.approx(0.1) and a.first_t is None  # settled with the next step
+    assert eng.step() == pytest.approx(0.13)  # B's prefill: 0.1, held to A's backup
+    assert model.written[0] == 400 and model.gates[0] == pytest.approx(0.1)
+    assert a.first_t == pytest.approx(0.23)
+    # B's result is processed once the thread is free (0.23); behind a decode (a CUDA graph) its
+    # copies start at once: its 300 tokens hold the thread 200 x 0.1 ms
+    assert eng.step() == pytest.approx(0.02) and model.gates[1] == 0.0
+    assert b.first_t == pytest.approx(0.23 + 0.02)
+    # a backup the queue holds is only its issue time, whatever is launched behind it
+    eng2, rank2, _, model2 = make("0.5.17", capacity=2000, host=8000, overlap=True, write_s_per_token=1e-6,
+                                  queue_tokens=500, copy_s_per_token=1e-4)
+    c = add(rank2, 1, 400, 5)
+    add(rank2, 2, 300, 5, t=0.05)
+    eng2.step()
+    assert eng2.step() == pytest.approx(0.1)
+    assert model2.gates[0] == pytest.approx(0.1) and c.first_t == pytest.approx(0.1 + 400e-6)
 
 
 def test_a_chunked_prompt_is_backed_up_when_its_last_chunk_is_inserted():

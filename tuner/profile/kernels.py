@@ -49,6 +49,12 @@ class FakeKernels(Kernels):
 
     name = "fake"
 
+    def __init__(self, device: str | None = None):
+        self.device = device  # the GPU name it pretends to be (None: no check)
+
+    def describe(self) -> dict:
+        return {"kernels": self.name, **({"device": self.device} if self.device else {})}
+
     def _run(self, **meta) -> Runnable:
         return Runnable(calls=[lambda: None], meta=meta)
 

@@ -10,6 +10,7 @@ import platform
 from pathlib import Path
 from typing import Callable
 
+from tuner.errors import ConfigError
 from tuner.sim.optable import FORMAT, parse_profile
 
 from .kernels import Kernels
@@ -41,9 +42,18 @@ def _timed(kernels_call, timer: Timer, skipped: list, label: str, host: bool = F
         del run
 
 
+def check_device(plan: ProfilePlan, device_name: str | None) -> None:
+    """Refuse to time one GPU under another's name: tables are filed and looked up by ``--hardware``."""
+    want = plan.gpu.torch_name
+    if device_name and want and want.lower() not in device_name.lower():
+        raise ConfigError(f"--hardware {plan.gpu.name} is a {want}, but this machine's GPU is {device_name!r}; "
+                          f"pass the --hardware of this GPU", key="--hardware")
+
+
 def run_profile(plan: ProfilePlan, kernels: Kernels, timer: Timer, *,
                 progress: Callable[[int, int, str], None] | None = None, provenance: dict | None = None) -> dict:
     """Time the plan; returns the profile document (format ``tuner-op-profile/1``)."""
+    check_device(plan, kernels.describe().get("device"))
     total = max(1, plan.points())
     done = 0
     skipped: list[dict] = []

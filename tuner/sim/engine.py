@@ -216,6 +216,10 @@ class ReplicaEngine:
         # scheduler CPU time (HiCache write-through copies) not yet charged to a step: the step
         # already launched behind it lasts at least this long, or this much longer without overlap
         self.cpu_hold_s = 0.0
+        # a prefill's backups and the first tokens waiting behind them, per rank: (tokens, reqs,
+        # step end). With overlap they are issued after the next step is launched, which decides
+        # when their copies may start (StepTimeModel.write_gate_s): settled once that step is known
+        self._writes: list[tuple[int, list[Req], float]] = []
 
     def has_work(self) -> bool:
         for r in self.ranks:  # Rank.busy() inlined: asked before every event
@@ -541,6 +545,8 @@ class ReplicaEngine:
                     rank.ratio.current = rank.ratio.init
                     rank.batch_is_full = False
         if not active:
+            if self._writes:  # nothing launched behind them: issued at once
+                self._settle_writes(0.0)
             self.cpu_hold_s = 0.0  # done while the GPU is idle
             if not math.isfinite(horizon):
                 return 0.0
@@ -575,8 +581,12 @@ class ReplicaEngine:
             running += n
         k = 1 if unseen else max(1, k)
         if not running:
+            if self._writes:
+                self._settle_writes(0.0)
             return 0.0
         dt = model.step_time(works, running, overlap=self.rules.overlap)
+        if self._writes:
+            self.cpu_hold_s += self._settle_writes(model.write_gate_s(works, dt))
         extra = self._take_hold(dt) if self.cpu_hold_s else 0.0
         if extra:
             k = 1
@@ -623,6 +633,8 @@ class ReplicaEngine:
                 stalled.append(rank)
             running += len(rank.running)
         dt = self.model.step_time(works, running, overlap=self.rules.overlap)
+        if self._writes:
+            self.cpu_hold_s += self._settle_writes(self.model.write_gate_s(works, dt))
         if self.cpu_hold_s:
             dt += self._take_hold(dt)
         stall = 0.0
@@ -646,13 +658,13 @@ class ReplicaEngine:
         for rank in stalled:
             rank.stall_s += dt
         self._decode(decoding, 1, dt, t0, None if mixed else 1, None)
-        hold = 0.0
+        at_first_token = []  # requests that finish at their first token
         for rank in self.ranks:
             if not rank.prefilling:
                 continue
             cache = rank.cache
             done = []
-            write_s = 0.0
+            write_tokens = 0
             for req, c in rank.prefilling:
                 req.done += c
                 self.stats.prefill_tokens += c
@@ -669,21 +681,52 @@ class ReplicaEngine:
                 if req.done >= req.prefill_len:
                     # a chunk's blocks are backed up when its last chunk is inserted (a chunked
                     # insert skips HiRadixCache._inc_hit_count)
-                    if req.host_pending:
-                        write_s += self.model.host_write_cpu_s(req.host_pending)
-                        req.host_pending = 0
+                    write_tokens += req.host_pending
+                    req.host_pending = 0
                     done.append(req)
                     if req.prefill_end_t is None:
                         req.prefill_end_t = t1
                 else:
                     req.chunk_end_t = t1
-            # process_batch_result_prefill inserts every request, then streams their first tokens
-            for req in done:
-                self._prefill_done(rank, req, t1 + write_s)
-            hold = max(hold, write_s)
             rank.prefilling = []
-        self.cpu_hold_s += hold
+            if not write_tokens:
+                for req in done:
+                    self._prefill_done(rank, req, t1)
+                continue
+            # process_batch_result_prefill inserts every request (backing it up), then streams
+            # their first tokens: they join the running batch now and are stamped once settled
+            waiting = []
+            for req in done:
+                if req.output_len - req.generated <= 1:
+                    at_first_token.append((rank, req))
+                else:
+                    req.generated += 1  # the prefill's forward samples the next token
+                    self._join(rank, req, t1)
+                    waiting.append(req)
+            self._writes.append((write_tokens, waiting, t1))
+        if self._writes and (at_first_token or not self.rules.overlap):
+            # without overlap nothing is launched before them (nor, simplified, for a request
+            # that ends at its first token)
+            hold = self._settle_writes(0.0)
+            for rank, req in at_first_token:
+                self._prefill_done(rank, req, t1 + hold)
+            self.cpu_hold_s += hold
         return dt
+
+    def _settle_writes(self, gate_s: float) -> float:
+        """Issue the pending backups behind a write stream gated for ``gate_s``: stamp the first
+        tokens waiting for them and return the longest scheduler hold."""
+        hold = 0.0
+        for tokens, reqs, t1 in self._writes:
+            write_s = self.model.host_write_cpu_s(tokens, gate_s)
+            for req in reqs:
+                if req.first_t is None:
+                    req.first_t = t1 + write_s
+                if self.on_token is not None:
+                    self.on_token(req, t1 + write_s)
+            hold = max(hold, write_s)
+        self._writes = []
+        return hold
 
     def _take_hold(self, dt: float) -> float:
         """How much longer than ``dt`` the step behind pending scheduler CPU time lasts: the

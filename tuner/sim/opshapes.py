@@ -69,6 +69,10 @@ class MoEShape:
 # and the page size from which its copies go as one cudaMemcpyBatchAsync (kLargeCopyThresholdBytes)
 HICACHE_STAGING_PAGES = 64
 HICACHE_BATCHED_COPY_BYTES = 128 * 1024
+# Copies the CUDA driver holds queued on one stream before the issuing thread blocks: measured as
+# the backlog left when a long backup's issue loop ends (done_us - us over the time per copy: 986 to
+# 1,013 copies in every blocked point of results/profiles/h100/tables)
+HICACHE_COPY_QUEUE_CALLS = 1000
 
 
 @dataclass(frozen=True)

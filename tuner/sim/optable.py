@@ -106,6 +106,8 @@ class OpTable:
     mode: str | None = None  # extend_attention: mha | absorbed
     variant: str | None = None  # moe: default | tuned
     name: str | None = None  # gemm: which linear layer it was measured as
+    # hicache_write: when the backup's copies had finished (the copy engine's time), beside ``us``
+    done_us: tuple | None = None
     source: "ProfileFile | None" = field(default=None, compare=False, repr=False)
 
     def lookup_us(self, *x: float) -> float | None:
@@ -166,6 +168,13 @@ class OpTable:
         v = self.lookup_us(*x)
         return None if v is None else v * 1e-6
 
+    def done_table(self) -> "OpTable | None":
+        """The same grid over ``done_us`` (hicache_write), looked up like ``us``; None without it."""
+        if self.done_us is None:
+            return None
+        return OpTable(op=self.op, shape=self.shape, axes=self.axes, grid=self.grid, us=self.done_us,
+                       source=self.source)
+
 
 @dataclass(frozen=True)
 class ProfileFile:
@@ -186,7 +195,7 @@ def _err(path, key, detail) -> ConfigError:
     return ConfigError(detail, file=str(path), key=key)
 
 
-def _check_grid(path, where, axes, grid, us):
+def _check_grid(path, where, axes, grid, us, key="us"):
     if not isinstance(grid, dict):
         raise _err(path, f"{where}.grid", f"must map each axis ({', '.join(axes)}) to a list of values")
     out = []
@@ -202,14 +211,14 @@ def _check_grid(path, where, axes, grid, us):
 
     if len(axes) == 1:
         if not isinstance(us, list) or len(us) != len(out[0]) or not all(ok(v) for v in us):
-            raise _err(path, f"{where}.us", f"must be {len(out[0])} positive numbers or null (one per {axes[0]})")
+            raise _err(path, f"{where}.{key}", f"must be {len(out[0])} positive numbers or null (one per {axes[0]})")
         return tuple(out), tuple(None if v is None else float(v) for v in us)
     if not isinstance(us, list) or len(us) != len(out[0]):
-        raise _err(path, f"{where}.us", f"must be {len(out[0])} rows (one per {axes[0]})")
+        raise _err(path, f"{where}.{key}", f"must be {len(out[0])} rows (one per {axes[0]})")
     rows = []
     for r, row in enumerate(us):
         if not isinstance(row, list) or len(row) != len(out[1]) or not all(ok(v) for v in row):
-            raise _err(path, f"{where}.us[{r}]",
+            raise _err(path, f"{where}.{key}[{r}]",
                        f"must be {len(out[1])} positive numbers or null (one per {axes[1]})")
         rows.append(tuple(None if v is None else float(v) for v in row))
     return tuple(out), tuple(rows)
@@ -262,8 +271,11 @@ def parse_profile(doc: Any, path: str | Path) -> ProfileFile:
         variant = entry.get("variant")
         if op == "moe" and variant not in ("default", "tuned"):
             raise _err(path, f"{where}.variant", "moe needs variant default or tuned")
+        done_us = None
+        if op == "hicache_write" and entry.get("done_us") is not None:
+            _, done_us = _check_grid(path, where, axes, entry.get("grid"), entry.get("done_us"), "done_us")
         holder.append(OpTable(op=op, shape=dict(shape), axes=axes, grid=grid, us=us, mode=mode, variant=variant,
-                              name=entry.get("name"), source=None))
+                              name=entry.get("name"), done_us=done_us, source=None))
     tables = tuple(OpTable(**{**t.__dict__, "source": pf}) for t in holder)
     object.__setattr__(pf, "tables", tables)
     return pf

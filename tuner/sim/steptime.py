@@ -35,8 +35,8 @@ from tuner.planner.weights import BYTES_PER_PARAM
 
 from .calibrate import SpeedupCurve, collapsed_table, tuned_speedup, tuned_table
 from .moe_tiles import best_tile, default_tile, tile_efficiency
-from .opshapes import (HICACHE_BATCHED_COPY_BYTES, HICACHE_STAGING_PAGES, attention_shape, gemms,
-                       host_write_shape, moe_shape)
+from .opshapes import (HICACHE_BATCHED_COPY_BYTES, HICACHE_COPY_QUEUE_CALLS, HICACHE_STAGING_PAGES,
+                       attention_shape, gemms, host_write_shape, moe_shape)
 from .optable import OpTables, tables_for_gpu
 from tuner.catalog.routing import routed_expert_pool
 from .scheduler import version_tuple
@@ -180,8 +180,12 @@ class StepTimeModel:
         self.host_write_per_page = (str(flags.get("hicache-io-backend") or "kernel") == "kernel"
                                     and str(flags.get("hicache-mem-layout") or "page_first") == "page_first")
         self.host_write_call_s = float(calibration["overhead"].get("hicache_write_call_s", 0.0))
+        # the copy engine's time per page copy: a fixed cost, then the bytes over the host link
+        self.host_copy_s = (float(calibration["overhead"].get("hicache_copy_latency_s", 0.0))
+                            + self.host_write.page_tensor_bytes / (gpu.host_link_gbps * 1e9))
         # the scheduler's own time for a backup, timed by ``tuner profile run --ops hicache_write``
         self.host_write_table = find("hicache_write", self.host_write.key) if self.host_write_per_page else None
+        self.host_done_table = self.host_write_table.done_table() if self.host_write_table is not None else None
 
         # ---- routed experts ---------------------------------------------------------------
         self.moe = model.is_moe
@@ -558,31 +562,60 @@ class StepTimeModel:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
         return gpu
 
-    def host_write_cpu_s(self, tokens: int) -> float:
-        """Scheduler CPU time to back ``tokens`` up to the host pool on insert (HiCache
-        write-through): the measured table where one covers this shape, else a count of SGLang
-        0.5.17's runtime calls at ``hicache_write_call_s`` each. With the kernel io backend and the
-        page-first host layout it gathers 64 pages at a time into a staging buffer (one launch
-        each) and copies each page of each KV tensor with its own ``cudaMemcpyAsync`` unless a page
-        spans 128 KiB, when one batched copy takes them all (``transfer_hicache_all_layer_staged_lf_pf``,
-        ``staged_write_back.cuh``); other layouts run one transfer kernel."""
-        if tokens <= 0 or not self.host_write_on_insert:
-            return 0.0
-        table = self.host_write_table
-        if table is not None:
-            v = table.lookup_s(tokens)
-            if v is not None:
-                self._count("hicache_write", table)
-                return v
-        self._count("hicache_write", None)
+    def host_write_calls(self, tokens: int) -> int:
+        """CUDA runtime calls of one backup of ``tokens`` (SGLang 0.5.17): with the kernel io
+        backend and the page-first host layout it gathers 64 pages at a time into a staging buffer
+        (one launch each) and copies each page of each KV tensor with its own ``cudaMemcpyAsync``
+        unless a page spans 128 KiB, when one batched copy takes a launch's pages
+        (``transfer_hicache_all_layer_staged_lf_pf``, ``staged_write_back.cuh``); other layouts run
+        one transfer kernel."""
+        if tokens <= 0:
+            return 0
         shape = self.host_write
         if not self.host_write_per_page:
-            return self.host_write_call_s
+            return 1
         pages = -(-tokens // shape.page_size)
         launches = -(-pages // HICACHE_STAGING_PAGES)
         per_page = shape.page_tensor_bytes < HICACHE_BATCHED_COPY_BYTES
-        copies = pages * shape.tensors if per_page else launches
-        return (launches + copies) * self.host_write_call_s
+        return launches + (pages * shape.tensors if per_page else launches)
+
+    def host_write_cpu_s(self, tokens: int, gate_s: float = 0.0) -> float:
+        """Scheduler CPU time to back ``tokens`` up to the host pool (HiCache write-through),
+        issued onto a write stream that may not start for ``gate_s``.
+
+        The issue time is the measured table's where one covers this shape, else the call count
+        at ``hicache_write_call_s``. The driver queues ``HICACHE_COPY_QUEUE_CALLS`` of them; past
+        that, each further call waits for a copy to finish. The write stream starts behind an
+        event on the scheduler's stream, which the overlap scheduler has made wait for the step
+        it just launched (``_apply_war_barrier``): the whole forward of an extend or eager step,
+        next to nothing behind a decode CUDA graph (its read-done event). So a backup longer than
+        the queue holds the thread until that step ends and the rest has been copied."""
+        if tokens <= 0 or not self.host_write_on_insert:
+            return 0.0
+        calls = self.host_write_calls(tokens)
+        issue = None
+        table = self.host_write_table
+        if table is not None:
+            issue = table.lookup_s(tokens)
+            self._count("hicache_write", table if issue is not None else None)
+        else:
+            self._count("hicache_write", None)
+        if issue is None:
+            issue = calls * self.host_write_call_s
+        if calls <= HICACHE_COPY_QUEUE_CALLS:
+            return issue
+        copied = self.host_done_table.lookup_s(tokens) if self.host_done_table is not None else None
+        if copied is None:
+            copied = calls * self.host_copy_s
+        return max(issue, gate_s + copied * (calls - HICACHE_COPY_QUEUE_CALLS) / calls)
+
+    def write_gate_s(self, ranks: list[RankWork], dt: float) -> float:
+        """How long the step just launched (lasting ``dt``) keeps a backup's write stream from
+        starting: all of it unless it is a decode replayed from a CUDA graph."""
+        prefill = any(w.prefill_tokens or w.load_tokens for w in ranks)
+        if prefill or max((w.decode_reqs for w in ranks), default=0) > self.graph_bs:
+            return dt
+        return 0.0
 
     def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
         """Wall time of one step: the GPU time, and the scheduler's CPU time hidden behind it by

@@ -29,8 +29,11 @@ OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
 STEPS=${STEPS:-qwen3-bf16 qwen3-fp8}
 QUICK=${QUICK:-1}
-HERE=results/profiles/h200
-PROFILES=results/profiles/h200/tables
+# GPU_DIR names the results folder of the card the call gets (with EXPECT_GPU, e.g. GPU_DIR=h100
+# EXPECT_GPU=H100): tables are per GPU
+GPU_DIR=${GPU_DIR:-h200}
+HERE=results/profiles/$GPU_DIR
+PROFILES=$HERE/tables
 t0=$(date +%s)
 LOGS=/tmp/call-logs-profile
 rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS" "$HERE" "$PROFILES"
@@ -53,7 +56,7 @@ profile() {
   local l; l=$(left)
   [ "$l" -gt 60 ] || { echo "$name profile: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return 1; }
   local ts; ts=$(date +%s)
-  timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" $quick "$@" \
+  timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" --hardware "$GPU_DIR" $quick "$@" \
     -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-${LOG_TAG:-$name}.log" 2>&1
   local rc=$?
   echo "$name profile: rc $rc in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
@@ -124,7 +127,7 @@ for step in $STEPS; do
       QUICK_SAVED=$quick; quick=""
       LOG_TAG=qwen3-hostwrite-fp8kv profile fp8kv-hostwrite qwen3-30b-a3b --kv-cache-dtype fp8_e4m3 --ops hicache_write
       LOG_TAG=qwen3-hostwrite-bf16kv profile bf16kv-hostwrite qwen3-30b-a3b --ops hicache_write
-      LOG_TAG=dsv3-hostwrite-fp8kv profile fp8kv-hostwrite deepseek-v3 --kv-cache-dtype fp8_e4m3 --ops hicache_write
+      LOG_TAG=dsv3-hostwrite-fp8kv profile fp8kv-hostwrite deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 --ops hicache_write
       quick=$QUICK_SAVED ;;
     dsv3-8l-routing)  # distinct experts per MoE call in prefill and decode, random weights
       python3 - deepseek-v3 fp8 /tmp/model-routing '{"num_hidden_layers": 8}' <<'PY'
@@ -136,7 +139,7 @@ p = build_plan({"name": sys.argv[1], "overrides": json.loads(sys.argv[4])}, "h20
                {"tp-size": 1, "attention-backend": "triton", "quantization": sys.argv[2]})
 write_model_dir(p.model, p.ckpt, sys.argv[3])
 PY
-      timeout -s INT $(( $(left) - 15 )) python3 "$HERE/routing_probe.py" /tmp/model-routing "$HERE/routing-dsv3-8l.json" \
+      timeout -s INT $(( $(left) - 15 )) python3 results/profiles/h200/routing_probe.py /tmp/model-routing "$HERE/routing-dsv3-8l.json" \
         --kv-cache-dtype fp8_e4m3 --batch-size 64 --input-len 256 --output-len 4 > "$LOGS/routing-dsv3-8l.log" 2>&1
       echo "dsv3-8l-routing: rc $?" | tee -a "$LOGS/steps.log"; tail -8 "$LOGS/routing-dsv3-8l.log" ;;
     dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
@@ -156,7 +159,7 @@ PY
       cat "$LOGS/compose-dsv3-8l-dummy.log" ;;
     comm)
       n=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
-      timeout -s INT -k 5 60 python3 -m tuner profile comm --gpus "$n" --hardware h200 --sizes 4KiB,256KiB,16MiB,256MiB \
+      timeout -s INT -k 5 60 python3 -m tuner profile comm --gpus "$n" --hardware "$GPU_DIR" --sizes 4KiB,256KiB,16MiB,256MiB \
         --iters 10 --repeats 3 -o "$HERE/comm-${n}gpu-check.json" > "$LOGS/comm.log" 2>&1
       echo "comm: rc $?" | tee -a "$LOGS/steps.log"; tail -20 "$LOGS/comm.log" ;;
     *) echo "unknown step $step" | tee -a "$LOGS/steps.log" ;;
