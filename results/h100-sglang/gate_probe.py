@@ -44,8 +44,8 @@ SECOND_TOKENS = 4000
 VOCAB_LO, VOCAB_HI = 1000, 150000
 
 
-def server_command(model_dir: str, port: int, hicache: bool) -> list[str]:
-    flags = {**FLAGS, **(HICACHE if hicache else {})}
+def server_command(model_dir: str, port: int, hicache: bool, page_size: int = 1) -> list[str]:
+    flags = {**FLAGS, **(HICACHE if hicache else {}), **({"page-size": page_size} if page_size > 1 else {})}
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
     for k, v in flags.items():
@@ -92,11 +92,13 @@ async def pattern(session, base: str, kind: str, tokens: int, rng: random.Random
 
 
 async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int) -> list[dict]:
+    """``mode``: off or on (HiCache), with ``:P`` for page size P (default 1)."""
     import aiohttp
 
-    log = open(out / f"server-{mode}.log", "w")
-    proc = subprocess.Popen(server_command(model_dir, port, mode == "on"), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    hicache, _, page = mode.partition(":")
+    log = open(out / f"server-{mode.replace(':', '-page')}.log", "w")
+    proc = subprocess.Popen(server_command(model_dir, port, hicache == "on", int(page or 1)), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     rows = []
     try:
@@ -132,14 +134,14 @@ def write_model(model_dir: str) -> None:
     write_model_dir(p.model, p.ckpt, model_dir)
 
 
-def predicted_ms() -> dict[str, str]:
+def predicted_ms(page_size: int = 1) -> dict[str, tuple[float, float]]:
     """The rule's on - off for the first prompt, from the simulator's own step model."""
     from tuner.catalog import get_gpu, get_model
     from tuner.sim.simulate import _prepare
     from tuner.sim.steptime import RankWork
 
     m, g = get_model(MODEL), get_gpu("h100")
-    flags = {**FLAGS, **HICACHE}
+    flags = {**FLAGS, **HICACHE, **({"page-size": page_size} if page_size > 1 else {})}
     sm = _prepare(m, g, 1, flags, {}, 1, None, None, "0.5.17")[3]  # as simulate_load_point builds it
     out = {}
     for kind, tokens in PATTERNS:
@@ -156,8 +158,15 @@ def predicted_ms() -> dict[str, str]:
 
 def report(out: Path) -> None:
     doc = json.loads((out / "gate-probe.json").read_text())
-    rows = doc["rows"]
-    pred = predicted_ms()
+    pages = sorted({(r["mode"].partition(":")[2] or "1") for r in doc["rows"]}, key=int)
+    for page in pages:
+        print(f"page size {page}:")
+        rows = [{**r, "mode": r["mode"].partition(":")[0]} for r in doc["rows"]
+                if (r["mode"].partition(":")[2] or "1") == page]
+        _report(rows, predicted_ms(int(page)))
+
+
+def _report(rows: list[dict], pred: dict) -> None:
     def gap_ms(mode, name):  # the second prompt's first token after the first's: its prefill's forward
         v = [r["second"]["ttft_s"] - r["first"]["ttft_s"] for r in rows if r["mode"] == mode
              and r["pattern"] == name and r["second"]["ttft_s"] and r["first"]["ttft_s"]]
@@ -191,7 +200,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--reps", type=int, default=8)
-    ap.add_argument("--modes", default="off,on")
+    ap.add_argument("--modes", default="off,on", help="servers in order: off or on (HiCache), :P for page size P")
     ap.add_argument("--port", type=int, default=31000)
     ap.add_argument("--report", action="store_true", help="print the committed result against the rule (CPU)")
     args = ap.parse_args()
