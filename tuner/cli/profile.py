@@ -23,7 +23,9 @@ def profile():
 def _config_options(fn):
     for opt in reversed([
         click.option("--model", required=True, help="Catalog model name (e.g. qwen3-30b-a3b)."),
-        click.option("--hardware", default="h200", show_default=True, help="Catalog GPU name."),
+        click.option("--hardware", default="h200", show_default=True,
+                     help="Catalog GPU name the table is filed under; `run` refuses a machine whose GPU is "
+                          "another (e.g. --hardware h100 on an H100)."),
         click.option("--tp-size", type=int, default=1, show_default=True,
                      help="Tensor parallelism whose per-GPU shapes are timed (one GPU is used)."),
         click.option("--attn-dp-size", type=int, default=None),
