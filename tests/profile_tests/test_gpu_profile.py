@@ -11,6 +11,16 @@ pytestmark = [pytest.mark.gpu,
                                  or importlib.util.find_spec("sglang") is None, reason="needs torch and SGLang")]
 
 
+def _catalog_gpu(device_name: str) -> str:
+    """The catalog GPU this machine's is (profile run refuses to file one GPU's times under another)."""
+    from tuner.catalog import gpus
+
+    for name, g in gpus().items():
+        if g.torch_name.lower() in device_name.lower():
+            return name
+    pytest.skip(f"no catalog GPU is a {device_name!r}")
+
+
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     import torch
@@ -21,7 +31,8 @@ def kernels(tmp_path_factory):
     from tuner.profile.modelcfg import write_model_dir
     from tuner.profile.sglang_kernels import SGLangKernels
 
-    plan = build_plan("qwen3-30b-a3b", "h200", {"tp-size": 1, "attention-backend": "triton"}, quick=True)
+    hardware = _catalog_gpu(torch.cuda.get_device_name(0))
+    plan = build_plan("qwen3-30b-a3b", hardware, {"tp-size": 1, "attention-backend": "triton"}, quick=True)
     d = write_model_dir(plan.model, plan.ckpt, tmp_path_factory.mktemp("model"))
     return plan, SGLangKernels(plan.model, plan.gpu, model_dir=str(d), flags=plan.flags,
                                kv_cache_dtype=plan.kv_cache_dtype)
@@ -50,7 +61,7 @@ def test_a_hicache_backup_is_timed_on_the_host_and_grows_with_its_pages(kernels,
     from tuner.sim.optable import load_profile
 
     plan, k = kernels
-    hw = dataclasses.replace(build_plan("qwen3-30b-a3b", "h200", {**plan.flags, "kv-cache-dtype": "fp8_e4m3"},
+    hw = dataclasses.replace(build_plan("qwen3-30b-a3b", plan.gpu.name, {**plan.flags, "kv-cache-dtype": "fp8_e4m3"},
                                         ops=("hicache_write",)), write_tokens=(64, 4096))
     doc = run_profile(hw, k, CudaGraphTimer(repeats=5))
     table = next(t for t in load_profile(write_profile(doc, tmp_path / "hw.json")).tables if t.op == "hicache_write")
