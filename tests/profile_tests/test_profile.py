@@ -414,3 +414,13 @@ def test_run_profile_refuses_a_gpu_other_than_hardware():
     h100 = build_plan("qwen3-30b-a3b", "h100", QWEN, sglang_version="0.5.17", quick=True, ops=("hicache_write",))
     doc = run_profile(h100, FakeKernels(device="NVIDIA H100 80GB HBM3"), FakeTimer())
     assert doc["gpu"] == "h100" and doc["device_name"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_hicache_write_table_with_a_bad_done_us_is_refused_naming_the_key(tmp_path):
+    plan = build_plan("qwen3-30b-a3b", "h200", {**QWEN, "kv-cache-dtype": "fp8_e4m3"}, sglang_version="0.5.17",
+                      ops=("hicache_write",))
+    doc = run_profile(plan, FakeKernels(), FakeTimer(), provenance={"note": "fake"})
+    doc["ops"][0]["done_us"] = doc["ops"][0]["done_us"][:-1]  # one value short of the grid
+    with pytest.raises(ConfigError) as err:
+        parse_profile(doc, tmp_path / "hw.json")
+    assert err.value.key == "ops[0].done_us" and "positive numbers" in str(err.value)
