@@ -720,10 +720,7 @@ class ReplicaEngine:
         for tokens, reqs, t1 in self._writes:
             write_s = self.model.host_write_cpu_s(tokens, gate_s)
             for req in reqs:
-                if req.first_t is None:
-                    req.first_t = t1 + write_s
-                if self.on_token is not None:
-                    self.on_token(req, t1 + write_s)
+                self._first_token(req, t1 + write_s)
             hold = max(hold, write_s)
         self._writes = []
         return hold
@@ -800,8 +797,12 @@ class ReplicaEngine:
 
     def _prefill_done(self, rank: Rank, req: Req, t: float) -> None:
         req.generated += 1  # the prefill's forward samples the next token
+        self._first_token(req, t)
+        self._join(rank, req, t)
+
+    def _first_token(self, req: Req, t: float) -> None:
+        """A prefill's token streams at ``t`` (the first one, unless a retraction re-prefilled it)."""
         if req.first_t is None:
             req.first_t = t
         if self.on_token is not None:
             self.on_token(req, t)
-        self._join(rank, req, t)

@@ -23,7 +23,7 @@ import bisect
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -170,10 +170,7 @@ class OpTable:
 
     def done_table(self) -> "OpTable | None":
         """The same grid over ``done_us`` (hicache_write), looked up like ``us``; None without it."""
-        if self.done_us is None:
-            return None
-        return OpTable(op=self.op, shape=self.shape, axes=self.axes, grid=self.grid, us=self.done_us,
-                       source=self.source)
+        return None if self.done_us is None else replace(self, us=self.done_us, done_us=None)
 
 
 @dataclass(frozen=True)
