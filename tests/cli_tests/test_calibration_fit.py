@@ -139,3 +139,26 @@ def test_recheck_of_an_h100_records_its_check_beside_the_h200_fit_it_runs(tmp_pa
     assert after[eager].get("rechecked") == old[eager].get("rechecked")
     assert after[eager]["values"] == old[eager]["values"]
     assert [e for i, e in enumerate(after) if i != eager] == [e for i, e in enumerate(old) if i != eager]
+
+
+def test_a_bad_whole_step_file_is_a_clear_error_before_any_fit(tmp_path, capsys):
+    bad = tmp_path / "sets.yaml"
+    bad.write_text("sets:\n  - rows: missing.jsonl\n    model: qwen3-30b-a3b\n    gpu: h200\n")
+    code, err = _main(["calibration", "fit", "--results", RESULTS, "--only-trials", "h200-sglang-qwen3#1",
+                       "--whole-steps", str(bad)], capsys)
+    assert code == 2 and "missing.jsonl" in err and "cannot read" in err
+
+
+def test_whole_steps_join_the_fit_and_are_reported_with_the_source(tmp_path):
+    sets = REPO / "results" / "profiles" / "h200" / "whole-steps.yaml"
+    out = tmp_path / "fit.yaml"
+    res = CliRunner().invoke(cli, ["calibration", "fit", "--results", RESULTS, "--only-trials", "h200-sglang-qwen3#1",
+                                   "--whole-steps", str(sets), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    ws = doc["whole_steps"]
+    assert set(ws) >= {"h200/whole-steps-fp8.jsonl", "h200/whole-steps-bf16.jsonl"}
+    fp8 = ws["h200/whole-steps-fp8.jsonl"]
+    assert fp8["fitted_kinds"] == ["prefill"] and fp8["mean_abs_error_prefill"] < 0.15
+    assert len(fp8["rows"]) == 16 and {r["kind"] for r in fp8["rows"]} == {"prefill", "decode"}
+    assert f"--whole-steps {sets}" in out.read_text().splitlines()[0]

@@ -106,9 +106,16 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the fitted values as a calibration YAML of their own, to try with "
                    "`tuner bench fidelity --calibration FILE` before writing the entry.")
+@click.option("--whole-steps", "whole_step_files", multiple=True, type=click.Path(dir_okay=False),
+              metavar="FILE",
+              help="Also fit to whole forward steps measured alone (SGLang's one-batch benchmark), listed with "
+                   "the configuration that ran them in a set file (tuner/sim/wholesteps.py), e.g. "
+                   "results/profiles/h200/whole-steps.yaml; repeatable. They pin the forward; the windows then "
+                   "say what the scheduler adds.")
 @profiles_option
 @json_option
-def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, profile_dirs, as_json):
+def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, whole_step_files, profile_dirs,
+        as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
     Stage 1 fits the decode and prefill mechanism (scheduler CPU per step and per request, fixed
@@ -129,6 +136,9 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
         if not as_json:
             click.echo(msg, err=True)
 
+    from tuner.sim.wholesteps import read_whole_step_sets
+
+    whole_steps = [ws for f in whole_step_files for ws in read_whole_step_sets(f)]
     all_trials, all_points = load_real_data(results_dirs)
     selection = TrialSelection.parse(only_trials, exclude_trials)
     if not selection.everything:
@@ -147,8 +157,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
     base, held = fit_base(trials[0].gpu.name, context)
     if held:
         say(f"held from the fits of other contexts (valid here): {', '.join(held)}")
+    if whole_steps:
+        say(f"{sum(len(ws.steps) for ws in whole_steps)} whole steps in {len(whole_steps)} sets: "
+            f"{', '.join(ws.label for ws in whole_steps)}")
     res = calibrate(trials, points, calibration=base, held=held,
-                    progress=lambda m: say(m) if "prefill scale" in m else None)
+                    progress=lambda m: say(m) if "prefill scale" in m else None, whole_steps=whole_steps)
     doc = {
         "context": context, "trials": res.trials, "left_out": left_out, "windows": res.windows,
         "held": held,
@@ -158,9 +171,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
                         "held": is_held(p.path, held),
                         "at_bound": p.name in res.at_bound} for p in PARAMETERS],
         "prefill_scale": None if res.prefill_scale is None else {
-            "scale": res.prefill_scale.scale, "points": res.prefill_scale.points},
+            "scale": res.prefill_scale.scale, "fitted": res.prefill_scale.fitted,
+            "points": res.prefill_scale.points},
         "warmup_stalls": None if res.warmup is None else res.warmup.as_dict(),
         "residuals": res.residuals, "calibration": res.as_overrides(),
+        "whole_steps": res.whole_steps,
     }
     say("checking the calibrated simulator on every load point of the context (tuner bench fidelity)")
     # with the values as they are written (rounded), over what they are written on, so the record
@@ -179,7 +194,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
                              "mape": _rounded(doc["unseen"]["mape"]),
                              "verdict_agreement": doc["unseen"]["verdict_agreement"]}
     if hold_out != "none":
-        doc["held_out"] = held_out(trials, points, by=hold_out, progress=say)
+        doc["held_out"] = held_out(trials, points, by=hold_out, progress=say, whole_steps=whole_steps)
         checked["held_out"] = {"by": hold_out, "mape": _rounded(doc["held_out"]["mape"]),
                                "verdict_agreement": doc["held_out"]["verdict_agreement"]}
     if write:
@@ -187,13 +202,13 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, pr
         name = f"{gpu}-sglang-{context['sglang_version']}-{context['attention_backend']}" + (
             "" if context["prefill_cuda_graph"] else "-eager-prefill")
         path = write_fitted(gpu, when=context, values=res.as_overrides(), name=name,
-                            source=_source(results_dirs, res, selection), checked=checked, trials=res.trials)
+                            source=_source(results_dirs, res, selection, whole_step_files), checked=checked, trials=res.trials)
         doc["written"] = str(path)
     if out_path:
         # values fitted over another context's (held) apply on this context's trials only
         doc["try_it"] = f"tuner bench fidelity --calibration {out_path}" + (
             f" --only-trials {','.join(res.trials)}" if held else "")
-        doc["out"] = str(_write_override(out_path, res.as_overrides(), _source(results_dirs, res, selection),
+        doc["out"] = str(_write_override(out_path, res.as_overrides(), _source(results_dirs, res, selection, whole_step_files),
                                          doc["try_it"]))
     if as_json:
         emit_json(doc)
@@ -339,9 +354,10 @@ def _fidelity_record(load_points: int, summary: dict, command: str) -> dict:
             "verdict_agreement": summary["verdict_agreement"], "date": date.today().isoformat(), "command": command}
 
 
-def _source(results_dirs, res, selection) -> str:
+def _source(results_dirs, res, selection, whole_step_files=()) -> str:
     chosen = "".join(f" --only-trials {','.join(selection.only)}" if selection.only else "") + (
         f" --exclude-trials {','.join(selection.exclude)}" if selection.exclude else "")
+    chosen += "".join(f" --whole-steps {f}" for f in whole_step_files)
     return (f"tuner calibration fit --results {' '.join(results_dirs)}{chosen} on {date.today().isoformat()}: "
             f"{len(res.trials)} trials ({', '.join(res.trials)}), {res.windows} decode windows; docs/calibration.md")
 
@@ -368,7 +384,10 @@ def _format_fit(doc: dict) -> str:
         lines.append(f"{p['name']:<50}{p['prior']:>12.4g}{fitted:>12}  {p['meaning']}{note}")
     ps = doc["prefill_scale"]
     if ps:
-        lines.append(f"\nprefill scale {ps['scale']:.3f} (simulated = SGLang's prefill-forward stage on warm servers):")
+        lines.append(f"\nprefill scale {ps['scale']:.3f} (simulated = SGLang's prefill-forward stage on warm servers):"
+                     if ps.get("fitted", True) else
+                     "\nprefill scale not fitted (what it would scale barely moves the stage: a launch cost the kernels "
+                     "hide, the rest held); SGLang's prefill-forward stage on warm servers, a check:")
         for r in ps["points"]:
             lines.append(f"  {r['label']:<32} prefill forward {r['simulated_prefill_forward_s'] * 1e3:6.1f} ms "
                          f"simulated / {r['measured_prefill_forward_s'] * 1e3:6.1f} ms measured")
@@ -382,6 +401,12 @@ def _format_fit(doc: dict) -> str:
                      + (f"{c['per_new_kernel_s']:g} s per fused-MoE variant new to the server "
                         f"({len(c['moe_config_groups'])} tile-config groups)" if "per_new_kernel_s" in c else
                         f"{c['per_start']:g} per start x {c['stall_s']:g} s, decay {c['decay_s']:g} s"))
+    if doc.get("whole_steps"):
+        lines.append("\nwhole forward steps (calibrated model against the one-batch benchmark), mean |error|:")
+        for label, r in doc["whole_steps"].items():
+            parts = [f"{k} {r['mean_abs_error_' + k]:.1%}" + ("" if k in r["fitted_kinds"] else " (not fitted)")
+                     for k in ("decode", "prefill") if r["mean_abs_error_" + k] is not None]
+            lines.append(f"  {label:<40} {r['gpu']}: {r['mean_abs_error']:.1%} ({', '.join(parts)})")
     lines.append("\nwindow-time error per trial (calibrated model against the log):")
     for label, r in doc["residuals"].items():
         lines.append(f"  {label:<32} {r['windows']:4d} windows, median |error| {r['median_abs_error']:.1%}, "

@@ -13,7 +13,6 @@ decode residual per batch size) in the profile as its ``step_overhead`` table.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
@@ -22,74 +21,11 @@ from tuner.planner import parse_layout, plan_memory
 from tuner.sim.calibrate import load_calibration
 from tuner.sim.optable import OpTables, load_profile
 from tuner.sim.simulate import build_step_model
-from tuner.sim.steptime import RankWork
+from tuner.sim.wholesteps import WholeStep, read_whole_steps, step_work
 from tuner.sim.optable import clear_cache, parse_profile
 from .runner import write_profile
 
 TOLERANCE = 0.10
-
-
-@dataclass(frozen=True)
-class WholeStep:
-    kind: str  # prefill | decode
-    batch: int
-    tokens: int  # prefill: new tokens per request; decode: context per request
-    prefix: int
-    seconds: float
-    source: str
-
-
-def read_whole_steps(path: str | Path) -> list[WholeStep]:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc}", file=str(path)) from None
-    rows = []
-    try:
-        data = json.loads(text)
-        rows = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"line {n}: not JSON: {exc}", file=str(path)) from None
-    out: list[WholeStep] = []
-    for i, r in enumerate(rows):
-        where = f"row {i + 1}"
-        if not isinstance(r, dict):
-            raise ConfigError(f"{where}: expected an object", file=str(path))
-        if "prefill_latency" in r or "median_decode_latency" in r:  # SGLang bench_one_batch
-            try:
-                bs, inp, outp = int(r["batch_size"]), int(r["input_len"]), int(r.get("output_len", 1))
-            except (KeyError, TypeError, ValueError):
-                raise ConfigError(f"{where}: bench_one_batch rows need batch_size, input_len, output_len",
-                                  file=str(path)) from None
-            if r.get("prefill_latency"):
-                out.append(WholeStep("prefill", bs, inp, 0, float(r["prefill_latency"]), "bench_one_batch"))
-            if r.get("median_decode_latency") and outp > 1:
-                out.append(WholeStep("decode", bs, inp + outp // 2, 0, float(r["median_decode_latency"]),
-                                     "bench_one_batch"))
-            continue
-        kind = r.get("kind")
-        try:
-            if kind == "decode":
-                out.append(WholeStep("decode", int(r["batch"]), int(r["context"]), 0, float(r["seconds"]),
-                                     "server"))
-            elif kind == "prefill":
-                out.append(WholeStep("prefill", int(r["batch"]), int(r["new_tokens"]), int(r.get("prefix", 0)),
-                                     float(r["seconds"]), "server"))
-            else:
-                raise ConfigError(f"{where}: kind must be decode or prefill (or give bench_one_batch rows)",
-                                  file=str(path))
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"{where}: {kind} rows need batch, {'context' if kind == 'decode' else 'new_tokens'}"
-                              f" and seconds", file=str(path)) from None
-    if not out:
-        raise ConfigError("no whole steps in the file", file=str(path))
-    return out
 
 
 def _paths(profile_path) -> list:
@@ -121,13 +57,7 @@ def _step_model(profile_path, model_overrides: dict | None = None, load_format: 
     return st, pf, doc
 
 
-def _work(step: WholeStep):
-
-    if step.kind == "decode":
-        return [RankWork(decode_reqs=step.batch, decode_ctx_tokens=step.batch * step.tokens)]
-    n, p = step.tokens, step.prefix
-    return [RankWork(prefill_tokens=step.batch * n, prefill_seqs=step.batch,
-                     prefill_ctx_units=step.batch * n * (p + n / 2), extend_items=[(n, p)] * step.batch)]
+_work = step_work
 
 
 def compose(profile_path, steps: list[WholeStep], model_overrides: dict | None = None,

@@ -57,8 +57,9 @@ from .measured import find_sources, points_from_database
 from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
-from .warmup import (KEY as STALL_KEY, default_split_m, groups_for, fit_decay_s, moe_config_key, moe_variant,
-                     triton_moe_shape)
+from .wholesteps import WholeStepSet
+from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, default_split_m, groups_for, fit_decay_s, moe_config_key,
+                     moe_variant, triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,7 @@ def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: b
     return t
 
 
+WHOLE_STEP_WEIGHT = 0.5  # the whole steps together against all the windows (least-squares weight)
 MIN_WINDOWS_FOR_A_MODE = 30  # prefill batches of a kind the data must hold before its efficiency is fitted
 
 
@@ -299,6 +301,7 @@ class FitResult:
     held: list[str] = field(default_factory=list)  # value paths another context's fit gives (calibrate.fit_base)
     prefill_scale: "PrefillScale | None" = None
     warmup: "WarmupStalls | None" = None
+    whole_steps: dict[str, dict] = field(default_factory=dict)  # set label -> whole_step_errors()
 
     def as_overrides(self) -> dict:
         """The calibration keys this fit set, with their final values (after the prefill scale)."""
@@ -348,9 +351,15 @@ def is_held(path: tuple[str, ...], held: Iterable[str]) -> bool:
 
 
 def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters: Iterable[Parameter] = PARAMETERS,
-        held: Iterable[str] = (), progress: Callable[[str], None] | None = None) -> FitResult:
+        held: Iterable[str] = (), progress: Callable[[str], None] | None = None,
+        whole_steps: Iterable[WholeStepSet] = (), whole_step_weight: float = WHOLE_STEP_WEIGHT) -> FitResult:
     """Least squares of the relative window-time error over the parameters the data can see, but
-    those ``held`` (value paths another context's fit gives: ``calibrate.fit_base``)."""
+    those ``held`` (value paths another context's fit gives: ``calibrate.fit_base``).
+
+    ``whole_steps``: forward steps measured alone (``tuner.sim.wholesteps``), whose relative errors
+    join the windows' with, together, ``whole_step_weight`` times the windows' weight: they pin
+    the forward (kernels, launch, weight and KV streaming), so the windows are left to say what
+    the scheduler adds."""
     from scipy.optimize import least_squares  # heavy
 
     if not trials:
@@ -372,6 +381,12 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
         return cal
 
     walls = [np.array([w.wall_s for w in t.windows]) for t in trials]
+    whole_steps = list(whole_steps)
+    fitted_steps = [ws.fitted_steps for ws in whole_steps]
+    measured_steps = [np.array([s.seconds for s in steps]) for steps in fitted_steps]
+    n_steps = sum(len(m) for m in measured_steps)
+    # per row, so that the rows together weigh whole_step_weight x the windows (a least-squares weight)
+    step_w = math.sqrt(whole_step_weight * sum(len(w) for w in walls) / n_steps) if n_steps else 0.0
     evals = [0]
 
     def residuals(x):
@@ -379,6 +394,9 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
         res = [_prior_residuals(free, x, prior)]
         for t, wall in zip(trials, walls):
             res.append((trial_window_times(t, cal) - wall) / wall)
+        for ws, steps, meas in zip(whole_steps, fitted_steps, measured_steps):
+            if steps:
+                res.append(step_w * (np.array(ws.predicted_s(cal, steps)) - meas) / meas)
         evals[0] += 1
         if progress and evals[0] % 25 == 0:
             progress(f"fit: {evals[0]} evaluations")
@@ -389,7 +407,7 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
     best = None
     # A step is max(GPU, CPU): while the CPU floor sits below every GPU step its gradient is 0, so
     # the floor starts near the data's fastest decode steps.
-    for start in _starts(free, prior, trials):
+    for start in _starts(free, prior, trials, whole_steps):
         x0 = np.clip(start, lo + 1e-12, hi - 1e-12)
         sol = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale="jac",
                             diff_step=1e-3, max_nfev=200)
@@ -401,13 +419,31 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
     at_bound = [p.name for p, v in zip(free, sol.x) if v <= p.lower * 1.001 or v >= p.upper * 0.999]
     return FitResult(values=values, prior=prior, fixed=fixed, trials=[t.label for t in trials],
                      windows=sum(len(t.windows) for t in trials), residuals=residual_summary(trials, cal),
-                     calibration=cal, at_bound=at_bound, held=held)
+                     calibration=cal, at_bound=at_bound, held=held,
+                     whole_steps={ws.label: whole_step_errors(ws, cal) for ws in whole_steps})
+
+
+def whole_step_errors(ws: WholeStepSet, calibration: dict) -> dict:
+    """How far the calibrated forward is from a set's whole steps: mean |error| by kind, and
+    every row's signed error."""
+    rows = []
+    for s, pred in zip(ws.steps, ws.predicted_s(calibration)):
+        rows.append({"kind": s.kind, "batch": s.batch, "tokens": s.tokens, "prefix": s.prefix,
+                     "measured_s": s.seconds, "predicted_s": pred, "error": (pred - s.seconds) / s.seconds})
+
+    def mean_abs(kind=None):
+        v = [abs(r["error"]) for r in rows if kind in (None, r["kind"])]
+        return float(np.mean(v)) if v else None
+
+    return {"gpu": ws.gpu.name, "fitted_kinds": list(ws.fit_kinds), "mean_abs_error": mean_abs(),
+            "mean_abs_error_decode": mean_abs("decode"), "mean_abs_error_prefill": mean_abs("prefill"), "rows": rows}
 
 
 # ---- stage 2: prefill time from SGLang's own prefill-forward stage -------------------------------
 
 PREFILL_COMPUTE = (("compute_efficiency", "dense"), ("compute_efficiency", "moe"))
 SCALE_BOUNDS = (0.4, 4.0)
+SCALE_MIN_EFFECT = 0.2  # d log(stage) / d log(scale) below which the stage cannot set the scale
 
 
 @dataclass
@@ -417,6 +453,7 @@ class PrefillScale:
 
     scale: float
     points: list[dict]  # per load point: label, measured and simulated stage means at the scale
+    fitted: bool = True  # False: left at 1 (the scaled values barely move the stage), the stages a check
 
     @property
     def log_ratio_spread(self) -> float:
@@ -492,14 +529,18 @@ def fit_prefill_scale(points, calibration: dict, progress: Callable[[str], None]
         return PrefillScale(1.0, rows)
     # bracket: the stage grows with the scale
     a, b = (1.0, min(hi, 2.0)) if e1 < 0 else (max(lo, 0.5), 1.0)
-    ea, eb = (e1, None) if e1 < 0 else (None, e1)
-    if eb is None:
-        eb, rows_b = evaluate(b)
+    # what the scale acts on must move the stage: where the values left to scale (a launch cost
+    # the kernels hide, the others held) barely do, the scale is not fitted and the stage is a check
+    probe = b if e1 < 0 else a
+    e_probe, _ = evaluate(probe)
+    if abs(e_probe - e1) < SCALE_MIN_EFFECT * abs(math.log(probe)):
+        return PrefillScale(1.0, rows, fitted=False)
+    ea, eb = (e1, e_probe) if e1 < 0 else (e_probe, e1)
+    if e1 < 0:
         while eb < 0 and b < hi:
             a, ea, b = b, eb, min(hi, b * 1.6)
             eb, rows_b = evaluate(b)
-    if ea is None:
-        ea, rows_a = evaluate(a)
+    else:
         while ea > 0 and a > lo:
             b, eb, a = a, ea, max(lo, a / 1.6)
             ea, rows_a = evaluate(a)
@@ -609,6 +650,9 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
                 shape_groups = groups_for(shape, None, t.gpu.device_name, t.sglang_version)
             if shape_groups:
                 used[key] = shape_groups
+            elif shape_groups == [] and default_split_m(shape, shape_groups) is None:
+                # no file: SGLang's default block-fp8 config, one for every M (what the logs show)
+                used[key] = [list(MOE_CONFIG_KEYS)]
         split = default_split_m(shape, shape_groups) if shape is not None else None
         by_log: dict[str, list] = {}
         for w, p in zip(t.windows, pred):
@@ -647,10 +691,12 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
 
 
 def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = None, held: Iterable[str] = (),
-              progress: Callable[[str], None] | None = None) -> FitResult:
-    """Every stage: the window fit, the prefill scale, then the fresh-server stalls; none moves the
-    values ``held`` (another context's fit gives them: ``calibrate.fit_base``)."""
-    res = fit(trials, calibration=calibration, held=held, progress=progress)
+              progress: Callable[[str], None] | None = None,
+              whole_steps: Iterable[WholeStepSet] = ()) -> FitResult:
+    """Every stage: the window fit (with any whole steps), the prefill scale, then the fresh-server
+    stalls; none moves the values ``held`` (another context's fit gives them: ``calibrate.fit_base``)."""
+    whole_steps = list(whole_steps)
+    res = fit(trials, calibration=calibration, held=held, progress=progress, whole_steps=whole_steps)
     pts = [p for p in points if any(p.study == t.study and p.trial == t.trial for t in trials)]
     if steady_points(pts):
         scale = fit_prefill_scale(pts, res.calibration, progress, held=res.held)
@@ -662,6 +708,7 @@ def calibrate(trials: list[TrialSteps], points, *, calibration: dict | None = No
     if res.warmup is not None:
         res.calibration[STALL_KEY] = res.warmup.as_calibration()
     res.residuals = residual_summary(trials, res.calibration)
+    res.whole_steps = {ws.label: whole_step_errors(ws, res.calibration) for ws in whole_steps}
     return res
 
 
@@ -681,14 +728,36 @@ def _prior_residuals(free: list[Parameter], x, prior: dict[str, float]) -> np.nd
     return np.array(out)
 
 
-def _starts(free: list[Parameter], prior: dict[str, float], trials: list[TrialSteps]) -> list[list[float]]:
+def _starts(free: list[Parameter], prior: dict[str, float], trials: list[TrialSteps],
+            whole_steps: Iterable[WholeStepSet] = ()) -> list[list[float]]:
     x = [prior[p.name] for p in free]
     names = [p.name for p in free]
     if "overhead.cpu_step_s" in names:
         steps = [w.wall_s / w.interval for t in trials for w in t.windows if not w.prefills]
         if steps:  # the floor at the fastest decode steps: its gradient is not 0 there
             x[names.index("overhead.cpu_step_s")] = float(np.quantile(steps, 0.1)) * 0.8
-    return [x]
+    # a prefill's launch cost is hidden behind longer kernels (max): it starts near the fastest
+    # whole prefill of its mode, where it binds, so that its gradient is not 0
+    for name, graph in (("overhead.eager_prefill_per_layer_s", False), ("overhead.prefill_per_layer_s", True)):
+        fastest = [s.seconds / ws.model.num_layers for ws in whole_steps
+                   if ws.prefill_graph == graph for s in ws.fitted_steps if s.kind == "prefill"]
+        if name in names and fastest:
+            p = free[names.index(name)]
+            x[names.index(name)] = min(p.upper, max(p.lower, 0.9 * min(fastest)))
+    starts = [x]
+    # without such a step, also from a launch cost that binds the windows' short prefills (about a
+    # millisecond per layer, as Python launches an eager prefill's kernels): the best start wins
+    launch = [names.index(n) for n in LAUNCH_PARAMETERS if n in names and x[names.index(n)] == prior[n]]
+    if launch:
+        y = list(x)
+        for i in launch:
+            y[i] = min(free[i].upper, max(free[i].lower, LAUNCH_START_S))
+        starts.append(y)
+    return starts
+
+
+LAUNCH_PARAMETERS = ("overhead.eager_prefill_per_layer_s", "overhead.prefill_per_layer_s")
+LAUNCH_START_S = 1e-3
 
 
 def _prior(cal: dict, p: Parameter) -> float:

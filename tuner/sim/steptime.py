@@ -263,7 +263,9 @@ class StepTimeModel:
         if fmt == "bf16":
             return g.bf16_tflops * 1e12
         if fmt == "fp8_block":
-            return g.fp8_tflops * 1e12
+            # SGLang's block-fp8 Triton kernels rescale every 128-wide K block inside the loop, so
+            # they run near the bf16 rate, not the fp8 peak (docs/calibration.md)
+            return min(g.fp8_tflops, g.bf16_tflops * self.cal["fp8_block_rate_vs_bf16"]) * 1e12
         if g.fp4_tflops and g.sm_version >= 100:
             return g.fp4_tflops * 1e12
         # no FP4 tensor cores: dequantize to bf16 in the GEMM prologue
@@ -507,9 +509,11 @@ class StepTimeModel:
         return total + self.moe_fixed_s
 
     # ---- one synchronised step of all ranks -------------------------------------------------
-    def gpu_time(self, ranks: list[RankWork], overheads: bool = True) -> float:
+    def gpu_time(self, ranks: list[RankWork], overheads: bool = True, thread_busy_s: float = 0.0) -> float:
         """GPU time of one synchronised step of all ranks; ``overheads=False`` leaves out what no
-        operator table measures (fixed per-step time, launch costs, DP sync): the per-op sum."""
+        operator table measures (fixed per-step time, launch costs, DP sync): the per-op sum.
+        ``thread_busy_s``: the scheduler thread's other work in the step, which a prefill's
+        launches (on the same thread) wait behind."""
         worst = 0.0
         tokens = 0
         prefill = False
@@ -552,13 +556,16 @@ class StepTimeModel:
         ov = self._overhead_cache.get(max_bs)
         if ov is None:
             ov = self._overhead_cache[max_bs] = self.step_overhead_time(max_bs)
-        gpu += ov + self.dp_sync_s
         if prefill:
-            # a prefill step's fixed cost: building the batch (prefix matches, KV allocation, the
-            # request-to-token table, sampling the first tokens) and launching its layers, which
-            # without prefill CUDA graphs are launched from Python one kernel at a time
-            gpu += self.prefill_batch_s + (self.prefill_ov_s if self.prefill_graph else self.eager_prefill_s)
-        elif max_bs > self.graph_bs:
+            # launching a prefill's layers (from Python one kernel at a time without prefill CUDA
+            # graphs; the breakable graphs' eager attention between segments with them) runs ahead
+            # of its kernels, so the step is the longer of the two: launch-bound for short prompts,
+            # kernel-bound for long ones (results/h100-sglang/prefill-probe); plus building the batch
+            # (prefix matches, KV allocation, the request-to-token table)
+            launch = self.prefill_ov_s if self.prefill_graph else self.eager_prefill_s
+            return max(gpu + ov, launch + thread_busy_s) + self.prefill_batch_s + self.dp_sync_s
+        gpu += ov + self.dp_sync_s
+        if max_bs > self.graph_bs:
             gpu += self.eager_s  # decode batch larger than the captured CUDA graphs: eager launch
         return gpu
 
@@ -620,9 +627,11 @@ class StepTimeModel:
     def step_time(self, ranks: list[RankWork], running: int = 0, overlap: bool = True) -> float:
         """Wall time of one step: the GPU time, and the scheduler's CPU time hidden behind it by
         the overlap scheduler (or added to it without)."""
-        gpu = self.gpu_time(ranks)
         cpu = self.cpu_step_s + self.per_req_s * running
-        return max(gpu, cpu) if overlap else gpu + cpu
+        if not overlap:
+            return self.gpu_time(ranks) + cpu
+        # a prefill's launches and the scheduler's other work share one thread (gpu_time)
+        return max(self.gpu_time(ranks, thread_busy_s=cpu), cpu)
 
     # ---- provenance ---------------------------------------------------------------------------
     def source_summary(self) -> dict:
