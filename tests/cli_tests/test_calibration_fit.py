@@ -162,3 +162,20 @@ def test_whole_steps_join_the_fit_and_are_reported_with_the_source(tmp_path):
     assert fp8["fitted_kinds"] == ["prefill"] and fp8["mean_abs_error_prefill"] < 0.15
     assert len(fp8["rows"]) == 16 and {r["kind"] for r in fp8["rows"]} == {"prefill", "decode"}
     assert f"--whole-steps {sets}" in out.read_text().splitlines()[0]
+
+
+def test_whole_steps_are_predicted_under_each_sets_own_entry(tmp_path):
+    sets = REPO / "results" / "h100-sglang" / "prefill-probe" / "whole-steps.yaml"
+    res = CliRunner().invoke(cli, ["calibration", "whole-steps", str(sets), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)["sets"]
+    assert set(doc) == {"prefill-probe/one-batch-eager.jsonl", "prefill-probe/one-batch-graph.jsonl"}
+    eager, graph = doc["prefill-probe/one-batch-eager.jsonl"], doc["prefill-probe/one-batch-graph.jsonl"]
+    assert eager["gpu"] == graph["gpu"] == "h100"
+    # the same kernels, another launch cost: a short prompt's step differs by mode, a long one's not
+    short = lambda d: next(r for r in d["rows"] if r["kind"] == "prefill" and r["tokens"] == 64)  # noqa: E731
+    long_ = lambda d: next(r for r in d["rows"] if r["kind"] == "prefill" and r["tokens"] == 8192)  # noqa: E731
+    assert short(eager)["predicted_s"] > 2 * short(graph)["predicted_s"]
+    assert long_(eager)["predicted_s"] == pytest.approx(long_(graph)["predicted_s"], rel=0.05)
+    text = CliRunner().invoke(cli, ["calibration", "whole-steps", str(sets), "--rows"]).output
+    assert "prefill-probe/one-batch-eager.jsonl" in text and "8192 tokens" in text

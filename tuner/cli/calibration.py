@@ -309,6 +309,48 @@ def recheck(results_dirs, write, as_json):
                 click.echo(f"  recorded in {row['written']}")
 
 
+@calibration.command("whole-steps")
+@click.argument("set_files", nargs=-1, required=True, type=click.Path(dir_okay=False), metavar="SET_FILE...")
+@click.option("--calibration", "calibration_file", type=click.Path(dir_okay=False), default=None,
+              help="A calibration file of fitted values to try (`tuner calibration fit --out`) instead of the "
+                   "committed entries.")
+@click.option("--rows", "show_rows", is_flag=True, help="Also print every step, predicted against measured.")
+@json_option
+def whole_steps(set_files, calibration_file, show_rows, as_json):
+    """Predict whole forward steps measured alone (SGLang's one-batch benchmark) with the committed
+    calibration, each set under its own configuration's entry, and print the mean |error| by kind.
+
+    SET_FILE lists the rows and what ran them (tuner/sim/wholesteps.py), e.g.
+    results/profiles/h200/whole-steps.yaml or results/h100-sglang/prefill-probe/whole-steps.yaml.
+    """
+    from tuner.sim.calibrate import calibration_context, load_calibration
+    from tuner.sim.stepfit import whole_step_errors
+    from tuner.sim.wholesteps import read_whole_step_sets
+
+    docs = {}
+    for f in set_files:
+        for ws in read_whole_step_sets(f):
+            cal = load_calibration(ws.gpu.name, calibration_file,
+                                   context=calibration_context(ws.model, ws.gpu, ws.flags, ws.sglang_version))
+            docs[ws.label] = whole_step_errors(ws, cal)
+    if as_json:
+        emit_json({"sets": docs})
+        return
+
+    def pct(v):
+        return "-" if v is None else f"{v:.1%}"
+
+    click.echo(f"{'set':<42}{'gpu':>6}{'all':>8}{'prefill':>9}{'decode':>8}  fitted kinds")
+    for label, e in docs.items():
+        click.echo(f"{label:<42}{e['gpu']:>6}{pct(e['mean_abs_error']):>8}{pct(e['mean_abs_error_prefill']):>9}"
+                   f"{pct(e['mean_abs_error_decode']):>8}  {', '.join(e['fitted_kinds'])}")
+        if show_rows:
+            for r in e["rows"]:
+                click.echo(f"    {r['kind']:<8} batch {r['batch']:>3} x {r['tokens']:>6} tokens: "
+                           f"{r['predicted_s'] * 1e3:9.1f} ms predicted, {r['measured_s'] * 1e3:9.1f} measured "
+                           f"({r['error']:+.1%})")
+
+
 @calibration.command("host-link")
 @click.option("--results", "results_dirs", multiple=True, default=("results",), show_default=True,
               help="Directory (or database) with real measurements, as `tuner bench fidelity` reads them. "
