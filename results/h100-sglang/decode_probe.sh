@@ -10,13 +10,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-420}
 t0=$(date +%s)
-LOGS=/tmp/call-logs-decode
-rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
-trap 'cp "$LOGS"/*.log "$OUT/" 2>/dev/null; jit_cache_save 2>/dev/null' EXIT
 source results/h200-sglang/kit-setup.sh
-EXPECT_GPU=${EXPECT_GPU-} expect_gpu || exit 3
-kit_setup || exit 1
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.csv"
+probe_call_setup /tmp/call-logs-decode || exit $?
 python3 -c 'import sys; sys.path.insert(0, "results/h100-sglang"); from gate_probe import write_model; write_model("/tmp/model-gate-probe")'
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 # name batches input-lens: each run is one server-less engine (its start ~40 s)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -91,31 +92,21 @@ async def pattern(session, base: str, kind: str, tokens: int, rng: random.Random
     return {"first": await first, "second": await second}
 
 
-async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int) -> list[dict]:
-    """``mode``: off or on (HiCache), with ``:P`` for page size P (default 1)."""
+@contextlib.asynccontextmanager
+async def serving(cmd: list[str], log_path: Path, port: int, label: str):
+    """A server started with ``cmd`` (its output in ``log_path``), once ready on the loopback
+    ``port``: yields (client session, base URL); on exit its whole process group is stopped."""
     import aiohttp
 
-    hicache, _, page = mode.partition(":")
-    log = open(out / f"server-{mode.replace(':', '-page')}.log", "w")
-    proc = subprocess.Popen(server_command(model_dir, port, hicache == "on", int(page or 1)), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    rows = []
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             t0 = time.time()
             await wait_ready(session, base, proc, 300)
-            print(f"{mode}: ready in {time.time() - t0:.0f} s", flush=True)
-            rng = random.Random(seed)
-            for kind, tokens in PATTERNS:  # warm-up: every shape once (kernel compiles)
-                await pattern(session, base, kind, tokens, rng)
-                await asyncio.sleep(0.3)
-            for rep in range(reps):
-                for kind, tokens in PATTERNS:
-                    got = await pattern(session, base, kind, tokens, rng)
-                    rows.append({"mode": mode, "pattern": f"{kind}-{tokens}", "rep": rep, **got})
-                    await asyncio.sleep(0.3)  # idle between patterns: each starts on an empty server
-            print(f"{mode}: {len(rows)} patterns measured", flush=True)
+            print(f"{label}: ready in {time.time() - t0:.0f} s", flush=True)
+            yield session, base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -123,6 +114,24 @@ async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int) -> list[dict]:
+    """``mode``: off or on (HiCache), with ``:P`` for page size P (default 1)."""
+    hicache, _, page = mode.partition(":")
+    cmd = server_command(model_dir, port, hicache == "on", int(page or 1))
+    rows = []
+    async with serving(cmd, out / f"server-{mode.replace(':', '-page')}.log", port, mode) as (session, base):
+        rng = random.Random(seed)
+        for kind, tokens in PATTERNS:  # warm-up: every shape once (kernel compiles)
+            await pattern(session, base, kind, tokens, rng)
+            await asyncio.sleep(0.3)
+        for rep in range(reps):
+            for kind, tokens in PATTERNS:
+                got = await pattern(session, base, kind, tokens, rng)
+                rows.append({"mode": mode, "pattern": f"{kind}-{tokens}", "rep": rep, **got})
+                await asyncio.sleep(0.3)  # idle between patterns: each starts on an empty server
+        print(f"{mode}: {len(rows)} patterns measured", flush=True)
     return rows
 
 

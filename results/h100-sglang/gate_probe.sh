@@ -7,13 +7,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-400}
-LOGS=/tmp/call-logs-gate
-rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
-trap 'cp "$LOGS"/*.log "$OUT/" 2>/dev/null; jit_cache_save 2>/dev/null' EXIT
 source results/h200-sglang/kit-setup.sh
-EXPECT_GPU=${EXPECT_GPU-} expect_gpu || exit 3
-kit_setup || exit 1
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.csv"
+probe_call_setup /tmp/call-logs-gate || exit $?
 timeout -s INT $(( LIMIT - 20 )) python3 results/h100-sglang/gate_probe.py --out "$OUT" --reps "${REPS:-8}" --modes "${MODES:-off,on}" 2>&1 \
   | tee "$LOGS/gate-probe.log" | grep -v "^\[" | tail -20
 python3 results/h100-sglang/gate_probe.py --out "$OUT" --report 2>&1 | tee "$LOGS/report.log"

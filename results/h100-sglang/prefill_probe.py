@@ -25,17 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, wait_ready, write_model  # noqa: E402
+from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, write_model  # noqa: E402
 
 FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.85,
          "attention-backend": "triton", "sampling-backend": "pytorch", "schedule-policy": "fcfs",
@@ -82,35 +79,18 @@ async def run_pattern(session, base: str, prefix: int, new: int, rng: random.Ran
 
 
 async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int) -> list[dict]:
-    import aiohttp
-
-    log = open(out / f"server-{mode}.log", "w")
-    proc = subprocess.Popen(server_command(model_dir, port, mode), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
     rows = []
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            t0 = time.time()
-            await wait_ready(session, base, proc, 300)
-            print(f"{mode}: ready in {time.time() - t0:.0f} s", flush=True)
-            rng = random.Random(seed)
-            for _name, prefix, new in patterns():  # warm-up: every shape once (kernel compiles)
-                await run_pattern(session, base, prefix, new, rng)
-                await asyncio.sleep(0.3)
-            for rep in range(reps):
-                for name, prefix, new in patterns():
-                    got = await run_pattern(session, base, prefix, new, rng)
-                    rows.append({"mode": mode, "pattern": name, "prefix": prefix, "new": new, "rep": rep, **got})
-                    await asyncio.sleep(0.3)  # idle between patterns: each starts on an empty server
-            print(f"{mode}: {len(rows)} requests measured", flush=True)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    async with serving(server_command(model_dir, port, mode), out / f"server-{mode}.log", port, mode) as (session, base):
+        rng = random.Random(seed)
+        for _name, prefix, new in patterns():  # warm-up: every shape once (kernel compiles)
+            await run_pattern(session, base, prefix, new, rng)
+            await asyncio.sleep(0.3)
+        for rep in range(reps):
+            for name, prefix, new in patterns():
+                got = await run_pattern(session, base, prefix, new, rng)
+                rows.append({"mode": mode, "pattern": name, "prefix": prefix, "new": new, "rep": rep, **got})
+                await asyncio.sleep(0.3)  # idle between patterns: each starts on an empty server
+        print(f"{mode}: {len(rows)} requests measured", flush=True)
     return rows
 
 

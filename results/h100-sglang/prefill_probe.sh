@@ -10,13 +10,8 @@ OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-520}
 GPU=${GPU:-h100}
 t0=$(date +%s)
-LOGS=/tmp/call-logs-prefill
-rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
-trap 'cp "$LOGS"/*.log "$OUT/" 2>/dev/null; jit_cache_save 2>/dev/null' EXIT
 source results/h200-sglang/kit-setup.sh
-EXPECT_GPU=${EXPECT_GPU-} expect_gpu || exit 3
-kit_setup || exit 1
-nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.csv"
+probe_call_setup /tmp/call-logs-prefill || exit $?
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 timeout -s INT $(( $(left) - 150 )) python3 results/h100-sglang/prefill_probe.py --out "$OUT" --gpu "$GPU" \
   --reps "${REPS:-6}" --modes "${MODES:-eager,graph}" 2>&1 | tee "$LOGS/prefill-probe.log" | grep -v "^\[" | tail -20

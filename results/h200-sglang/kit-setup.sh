@@ -89,3 +89,15 @@ jit_cache_save() {
     rm -f "$tmp"
   fi
 }
+
+# probe_call_setup DIR: the start of a probe's device call: DIR for its logs (copied to $OUT when the
+# script exits, with the JIT cache saved), the GPU check (EXPECT_GPU, default any GPU) and the kit;
+# writes the GPU's name and memory to $OUT/gpu.csv. Returns 3 for another GPU, 1 if the kit failed.
+probe_call_setup() {
+  LOGS=$1
+  rm -rf "$LOGS" && mkdir -p "$OUT" "$LOGS"
+  trap 'cp "$LOGS"/*.log "$OUT/" 2>/dev/null; jit_cache_save 2>/dev/null' EXIT
+  EXPECT_GPU=${EXPECT_GPU-} expect_gpu || return 3
+  kit_setup || return 1
+  nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.csv"
+}
