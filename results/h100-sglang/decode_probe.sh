@@ -6,6 +6,7 @@
 # [".sglkit/archives", ".sglkit/install.sh", ".whl"]:
 #
 #   OUT=$OUT LIMIT=420 bash results/h100-sglang/decode_probe.sh      # timeout_s 450
+#   OUT=$OUT LIMIT=330 RUNS="ctx8k:1 2 8 32:8192;ctx24k:1 2 8:24576" bash results/h100-sglang/decode_probe.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-420}
@@ -14,8 +15,10 @@ source results/h200-sglang/kit-setup.sh
 probe_call_setup /tmp/call-logs-decode || exit $?
 python3 -c 'import sys; sys.path.insert(0, "results/h100-sglang"); from gate_probe import write_model; write_model("/tmp/model-gate-probe")'
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
-# name batches input-lens: each run is one server-less engine (its start ~40 s)
-for run in "ctx4k16k:1 4 16:4096 16384" "ctx32k:1 4:32768"; do
+# RUNS: "name:batches:input-lens" separated by ";", each one server-less engine (its start ~40 s)
+RUNS=${RUNS:-"ctx4k16k:1 4 16:4096 16384;ctx32k:1 4:32768"}
+IFS=';' read -ra runs <<< "$RUNS"
+for run in "${runs[@]}"; do
   name=${run%%:*}; rest=${run#*:}; batches=${rest%%:*}; lens=${rest#*:}
   l=$(left)
   [ "$l" -gt 90 ] || { echo "$name: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
