@@ -539,11 +539,11 @@ def fit_prefill_scale(points, calibration: dict, progress: Callable[[str], None]
     if e1 < 0:
         while eb < 0 and b < hi:
             a, ea, b = b, eb, min(hi, b * 1.6)
-            eb, rows_b = evaluate(b)
+            eb, _ = evaluate(b)
     else:
         while ea > 0 and a > lo:
             b, eb, a = a, ea, max(lo, a / 1.6)
-            ea, rows_a = evaluate(a)
+            ea, _ = evaluate(a)
     best = (abs(e1), 1.0, rows)
     for _ in range(8):
         mid = math.sqrt(a * b)
