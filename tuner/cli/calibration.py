@@ -131,12 +131,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
     from tuner.sim.calibrate import fit_base, with_values, write_fitted
     from tuner.sim.measured import TrialSelection, trial_label
     from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, is_held, load_real_data
+    from tuner.sim.wholesteps import read_whole_step_sets
 
     def say(msg):
         if not as_json:
             click.echo(msg, err=True)
-
-    from tuner.sim.wholesteps import read_whole_step_sets
 
     whole_steps = [ws for f in whole_step_files for ws in read_whole_step_sets(f)]
     all_trials, all_points = load_real_data(results_dirs)
@@ -427,7 +426,7 @@ def _format_fit(doc: dict) -> str:
     ps = doc["prefill_scale"]
     if ps:
         lines.append(f"\nprefill scale {ps['scale']:.3f} (simulated = SGLang's prefill-forward stage on warm servers):"
-                     if ps.get("fitted", True) else
+                     if ps["fitted"] else
                      "\nprefill scale not fitted (what it would scale barely moves the stage: a launch cost the kernels "
                      "hide, the rest held); SGLang's prefill-forward stage on warm servers, a check:")
         for r in ps["points"]:

@@ -57,9 +57,6 @@ def _step_model(profile_path, model_overrides: dict | None = None, load_format: 
     return st, pf, doc
 
 
-_work = step_work
-
-
 def compose(profile_path, steps: list[WholeStep], model_overrides: dict | None = None,
             load_format: str | None = None) -> dict:
     """Per-op sum against whole steps: one row per step, the mean absolute error, and whether it
@@ -70,7 +67,7 @@ def compose(profile_path, steps: list[WholeStep], model_overrides: dict | None =
     rows = []
     for s in steps:
         st._src = {c: [0, 0] for c in st._src}
-        predicted = st.gpu_time(_work(s), overheads=False)
+        predicted = st.gpu_time(step_work(s), overheads=False)
         summary = st.source_summary()
         rows.append({"kind": s.kind, "batch": s.batch, "tokens": s.tokens, "prefix": s.prefix,
                      "measured_s": s.seconds, "per_op_sum_s": predicted,
@@ -100,7 +97,7 @@ def fit_step_overhead(profile_path, steps: list[WholeStep], model_overrides: dic
     for s in steps:
         if s.kind != "decode":
             continue
-        r = s.seconds - st.gpu_time(_work(s), overheads=False)
+        r = s.seconds - st.gpu_time(step_work(s), overheads=False)
         resid.setdefault(s.batch, []).append(max(r, 1e-6))
     doc["ops"] = [o for o in doc["ops"] if o["op"] != "step_overhead"]
     if resid:

@@ -382,9 +382,10 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
 
     walls = [np.array([w.wall_s for w in t.windows]) for t in trials]
     whole_steps = list(whole_steps)
-    fitted_steps = [ws.fitted_steps for ws in whole_steps]
-    measured_steps = [np.array([s.seconds for s in steps]) for steps in fitted_steps]
-    n_steps = sum(len(m) for m in measured_steps)
+    # (set, its rows a fit uses, their measured seconds), for the sets with any
+    step_rows = [(ws, steps, np.array([s.seconds for s in steps])) for ws in whole_steps
+                 if (steps := ws.fitted_steps)]
+    n_steps = sum(len(steps) for _, steps, _ in step_rows)
     # per row, so that the rows together weigh whole_step_weight x the windows (a least-squares weight)
     step_w = math.sqrt(whole_step_weight * sum(len(w) for w in walls) / n_steps) if n_steps else 0.0
     evals = [0]
@@ -394,9 +395,8 @@ def fit(trials: list[TrialSteps], *, calibration: dict | None = None, parameters
         res = [_prior_residuals(free, x, prior)]
         for t, wall in zip(trials, walls):
             res.append((trial_window_times(t, cal) - wall) / wall)
-        for ws, steps, meas in zip(whole_steps, fitted_steps, measured_steps):
-            if steps:
-                res.append(step_w * (np.array(ws.predicted_s(cal, steps)) - meas) / meas)
+        for ws, steps, meas in step_rows:
+            res.append(step_w * (np.array(ws.predicted_s(cal, steps)) - meas) / meas)
         evals[0] += 1
         if progress and evals[0] % 25 == 0:
             progress(f"fit: {evals[0]} evaluations")
@@ -738,25 +738,30 @@ def _starts(free: list[Parameter], prior: dict[str, float], trials: list[TrialSt
             x[names.index("overhead.cpu_step_s")] = float(np.quantile(steps, 0.1)) * 0.8
     # a prefill's launch cost is hidden behind longer kernels (max): it starts near the fastest
     # whole prefill of its mode, where it binds, so that its gradient is not 0
-    for name, graph in (("overhead.eager_prefill_per_layer_s", False), ("overhead.prefill_per_layer_s", True)):
+    def within(i: int, v: float) -> float:
+        return min(free[i].upper, max(free[i].lower, v))
+
+    for name, graph in LAUNCH_PARAMETERS:
+        if name not in names:
+            continue
         fastest = [s.seconds / ws.model.num_layers for ws in whole_steps
                    if ws.prefill_graph == graph for s in ws.fitted_steps if s.kind == "prefill"]
-        if name in names and fastest:
-            p = free[names.index(name)]
-            x[names.index(name)] = min(p.upper, max(p.lower, 0.9 * min(fastest)))
+        if fastest:
+            x[names.index(name)] = within(names.index(name), 0.9 * min(fastest))
     starts = [x]
     # without such a step, also from a launch cost that binds the windows' short prefills (about a
     # millisecond per layer, as Python launches an eager prefill's kernels): the best start wins
-    launch = [names.index(n) for n in LAUNCH_PARAMETERS if n in names and x[names.index(n)] == prior[n]]
+    launch = [names.index(n) for n, _ in LAUNCH_PARAMETERS if n in names and x[names.index(n)] == prior[n]]
     if launch:
         y = list(x)
         for i in launch:
-            y[i] = min(free[i].upper, max(free[i].lower, LAUNCH_START_S))
+            y[i] = within(i, LAUNCH_START_S)
         starts.append(y)
     return starts
 
 
-LAUNCH_PARAMETERS = ("overhead.eager_prefill_per_layer_s", "overhead.prefill_per_layer_s")
+# the launch cost of a prefill step, and whether its steps run prefill CUDA graphs
+LAUNCH_PARAMETERS = (("overhead.eager_prefill_per_layer_s", False), ("overhead.prefill_per_layer_s", True))
 LAUNCH_START_S = 1e-3
 
 
