@@ -7,6 +7,10 @@
 #
 #   OUT=$OUT LIMIT=420 bash results/h100-sglang/decode_probe.sh      # timeout_s 450
 #   OUT=$OUT LIMIT=330 RUNS="ctx8k:1 2 8 32:8192;ctx24k:1 2 8:24576" bash results/h100-sglang/decode_probe.sh
+#   OUT=$OUT LIMIT=420 CUDA_GRAPH_MAX_BS=64 RUNS="..." bash results/h100-sglang/decode_probe.sh  # the H200
+#
+# CUDA_GRAPH_MAX_BS (default 16) is the largest decode batch that runs as a CUDA graph, as on the
+# studies' servers; a larger batch runs eager.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-420}
@@ -17,6 +21,7 @@ python3 -c 'import sys; sys.path.insert(0, "results/h100-sglang"); from gate_pro
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 # RUNS: "name:batches:input-lens" separated by ";", each one server-less engine (its start ~40 s)
 RUNS=${RUNS:-"ctx4k16k:1 4 16:4096 16384;ctx32k:1 4:32768"}
+export CUDA_GRAPH_MAX_BS=${CUDA_GRAPH_MAX_BS:-16}
 IFS=';' read -ra runs <<< "$RUNS"
 for run in "${runs[@]}"; do
   name=${run%%:*}; rest=${run#*:}; batches=${rest%%:*}; lens=${rest#*:}
@@ -24,14 +29,14 @@ for run in "${runs[@]}"; do
   [ "$l" -gt 90 ] || { echo "$name: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
   timeout -s INT $(( l - 10 )) python3 - /tmp/model-gate-probe "$OUT/one-batch-$name.jsonl" "$batches" "$lens" \
     > "$LOGS/one-batch-$name.log" 2>&1 <<'PY'
-import sys
+import os, sys
 import sglang.benchmark.one_batch as one_batch
 one_batch.get_tokenizer = lambda *a, **k: None
 model_dir, rows, batches, lens = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
 sys.argv = ["one_batch", "--model-path", model_dir, "--load-format", "dummy", "--skip-tokenizer-init",
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.7",
             "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3", "--disable-prefill-cuda-graph",
-            "--cuda-graph-max-bs", "16", "--batch-size", *batches, "--input-len", *lens,
+            "--cuda-graph-max-bs", os.environ["CUDA_GRAPH_MAX_BS"], "--batch-size", *batches, "--input-len", *lens,
             "--output-len", "16", "--result-filename", rows]
 one_batch.cli_main()
 PY

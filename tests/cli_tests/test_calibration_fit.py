@@ -163,7 +163,9 @@ def test_whole_steps_join_the_fit_and_are_reported_with_the_source(tmp_path):
     ws = doc["whole_steps"]
     assert set(ws) >= {"h200/whole-steps-fp8.jsonl", "h200/whole-steps-bf16.jsonl"}
     fp8 = ws["h200/whole-steps-fp8.jsonl"]
-    assert fp8["fitted_kinds"] == ["prefill"] and fp8["mean_abs_error_prefill"] < 0.15
+    assert fp8["fitted_kinds"] == ["prefill", "decode"] and fp8["mean_abs_error_prefill"] < 0.15
+    assert fp8["mean_abs_error_decode"] < 0.15
+    assert ws["h200/whole-steps-dsv3-8l-fp8-fp8kv.jsonl"]["fitted_kinds"] == ["prefill"]
     assert len(fp8["rows"]) == 16 and {r["kind"] for r in fp8["rows"]} == {"prefill", "decode"}
     assert f"--whole-steps {sets}" in out.read_text().splitlines()[0]
 

@@ -107,7 +107,8 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
                      params={}, flags=flags, knobs={}, is_baseline=True)
     for step, users in enumerate((2, 4)):
         m = simulate_load_point(study.model, "h200", 1, flags, {}, study.workload_profile(), users, warmup_s=5,
-                                duration_s=10, seed=7 + 1009 * step, host_memory_gb=128, sglang_version="0.5.17")
+                                duration_s=10, seed=7 + 1009 * step, host_memory_gb=128, sglang_version="0.5.17",
+                                fresh_server=step == 0)  # the trial's first point ran on its fresh server
         m = replace(m, p90_ttft_s=m.p90_ttft_s * 2)  # "measured": twice the prediction
         repo.add_measurement(engine, study_name="ledger", trial_number=0, step=step, backend_kind="sglang",
                              metrics=m, meets_slo=True, wall_time_s=1.0)

@@ -92,6 +92,8 @@ class Rank:
         self.batch_is_full = False
         self.steps = 0  # decode steps this rank has run
         self.ctx_off = 0  # sum(ctx0 - join_step) over running requests
+        self.ctx_hi_off = self.ctx_lo_off = 0  # max and min of (ctx0 - join_step) over them
+        self.ctx_ext_stale = False  # a request at one of the two left: recompute when next needed
         self.fin_sum = 0  # sum(finish_step) over running requests (remaining output = fin_sum - n*steps)
         self.fin_long = 0  # running requests whose output exceeds the clip (reservation summed exactly)
         self.n_eos = 0  # running requests without ignore_eos (0.5.23 reserves those at the ratio)
@@ -108,6 +110,14 @@ class Rank:
 
     def ctx_sum(self) -> int:
         return self.ctx_off + len(self.running) * self.steps
+
+    def ctx_extremes(self) -> tuple[int, int]:
+        """The longest and shortest running context now."""
+        if self.ctx_ext_stale:
+            offs = [q.ctx0 - q.join_step for q in self.running.values()]
+            self.ctx_hi_off, self.ctx_lo_off = (max(offs), min(offs)) if offs else (0, 0)
+            self.ctx_ext_stale = False
+        return self.ctx_hi_off + self.steps, self.ctx_lo_off + self.steps
 
     def busy(self) -> bool:
         return bool(self.running or self.waiting or self.chunked)
@@ -403,8 +413,17 @@ class ReplicaEngine:
         req.release_step = req.finish_step + self.release_delay
         req.ctx0 = req.prefill_len
         req.active = True
+        off = req.ctx0 - req.join_step
+        if not rank.running:
+            rank.ctx_hi_off = rank.ctx_lo_off = off
+            rank.ctx_ext_stale = False
+        elif not rank.ctx_ext_stale:
+            if off > rank.ctx_hi_off:
+                rank.ctx_hi_off = off
+            elif off < rank.ctx_lo_off:
+                rank.ctx_lo_off = off
         rank.running[id(req)] = req
-        rank.ctx_off += req.ctx0 - req.join_step
+        rank.ctx_off += off
         rank.fin_sum += req.finish_step
         if remaining > self.rules.clip_max_new_tokens:
             rank.fin_long += 1
@@ -417,7 +436,10 @@ class ReplicaEngine:
         """Remove a running request; returns its decode steps so far (capped at its output)."""
         del rank.running[id(req)]
         steps = min(rank.steps, req.finish_step) - req.join_step
-        rank.ctx_off -= req.ctx0 - req.join_step
+        off = req.ctx0 - req.join_step
+        rank.ctx_off -= off
+        if off >= rank.ctx_hi_off or off <= rank.ctx_lo_off:
+            rank.ctx_ext_stale = True
         rank.fin_sum -= req.finish_step
         if req.finish_step - req.join_step > self.rules.clip_max_new_tokens:
             rank.fin_long -= 1
@@ -518,6 +540,7 @@ class ReplicaEngine:
         for rank in self.ranks:
             w = rank.work
             w.decode_reqs = w.decode_ctx_tokens = w.prefill_tokens = w.prefill_seqs = w.load_tokens = 0
+            w.decode_max_ctx_tokens = w.decode_min_ctx_tokens = 0
             w.prefill_ctx_units = 0.0
             w.extend_items = ()
             works.append(w)
@@ -578,6 +601,7 @@ class ReplicaEngine:
             decoded.append(rank)
             w.decode_reqs = n
             w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
+            w.decode_max_ctx_tokens, w.decode_min_ctx_tokens = rank.ctx_extremes()
             running += n
         k = 1 if unseen else max(1, k)
         if not running:
@@ -598,6 +622,8 @@ class ReplicaEngine:
             for w in works:
                 if w.decode_reqs:
                     w.decode_ctx_tokens += w.decode_reqs * half
+                    w.decode_max_ctx_tokens += half
+                    w.decode_min_ctx_tokens += half
             dt = model.step_time(works, running, overlap=self.rules.overlap)
         self.stats.steps += k
         if self.window[0] <= t0 <= self.window[1]:
@@ -626,6 +652,7 @@ class ReplicaEngine:
                 if ok:
                     n = w.decode_reqs = len(rank.running)
                     w.decode_ctx_tokens = rank.ctx_off + n * rank.steps
+                    w.decode_max_ctx_tokens, w.decode_min_ctx_tokens = rank.ctx_extremes()
                     decoding.append(rank)
                 elif rank.running:
                     stalled.append(rank)

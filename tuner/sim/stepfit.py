@@ -57,6 +57,7 @@ from .measured import find_sources, points_from_database
 from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
+from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
 from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, default_split_m, groups_for, fit_decay_s, moe_config_key,
                      moe_variant, triton_moe_shape)
@@ -146,6 +147,7 @@ class TrialSteps:
     shared_prefix_tokens: int
     windows: list[StepWindow] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    context_spread: ContextSpread | None = None  # the workload's: a logged batch's longest context
     _plan: Any = None
 
     @property
@@ -214,7 +216,7 @@ def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sgla
                     flags={**random_weight_flags(options), **(t.flags or {})},
                     knobs=dict(t.knobs or {}), sglang_version=version,
                     shared_prefix_tokens=int(round(profile.system_prefix_tokens * profile.scale)),
-                    windows=windows, logs=[str(x) for x in logs]))
+                    windows=windows, logs=[str(x) for x in logs], context_spread=context_spread(profile)))
     return out
 
 
@@ -240,10 +242,11 @@ def fit_context(trials: list[TrialSteps]) -> dict:
 
 # ---- the model of one window --------------------------------------------------------------------
 
-def _decode_work(running: int, kv_tokens: int, shared_prefix: int) -> RankWork:
+def _decode_work(running: int, kv_tokens: int, shared_prefix: int, spread: ContextSpread | None = None) -> RankWork:
     # each request reads its whole context; the log counts a shared prefix once
     ctx = kv_tokens + max(0, running - 1) * shared_prefix
-    return RankWork(decode_reqs=running, decode_ctx_tokens=ctx)
+    hi, lo = spread.extremes(running, ctx) if spread is not None else (0, 0)
+    return RankWork(decode_reqs=running, decode_ctx_tokens=ctx, decode_max_ctx_tokens=hi, decode_min_ctx_tokens=lo)
 
 
 def _prefill_work(seqs: int, new_tokens: int, cached_tokens: int) -> RankWork:
@@ -255,13 +258,15 @@ def _prefill_work(seqs: int, new_tokens: int, cached_tokens: int) -> RankWork:
                     extend_items=tuple((c, p) for _ in range(seqs)))
 
 
-def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: bool = True) -> float:
+def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: bool = True,
+                spread: ContextSpread | None = None) -> float:
     """Predicted wall time of a window: its decode batches (half at each end's batch) and its
-    prefill batches, each step ``max(GPU, scheduler CPU)`` under the overlap scheduler."""
+    prefill batches, each step ``max(GPU, scheduler CPU)`` under the overlap scheduler. ``spread``:
+    the workload's, for each batch's longest context (else every request at the mean)."""
     half = w.interval / 2
     t = 0.0
     for n, kv in ((w.running_start, w.kv_tokens_start), (w.running_end, w.kv_tokens_end)):
-        t += half * sm.step_time([_decode_work(n, kv, shared_prefix)], n, overlap=overlap)
+        t += half * sm.step_time([_decode_work(n, kv, shared_prefix, spread)], n, overlap=overlap)
     for p in w.prefills:
         t += sm.step_time([_prefill_work(p.seqs, p.new_tokens, p.cached_tokens)], p.running, overlap=overlap)
     return t
@@ -329,7 +334,7 @@ def _overlap(t: TrialSteps) -> bool:
 def trial_window_times(t: TrialSteps, calibration: dict) -> np.ndarray:
     sm = t.step_model(calibration)
     overlap = _overlap(t)
-    return np.array([window_time(sm, w, t.shared_prefix_tokens, overlap) for w in t.windows])
+    return np.array([window_time(sm, w, t.shared_prefix_tokens, overlap, t.context_spread) for w in t.windows])
 
 
 def residual_summary(trials: list[TrialSteps], calibration: dict) -> dict[str, dict]:

@@ -23,6 +23,7 @@ link bandwidths (docs/calibration.md). ``source_summary()`` says which was used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
@@ -44,6 +45,31 @@ from .scheduler import version_tuple
 CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_misc", "sampling", "step_overhead",
               "hicache_write")
 COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
+TRITON_DECODE_BLOCK_H = 16  # query heads one block of SGLang's grouped Triton decode kernel takes
+TRITON_MLA_MIN_BLOCK_KV = 32  # triton_backend._MLA_DECODE_MIN_BLOCK_KV
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def triton_decode_splits(batch: int, max_ctx: int, min_ctx: int, head_groups: int, max_splits: int,
+                         sm_count: int) -> int:
+    """KV splits the longest request of a decode batch gets in SGLang's Triton decode kernel
+    (``get_num_kv_splits_triton``, 0.5.17 ``kernels/ops/attention/metadata.py``): enough splits
+    to fill the SMs, more as the context grows (log2 of it over 64), at most ``max_splits``; a
+    batch whose lengths differ by more than 25% also splits the longest by its ratio to the
+    shortest."""
+    if batch <= 0 or max_ctx <= 0:
+        return 1
+    lo = max(1, min_ctx or max_ctx)
+    if max_ctx * 8 < lo * 10:
+        lo = max_ctx
+    by_spread = min(-(-max_ctx // lo), max_splits)
+    ext_cores = int(sm_count * max(math.log2(max_ctx / 64.0), 1.0)) if max_ctx > 0 else sm_count
+    by_cores = max(1, min(-(-ext_cores // (batch * head_groups)), max_splits))
+    chunk_1, chunk_2 = -(-max_ctx // by_spread), -(-max_ctx // by_cores)
+    return max(-(-max_ctx // chunk_1), -(-max_ctx // chunk_2))
 
 
 @dataclass(slots=True)
@@ -52,6 +78,10 @@ class RankWork:
 
     decode_reqs: int = 0
     decode_ctx_tokens: int = 0  # sum of the decode requests' context lengths
+    # the longest and shortest of them (0: unknown, taken as the mean): a split-KV decode kernel
+    # waits for the longest request's chain of splits
+    decode_max_ctx_tokens: int = 0
+    decode_min_ctx_tokens: int = 0
     prefill_tokens: int = 0
     prefill_seqs: int = 0  # sequences whose chunk is in this step (one logit each if finishing)
     prefill_ctx_units: float = 0.0  # sum over chunk tokens of the context they attend (dense)
@@ -171,6 +201,22 @@ class StepTimeModel:
             self.index_flops = 0.0
             self.index_rate = 1.0
             self.topk = None
+        # SGLang's Triton decode kernel splits each request's KV over a few blocks per head group;
+        # at small batches the step waits for the longest request's chain of splits (latency-bound),
+        # beyond them it streams at the throughput rate (docs/calibration.md, "Decode attention")
+        blocks_per_sm = float(calibration.get("decode_attention_blocks_per_sm") or 0.0)
+        self.split_kv = self.attention_backend == "triton" and not self.dsa and blocks_per_sm > 0
+        self.decode_lanes = gpu.sm_count * blocks_per_sm
+        shape = self.attn_shape
+        kv_group = max(1, shape.q_heads // max(1, shape.kv_heads))
+        self.decode_head_groups = (-(-shape.q_heads // min(TRITON_DECODE_BLOCK_H, kv_group))
+                                   if kv_group > 1 else shape.q_heads)
+        max_splits = int(flags.get("triton-attention-num-kv-splits") or 8)
+        if self.is_mla:  # triton_backend._mla_decode_kv_splits_cap
+            context = int(flags.get("context-length") or model.max_context_tokens)
+            max_splits = max(max_splits, min(_next_pow2(gpu.sm_count),
+                                             _next_pow2(-(-context // TRITON_MLA_MIN_BLOCK_KV))))
+        self.decode_max_splits = max_splits
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
         # HiCache write-through: the scheduler thread issues the copies of every block it backs
         # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
@@ -255,7 +301,7 @@ class StepTimeModel:
         # step_overhead_time and sampling_time by batch (at most max-running-requests x ranks)
         self._overhead_cache: dict[int, float] = {}
         self._sampling_cache: dict[int, float] = {}
-        self._decode_cache: dict[tuple[int, int], float] = {}
+        self._decode_cache: dict[tuple[int, int, int, int], float] = {}
         self._linear_cache: dict[tuple[int, int], float] = {}
 
     def _rate(self, fmt: str) -> float:
@@ -311,11 +357,26 @@ class StepTimeModel:
             t += layers * v
         return t
 
-    def decode_attention_time(self, batch: int, ctx: int) -> float:
+    def decode_splits(self, batch: int, max_ctx: int, min_ctx: int = 0) -> int:
+        """KV splits of the batch's longest request (``triton_decode_splits``)."""
+        return triton_decode_splits(batch, max_ctx, min_ctx, self.decode_head_groups, self.decode_max_splits,
+                                    self.sm_count)
+
+    def decode_attention_time(self, batch: int, ctx: int, max_ctx: int = 0, min_ctx: int = 0) -> float:
+        """Decode attention of ``batch`` requests holding ``ctx`` tokens of context in all, the
+        longest ``max_ctx`` and the shortest ``min_ctx`` (0: the mean)."""
+        if batch and self.split_kv and not max_ctx:
+            max_ctx = -(-ctx // batch)
         if self.decode_table is not None and batch:
             v = self.decode_table.lookup_s(batch, ctx / batch)
             if v is not None:
                 self._count("decode_attention", self.decode_table)
+                if self.split_kv and max_ctx * batch > ctx:
+                    # the longest request alone, over the splits it gets alone and in this batch
+                    alone = self.decode_table.lookup_s(1, max_ctx)
+                    if alone is not None:
+                        alone *= self.decode_splits(1, max_ctx) / self.decode_splits(batch, max_ctx, min_ctx)
+                        v = max(v, alone)
                 return v * self.layers
         self._src["decode_attention"][1] += 1
         if self.dsa:
@@ -323,7 +384,17 @@ class StepTimeModel:
             kv_bytes = attended * self.latent_bytes_per_token + ctx * self.index_bytes_per_token
             return max(attended * self.decode_attn_flops / self.decode_attn_rate,
                        kv_bytes / self.kv_bw) + ctx * self.index_flops / self.index_rate
-        return max(ctx * self.decode_attn_flops / self.decode_attn_rate, ctx * self.cell / self.kv_bw)
+        per_token = max(self.decode_attn_flops / self.decode_attn_rate, self.cell / self.kv_bw)
+        t = ctx * per_token
+        if self.split_kv and batch:
+            # the longest request's share of the work runs on its own blocks (head groups x its
+            # splits) where the batch as a whole fills ``decode_lanes`` of them
+            blocks = self.decode_head_groups * self.decode_splits(batch, max_ctx, min_ctx)
+            if blocks < self.decode_lanes:
+                latency = max_ctx * per_token * self.decode_lanes / blocks
+                if latency > t:
+                    t = latency
+        return t
 
     def extend_attention_time(self, w: RankWork) -> float:
         # Triton MLA: a batch without any cached prefix runs MHA over expanded K/V, else absorbed MLA
@@ -392,8 +463,8 @@ class StepTimeModel:
         if not w.prefill_tokens and not w.load_tokens:
             if not w.decode_reqs:
                 return 0.0
-            # decode-only ranks: memoised on (batch, context in 256-token buckets)
-            key = (w.decode_reqs, w.decode_ctx_tokens >> 8)
+            # decode-only ranks: memoised on (batch, contexts in 256-token buckets)
+            key = (w.decode_reqs, w.decode_ctx_tokens >> 8, w.decode_max_ctx_tokens >> 8, w.decode_min_ctx_tokens >> 8)
             t = self._decode_cache.get(key)
             if t is None:
                 t = self._rank_time(w)
@@ -407,7 +478,8 @@ class StepTimeModel:
         logits = w.decode_reqs + w.prefill_seqs
         t = self.linear_time(tokens, logits) + self.layer_misc_time(tokens)
         if w.decode_reqs:
-            t += self.decode_attention_time(w.decode_reqs, w.decode_ctx_tokens)
+            t += self.decode_attention_time(w.decode_reqs, w.decode_ctx_tokens, w.decode_max_ctx_tokens,
+                                            w.decode_min_ctx_tokens)
         if w.prefill_tokens:
             t += self.extend_attention_time(w)
         if w.load_tokens:
@@ -532,7 +604,8 @@ class StepTimeModel:
                 if s > seqs:
                     seqs = s
             elif d:  # decode only: rank_time's memo, read here (the hot path of every step)
-                rt = decode_cache.get((d, w.decode_ctx_tokens >> 8))
+                rt = decode_cache.get((d, w.decode_ctx_tokens >> 8, w.decode_max_ctx_tokens >> 8,
+                                       w.decode_min_ctx_tokens >> 8))
                 if rt is None:
                     rt = self.rank_time(w)
                 tokens += d
