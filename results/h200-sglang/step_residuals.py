@@ -3,9 +3,11 @@ batches inside them included), by the server's age: does a fresh server run its 
 the calibrated step-time model for longer than its compile stalls, and do two servers of one
 configuration run at the same speed?
 
-Usage, from the repository root: python results/h200-sglang/step_residuals.py [DB ...]
+Usage, from the repository root: python results/h200-sglang/step_residuals.py [--by-batch] [DB ...]
 (default: both study databases here). Median ratio per age bucket (windows in brackets), then the
-median over every server per bucket. Reads the committed server logs; CPU only, ~20 s.
+median over every server per bucket. With --by-batch: the median per GPU, window kind (decode only,
+or holding prefill batches) and running requests in groups of 4, GQA trials only (the decode
+attention's batch shape). Reads the committed server logs; CPU only, ~20 s.
 """
 
 from __future__ import annotations
@@ -44,5 +46,26 @@ def main(dbs: list[str]) -> None:
         for a in AGES_S))
 
 
+def by_batch(dbs: list[str]) -> None:
+    pooled: dict[tuple, list[float]] = {}
+    for db in dbs:
+        for t in trials_from_database(db):
+            if t.arch != "gqa":
+                continue
+            cal = load_calibration(t.gpu.name, context=calibration_context(t.model, t.gpu, t.flags, t.sglang_version))
+            for w, predicted in zip(t.windows, trial_window_times(t, cal)):
+                if predicted > 0:
+                    group = min(32, int((w.running_start + w.running_end) / 2) // 4 * 4)
+                    kind = "with prefill" if w.prefills else "decode only"
+                    pooled.setdefault((t.gpu.name, kind, group), []).append(w.wall_s / predicted)
+    print("gpu".ljust(8) + "windows".ljust(14) + "running".rjust(9) + "measured / predicted".rjust(22))
+    for (gpu, kind, group), ratios in sorted(pooled.items()):
+        print(gpu.ljust(8) + kind.ljust(14) + f"{group}-{group + 3}".rjust(9)
+              + f"{statistics.median(ratios):.3f} ({len(ratios)})".rjust(22))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or [str(HERE / "h200-sglang-qwen3.db"), str(HERE / "h200-sglang-dsv3.db")])
+    args = sys.argv[1:]
+    batch = "--by-batch" in args
+    dbs = [a for a in args if a != "--by-batch"] or [str(HERE / "h200-sglang-qwen3.db"), str(HERE / "h200-sglang-dsv3.db")]
+    (by_batch if batch else main)(dbs)
