@@ -10,7 +10,8 @@
 #   OUT=$OUT LIMIT=420 CUDA_GRAPH_MAX_BS=64 RUNS="..." bash results/h100-sglang/decode_probe.sh  # the H200
 #
 # CUDA_GRAPH_MAX_BS (default 16) is the largest decode batch that runs as a CUDA graph, as on the
-# studies' servers; a larger batch runs eager.
+# studies' servers; a larger batch runs eager. KV_DTYPE (default fp8_e4m3; `auto` for the model's
+# bf16) is the KV cache; KV_SPLITS, when set, SGLang's --triton-attention-num-kv-splits (default 8).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-420}
@@ -35,9 +36,10 @@ one_batch.get_tokenizer = lambda *a, **k: None
 model_dir, rows, batches, lens = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
 sys.argv = ["one_batch", "--model-path", model_dir, "--load-format", "dummy", "--skip-tokenizer-init",
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--mem-fraction-static", "0.7",
-            "--quantization", "fp8", "--kv-cache-dtype", "fp8_e4m3", "--disable-prefill-cuda-graph",
+            "--quantization", "fp8", "--kv-cache-dtype", os.environ.get("KV_DTYPE", "fp8_e4m3"), "--disable-prefill-cuda-graph",
             "--cuda-graph-max-bs", os.environ["CUDA_GRAPH_MAX_BS"], "--batch-size", *batches, "--input-len", *lens,
-            "--output-len", "16", "--result-filename", rows]
+            "--output-len", "16", "--result-filename", rows,
+            *(["--triton-attention-num-kv-splits", os.environ["KV_SPLITS"]] if os.environ.get("KV_SPLITS") else [])]
 one_batch.cli_main()
 PY
   echo "$name: rc $? at $(( $(date +%s) - t0 )) s, $(wc -l < "$OUT/one-batch-$name.jsonl" 2>/dev/null || echo 0) rows" \
