@@ -164,3 +164,28 @@ def test_a_measured_table_is_read_at_the_mean_and_at_the_longest_alone():
     assert sm.decode_attention_time(8, ctx, max_ctx=32768, min_ctx=4096) == pytest.approx(
         table.lookup_s(1, 32768) * 48)
     assert table.lookup_s(1, 32768) > 2 * table.lookup_s(8, ctx / 8)
+
+
+def test_twice_the_kv_splits_halve_the_measured_chain_as_modelled():
+    # SGLang's one-batch benchmark on the H100 (results/h100-sglang/decode-probe-2): a lone
+    # 32k-token request decodes in 19.3 ms with 8 KV splits and 12.4 ms with 16
+    from tuner.sim.calibrate import calibration_context, load_calibration
+    from tuner.sim.wholesteps import read_whole_step_sets
+
+    from tests.conftest import REPO
+
+    sets = {ws.label: ws for ws in read_whole_step_sets(REPO / "results/h100-sglang/decode-probe-2/whole-steps.yaml")}
+    eight, sixteen = sets["decode-probe-2/one-batch-ctx32k.jsonl"], sets["decode-probe-2/one-batch-splits16-ctx8k32k.jsonl"]
+
+    def lone_32k(ws, **cal_overrides):
+        step = next(s for s in ws.steps if s.kind == "decode" and s.batch == 1 and s.tokens > 32000)
+        cal = load_calibration("h100", context=calibration_context(ws.model, ws.gpu, ws.flags, ws.sglang_version))
+        cal.update(cal_overrides)
+        return ws.predicted_s(cal, [step])[0], step.seconds
+
+    (p8, m8), (p16, m16) = lone_32k(eight), lone_32k(sixteen)
+    assert m16 / m8 == pytest.approx(0.64, abs=0.01)
+    assert p16 / p8 == pytest.approx(m16 / m8, abs=0.08)
+    # streaming alone, the flag would change nothing
+    assert lone_32k(sixteen, decode_attention_blocks_per_sm=0)[0] == pytest.approx(
+        lone_32k(eight, decode_attention_blocks_per_sm=0)[0])
