@@ -189,3 +189,26 @@ def test_twice_the_kv_splits_halve_the_measured_chain_as_modelled():
     # streaming alone, the flag would change nothing
     assert lone_32k(sixteen, decode_attention_blocks_per_sm=0)[0] == pytest.approx(
         lone_32k(eight, decode_attention_blocks_per_sm=0)[0])
+
+
+@pytest.mark.parametrize("value", ["many", 0, -8, 2.5, True])
+def test_a_bad_kv_split_flag_is_a_clear_error(value):
+    from tuner.errors import ConfigError
+
+    flags = {**FLAGS, "triton-attention-num-kv-splits": value}
+    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("qwen3-30b-a3b"), gpu=get_gpu("h200"), gpus=1,
+                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
+    from tuner.sim.calibrate import load_calibration
+    with pytest.raises(ConfigError) as exc:
+        t.step_model(load_calibration("h200"))
+    assert exc.value.key == "triton-attention-num-kv-splits"
+
+
+def test_the_kv_split_flag_sets_the_cap():
+    from tuner.sim.calibrate import load_calibration
+
+    flags = {**FLAGS, "triton-attention-num-kv-splits": "16"}
+    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("qwen3-30b-a3b"), gpu=get_gpu("h200"), gpus=1,
+                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
+    sm = t.step_model(load_calibration("h200"))
+    assert sm.decode_max_splits == 16 and sm.decode_splits(1, 32768) == 16

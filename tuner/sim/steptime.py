@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape as kernel_moe_shape
-from tuner.planner.parallel import ParallelLayout
+from tuner.planner.parallel import ParallelLayout, flag_int
 from tuner.planner.memory import page_size as planner_page_size, prefill_graph_enabled
 from tuner.planner.startup import default_attention_backend
 from tuner.planner.weights import BYTES_PER_PARAM
@@ -211,9 +211,12 @@ class StepTimeModel:
         kv_group = max(1, shape.q_heads // max(1, shape.kv_heads))
         self.decode_head_groups = (-(-shape.q_heads // min(TRITON_DECODE_BLOCK_H, kv_group))
                                    if kv_group > 1 else shape.q_heads)
-        max_splits = int(flags.get("triton-attention-num-kv-splits") or 8)
+        max_splits = flag_int(flags, "triton-attention-num-kv-splits", 8)
+        if max_splits < 1:
+            raise ConfigError(f"expected a positive number of KV splits, got {max_splits}",
+                              key="triton-attention-num-kv-splits")
         if self.is_mla:  # triton_backend._mla_decode_kv_splits_cap
-            context = int(flags.get("context-length") or model.max_context_tokens)
+            context = flag_int(flags, "context-length", 0) or model.max_context_tokens
             max_splits = max(max_splits, min(_next_pow2(gpu.sm_count),
                                              _next_pow2(-(-context // TRITON_MLA_MIN_BLOCK_KV))))
         self.decode_max_splits = max_splits
