@@ -212,3 +212,18 @@ def test_the_kv_split_flag_sets_the_cap():
                    nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
     sm = t.step_model(load_calibration("h200"))
     assert sm.decode_max_splits == 16 and sm.decode_splits(1, 32768) == 16
+
+
+def test_mla_takes_sglangs_raised_split_cap_and_eight_head_groups():
+    from tuner.sim.calibrate import load_calibration
+
+    flags = {"attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
+    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("deepseek-v3"), gpu=get_gpu("h200"), gpus=1,
+                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
+    sm = t.step_model(load_calibration("h200"))
+    # 128 heads over one latent in blocks of 16; next_pow2(132 SMs) = 256 splits at most
+    assert (sm.decode_head_groups, sm.decode_max_splits) == (8, 256)
+    # so a lone 32k-token request already fills the lanes: it streams
+    one = sm.decode_attention_time(1, 32768)
+    per_token = max(sm.decode_attn_flops / sm.decode_attn_rate, sm.cell / sm.kv_bw)
+    assert sm.decode_splits(1, 32768) == 149 and one == pytest.approx(32768 * per_token)

@@ -31,7 +31,7 @@ from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape as kernel_moe_shape
 from tuner.planner.parallel import ParallelLayout, flag_int
 from tuner.planner.memory import page_size as planner_page_size, prefill_graph_enabled
-from tuner.planner.startup import default_attention_backend
+from tuner.planner.startup import TRITON_DEFAULT_KV_SPLITS, default_attention_backend, triton_max_kv_splits
 from tuner.planner.weights import BYTES_PER_PARAM
 
 from .calibrate import SpeedupCurve, collapsed_table, tuned_speedup, tuned_table
@@ -46,11 +46,6 @@ CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_mi
               "hicache_write")
 COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
 TRITON_DECODE_BLOCK_H = 16  # query heads one block of SGLang's grouped Triton decode kernel takes
-TRITON_MLA_MIN_BLOCK_KV = 32  # triton_backend._MLA_DECODE_MIN_BLOCK_KV
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 def triton_decode_splits(batch: int, max_ctx: int, min_ctx: int, head_groups: int, max_splits: int,
@@ -211,15 +206,12 @@ class StepTimeModel:
         kv_group = max(1, shape.q_heads // max(1, shape.kv_heads))
         self.decode_head_groups = (-(-shape.q_heads // min(TRITON_DECODE_BLOCK_H, kv_group))
                                    if kv_group > 1 else shape.q_heads)
-        max_splits = flag_int(flags, "triton-attention-num-kv-splits", 8)
+        max_splits = flag_int(flags, "triton-attention-num-kv-splits", TRITON_DEFAULT_KV_SPLITS)
         if max_splits < 1:
             raise ConfigError(f"expected a positive number of KV splits, got {max_splits}",
                               key="triton-attention-num-kv-splits")
-        if self.is_mla:  # triton_backend._mla_decode_kv_splits_cap
-            context = flag_int(flags, "context-length", 0) or model.max_context_tokens
-            max_splits = max(max_splits, min(_next_pow2(gpu.sm_count),
-                                             _next_pow2(-(-context // TRITON_MLA_MIN_BLOCK_KV))))
-        self.decode_max_splits = max_splits
+        context = flag_int(flags, "context-length", 0) or model.max_context_tokens
+        self.decode_max_splits = triton_max_kv_splits(model, gpu, context, max_splits)  # MLA's cap raised
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
         # HiCache write-through: the scheduler thread issues the copies of every block it backs
         # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
