@@ -3,7 +3,8 @@ communication and overhead, and what the measurement window's counters say (queu
 HiCache load-back, per-rank balance, busy time).
 
 It reads the engine's window counters (``engine.WindowStats``) after a run and asks the step-time
-model for the parts of one decode step at the window's mean per-rank batch and context. The parts
+model for the parts of one decode step at the window's mean per-rank batch, context and longest and
+shortest context. The parts
 are the model's own operator times; whatever the step time holds beyond them (fixed per-step GPU
 time, CPU scheduling not hidden by the overlap scheduler, eager launches) is ``overhead``, so the
 parts always add up to the model's step time. The split is then scaled to the window's measured
@@ -28,7 +29,8 @@ def decode_step_parts(model: StepTimeModel, works: list[RankWork], running: int,
     worst = max(active, key=model.rank_time)  # the step lasts as long as the slowest rank
     tokens = sum(w.tokens for w in works)
     dense = model.linear_time(worst.tokens, worst.decode_reqs) + model.layer_misc_time(worst.tokens)
-    attention = model.decode_attention_time(worst.decode_reqs, worst.decode_ctx_tokens)
+    attention = model.decode_attention_time(worst.decode_reqs, worst.decode_ctx_tokens, worst.decode_max_ctx_tokens,
+                                            worst.decode_min_ctx_tokens)
     attn_tp_comm = max(0.0, model.rank_time(worst) - dense - attention)
     moe_comm = model.moe_comm_time(tokens)
     moe = max(0.0, model.moe_time(tokens) - moe_comm)
@@ -68,12 +70,14 @@ def window_report(model: StepTimeModel, ranks: list, window, overlap: bool, dura
 
 def _report(model: StepTimeModel, ranks: list, w, overlap: bool, duration_s: float, replicas: int) -> dict:
     batch = [r.window.batch for r in ranks]
-    steps = [r.window.steps for r in ranks]
-    ctx = [r.window.ctx for r in ranks]
     works = []
-    for b, s, c in zip(batch, steps, ctx):
-        n = round(b / s) if s else 0
-        works.append(RankWork(decode_reqs=n, decode_ctx_tokens=int(c / s) if s and n else 0))
+    for r in ranks:
+        rw = r.window
+        s = rw.steps
+        n = round(rw.batch / s) if s else 0
+        works.append(RankWork(decode_reqs=n, decode_ctx_tokens=int(rw.ctx / s) if s and n else 0,
+                              decode_max_ctx_tokens=int(rw.ctx_longest / s) if s and n else 0,
+                              decode_min_ctx_tokens=int(rw.ctx_shortest / s) if s and n else 0))
     running = sum(x.decode_reqs for x in works)
     parts = decode_step_parts(model, works, running, overlap)
     step_model_s = sum(parts.values())
@@ -98,6 +102,9 @@ def _report(model: StepTimeModel, ranks: list, w, overlap: bool, duration_s: flo
         "mean_prefill_stall_per_token_s": w.stall_token_s / w.tokens if w.tokens else None,
         "decode_parts_s": {k: v * scale for k, v in parts.items()},
         "mean_batch_per_rank": [x.decode_reqs for x in works],
+        # per request, and the longest request's (SGLang's Triton decode kernel waits for it)
+        "mean_context_per_rank": [x.decode_ctx_tokens // x.decode_reqs if x.decode_reqs else 0 for x in works],
+        "mean_longest_context_per_rank": [x.decode_max_ctx_tokens for x in works],
         "rank_decode_tokens": batch,
         "rank_prefill_tokens": [r.window.prefill for r in ranks],
         "rank_requests": [r.window.requests for r in ranks],

@@ -182,6 +182,8 @@ class RankWindow:
     steps: int = 0
     batch: int = 0
     ctx: float = 0.0
+    ctx_longest: float = 0.0  # sum of k x the longest running context (the decode kernel waits for it)
+    ctx_shortest: float = 0.0
     prefill: int = 0
     requests: int = 0
 
@@ -797,6 +799,9 @@ class ReplicaEngine:
                 rw.steps += k
                 rw.batch += need
                 rw.ctx += k * (rank.ctx_off + n * start + n * (k - 1) / 2)  # ctx_sum() inlined
+                hi, lo = rank.ctx_extremes()
+                rw.ctx_longest += k * (hi + (k - 1) / 2)
+                rw.ctx_shortest += k * (lo + (k - 1) / 2)
             if stall_s:
                 rank.stall_s = 0.0
             if on_token is not None:
