@@ -4,14 +4,20 @@ import numpy as np
 import pytest
 
 from tuner.catalog import get_gpu, get_model
+from tuner.errors import ConfigError
+from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
 from tuner.sim.cache import SessionPrefixCache
+from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.ctxspread import decode_contexts, spread_from_contexts
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.scheduler import SchedulerRules
+from tuner.sim.optable import OpTables, load_profile as load_op_profile
 from tuner.sim.stepfit import TrialSteps, _decode_work
-from tuner.sim.steptime import RankWork, triton_decode_splits
+from tuner.sim.steptime import RankWork, StepTimeModel, triton_decode_splits
+from tuner.sim.wholesteps import read_whole_step_sets
 from tuner.workload.profiles import load_profile
 
+from tests.conftest import REPO
 from tests.sim_tests.test_stepfit import FLAGS
 
 
@@ -33,18 +39,16 @@ def test_splits_follow_sglang_get_num_kv_splits_triton():
     assert triton_decode_splits(100, 64, 64, 4, 8, 132) == 1
 
 
-def _qwen3_model(**cal_overrides):
-    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("qwen3-30b-a3b"), gpu=get_gpu("h200"), gpus=1,
-                   nodes=1, host_memory_gb=128, flags=dict(FLAGS), knobs={}, sglang_version="0.5.17",
-                   shared_prefix_tokens=0)
-    from tuner.sim.calibrate import load_calibration
+def _step_model(model="qwen3-30b-a3b", flags=FLAGS, **cal_overrides):
+    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model(model), gpu=get_gpu("h200"), gpus=1, nodes=1,
+                   host_memory_gb=128, flags=dict(flags), knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
     cal = load_calibration("h200")
     cal.update(cal_overrides)
     return t.step_model(cal)
 
 
 def test_small_batches_wait_for_the_longest_request():
-    sm = _qwen3_model()
+    sm = _step_model()
     assert sm.split_kv and sm.decode_head_groups == 4 and sm.decode_max_splits == 8
     one = sm.decode_attention_time(1, 32768)
     # four requests of the same length run side by side: no longer than one (within the table's
@@ -63,16 +67,16 @@ def test_small_batches_wait_for_the_longest_request():
 
 
 def test_the_latency_term_can_be_turned_off_and_other_backends_stream():
-    off = _qwen3_model(decode_attention_blocks_per_sm=0)
+    off = _step_model(decode_attention_blocks_per_sm=0)
     assert not off.split_kv
     assert off.decode_attention_time(4, 4 * 32768) == pytest.approx(4 * off.decode_attention_time(1, 32768))
     # the measured rate of the table: at 1 request of 32k tokens about 276 us a layer on the H200
-    on = _qwen3_model()
+    on = _step_model()
     assert on.decode_attention_time(1, 32768) > 4 * off.decode_attention_time(1, 32768)
 
 
 def test_the_decode_kernel_latency_reaches_the_step_time():
-    sm = _qwen3_model()
+    sm = _step_model()
     short = sm.step_time([RankWork(decode_reqs=4, decode_ctx_tokens=4 * 4000)], 4)
     long_one = sm.step_time([RankWork(decode_reqs=4, decode_ctx_tokens=3 * 4000 + 32000,
                                       decode_max_ctx_tokens=32000, decode_min_ctx_tokens=4000)], 4)
@@ -141,13 +145,6 @@ def test_the_workload_spread_gives_a_logged_batch_its_longest_context():
 
 
 def test_a_measured_table_is_read_at_the_mean_and_at_the_longest_alone():
-    from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
-    from tuner.sim.calibrate import load_calibration
-    from tuner.sim.optable import OpTables, load_profile as load_op_profile
-    from tuner.sim.steptime import StepTimeModel
-
-    from tests.conftest import REPO
-
     table_file = REPO / "results/profiles/h200/tables/qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json"
     flags = {"tp-size": 1, "attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
     m, g = get_model("qwen3-30b-a3b"), get_gpu("h200")
@@ -169,11 +166,6 @@ def test_a_measured_table_is_read_at_the_mean_and_at_the_longest_alone():
 def test_twice_the_kv_splits_halve_the_measured_chain_as_modelled():
     # SGLang's one-batch benchmark on the H100 (results/h100-sglang/decode-probe-2): a lone
     # 32k-token request decodes in 19.3 ms with 8 KV splits and 12.4 ms with 16
-    from tuner.sim.calibrate import calibration_context, load_calibration
-    from tuner.sim.wholesteps import read_whole_step_sets
-
-    from tests.conftest import REPO
-
     sets = {ws.label: ws for ws in read_whole_step_sets(REPO / "results/h100-sglang/decode-probe-2/whole-steps.yaml")}
     eight, sixteen = sets["decode-probe-2/one-batch-ctx32k.jsonl"], sets["decode-probe-2/one-batch-splits16-ctx8k32k.jsonl"]
 
@@ -193,34 +185,18 @@ def test_twice_the_kv_splits_halve_the_measured_chain_as_modelled():
 
 @pytest.mark.parametrize("value", ["many", 0, -8, 2.5, True])
 def test_a_bad_kv_split_flag_is_a_clear_error(value):
-    from tuner.errors import ConfigError
-
-    flags = {**FLAGS, "triton-attention-num-kv-splits": value}
-    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("qwen3-30b-a3b"), gpu=get_gpu("h200"), gpus=1,
-                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
-    from tuner.sim.calibrate import load_calibration
     with pytest.raises(ConfigError) as exc:
-        t.step_model(load_calibration("h200"))
+        _step_model(flags={**FLAGS, "triton-attention-num-kv-splits": value})
     assert exc.value.key == "triton-attention-num-kv-splits"
 
 
 def test_the_kv_split_flag_sets_the_cap():
-    from tuner.sim.calibrate import load_calibration
-
-    flags = {**FLAGS, "triton-attention-num-kv-splits": "16"}
-    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("qwen3-30b-a3b"), gpu=get_gpu("h200"), gpus=1,
-                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
-    sm = t.step_model(load_calibration("h200"))
+    sm = _step_model(flags={**FLAGS, "triton-attention-num-kv-splits": "16"})
     assert sm.decode_max_splits == 16 and sm.decode_splits(1, 32768) == 16
 
 
 def test_mla_takes_sglangs_raised_split_cap_and_eight_head_groups():
-    from tuner.sim.calibrate import load_calibration
-
-    flags = {"attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
-    t = TrialSteps(label="x#0", study="x", trial=0, model=get_model("deepseek-v3"), gpu=get_gpu("h200"), gpus=1,
-                   nodes=1, host_memory_gb=128, flags=flags, knobs={}, sglang_version="0.5.17", shared_prefix_tokens=0)
-    sm = t.step_model(load_calibration("h200"))
+    sm = _step_model("deepseek-v3", {"attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"})
     # 128 heads over one latent in blocks of 16; next_pow2(132 SMs) = 256 splits at most
     assert (sm.decode_head_groups, sm.decode_max_splits) == (8, 256)
     # so a lone 32k-token request already fills the lanes: it streams
