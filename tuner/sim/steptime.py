@@ -46,6 +46,21 @@ CATEGORIES = ("linear", "decode_attention", "extend_attention", "moe", "layer_mi
               "hicache_write")
 COMMUNICATION = "communication"  # counted beside the operators: measured on another machine than theirs
 TRITON_DECODE_BLOCK_H = 16  # query heads one block of SGLang's grouped Triton decode kernel takes
+# SGLang's w8a8 block-fp8 Triton GEMM: K is walked in blocks of the weight's 128-wide scale groups;
+# its H200 config files choose 64-wide output tiles at decode sizes (``BLOCK_SIZE_N`` 64 at M 8-64)
+FP8_BLOCK_K = 128
+FP8_BLOCK_TILE_N = 64
+
+
+def fp8_block_chain_s(n: int, k: int, sm_count: int, kstep_s: float) -> float:
+    """The shortest time of a block-fp8 Triton GEMM with an ``n`` x ``k`` weight at decode sizes:
+    each output tile walks K one 128-deep block after another (``kstep_s`` a block), one tile an
+    SM, and tiles beyond the SMs queue behind them. The time is flat in tokens until compute
+    overtakes it (docs/calibration.md, "Block-fp8 GEMM chain")."""
+    if kstep_s <= 0:
+        return 0.0
+    tiles = n / FP8_BLOCK_TILE_N
+    return math.ceil(k / FP8_BLOCK_K) * kstep_s * max(1.0, tiles / sm_count)
 
 
 def triton_decode_splits(batch: int, max_ctx: int, min_ctx: int, head_groups: int, max_splits: int,
@@ -125,6 +140,7 @@ class StepTimeModel:
         # fp8 block-quantized linears: each call first quantizes its input per 128-wide group in a
         # kernel of its own, then runs the block-scaled GEMM (fixed GPU time per call, fitted)
         self.fp8_call_s = float(ov.get("fp8_block_gemm_s", 0.0))
+        fp8_kstep_s = float(ov.get("fp8_block_gemm_kstep_s", 0.0))
         self.gemms = []
         self.tile_tuned_gemms: set[str] = set()  # block-fp8 linears: the tuned tile files cover them
         for g in gemms(model, ckpt, layout):
@@ -132,7 +148,11 @@ class StepTimeModel:
             rate = self._rate(g.dtype) * eff["dense"]
             table = find("gemm", g.key)
             read_s = g.n * g.k * bpp / self.bw
-            fixed_s = self.fp8_call_s if g.dtype == "fp8_block" else 0.0
+            fixed_s = 0.0
+            if g.dtype == "fp8_block":
+                fixed_s = self.fp8_call_s
+                # at decode sizes the weight streams no faster than its tiles' chain of K blocks
+                read_s = max(read_s, fp8_block_chain_s(g.n, g.k, gpu.sm_count, fp8_kstep_s))
             self.gemms.append((g.layers, 2.0 * g.n * g.k, read_s, rate, table, g.per == "logit", g.name, fixed_s))
             if g.dtype == "fp8_block":
                 self.tile_tuned_gemms.add(g.name)

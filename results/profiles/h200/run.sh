@@ -23,7 +23,8 @@
 # copies: a check of the tool, not a table), hicache-write (`--ops hicache_write`: the scheduler
 # thread's CPU time to issue one HiCache write-through backup of 1 to 32,768 tokens with SGLang's staged
 # write-back, Qwen3-30B-A3B fp8 and bf16 KV, DeepSeek-V3 fp8 KV, page size 1). QUICK=0 times the full
-# grid instead of --quick's coarse one.
+# grid instead of --quick's coarse one. PROFILE_OPS (e.g. gemm,decode_attention) times only those
+# operators in the profile steps.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LIMIT=${LIMIT:-540}
@@ -56,7 +57,8 @@ profile() {
   local l; l=$(left)
   [ "$l" -gt 60 ] || { echo "$name profile: skipped, only $l s left" | tee -a "$LOGS/steps.log"; return 1; }
   local ts; ts=$(date +%s)
-  timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" --hardware "$GPU_DIR" $quick "$@" \
+  local ops=(); [ -n "${PROFILE_OPS:-}" ] && ops=(--ops "$PROFILE_OPS")
+  timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" --hardware "$GPU_DIR" $quick "$@" "${ops[@]}" \
     -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-${LOG_TAG:-$name}.log" 2>&1
   local rc=$?
   echo "$name profile: rc $rc in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
