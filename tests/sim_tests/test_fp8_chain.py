@@ -13,7 +13,7 @@ from tuner.sim.steptime import StepTimeModel, fp8_block_chain_s
 
 from tests.conftest import REPO
 
-TABLES = REPO / "results" / "profiles" / "h200" / "tables"
+PROFILES = REPO / "results" / "profiles"
 
 
 def test_chain_walks_k_in_128_blocks_and_queues_tiles_past_the_sms():
@@ -29,10 +29,10 @@ def test_chain_walks_k_in_128_blocks_and_queues_tiles_past_the_sms():
     assert fp8_block_chain_s(2112, 7168, 132, 0.0) == 0.0
 
 
-def _model(name: str, quantization: str | None, **overhead):
-    model, gpu = get_model(name), get_gpu("h200")
+def _model(name: str, quantization: str | None, gpu_name: str = "h200", **overhead):
+    model, gpu = get_model(name), get_gpu(gpu_name)
     flags = {"tp-size": 1, "attention-backend": "triton", **({"quantization": quantization} if quantization else {})}
-    cal = load_calibration("h200")
+    cal = load_calibration(gpu_name)
     cal["overhead"].update(overhead)
     layout = parse_layout(model, flags, 1)
     # no operator tables: the roofline with the chain is what is under test
@@ -40,13 +40,13 @@ def _model(name: str, quantization: str | None, **overhead):
                          gpus_per_node=8, flags=flags, sglang_version="0.5.17", op_tables=OpTables.empty()), layout
 
 
-def _timed_fp8_gemms():
-    """(model, name, tokens, measured seconds) of every block-fp8 linear the H200's tables timed at
+def _timed_fp8_gemms(gpu_name: str):
+    """(model, name, tokens, measured seconds) of every block-fp8 linear a GPU's tables timed at
     decode sizes."""
     rows = []
     for path, model in (("deepseek-v3-tp1-fp8-fp8kv-triton-0.5.17.json", "deepseek-v3"),
                         ("qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json", "qwen3-30b-a3b")):
-        doc = json.loads((TABLES / path).read_text())
+        doc = json.loads((PROFILES / gpu_name / "tables" / path).read_text())
         for op in doc["ops"]:
             if op["op"] == "gemm" and op["shape"]["dtype"] == "fp8_block":
                 for tokens, us in zip(op["grid"]["tokens"], op["us"]):
@@ -55,24 +55,26 @@ def _timed_fp8_gemms():
     return rows
 
 
-def test_the_chain_reproduces_the_h200_tables_at_decode_sizes():
-    """The two constants in the committed calibration (4.5-5 us a call, 0.5 us a K block) against
-    ten timed shapes of two models from 10 to 126 us; the roofline alone is 2-6x short on most."""
-    rows = _timed_fp8_gemms()
+@pytest.mark.parametrize("gpu_name", ["h200", "h100"])
+def test_the_chain_reproduces_the_tables_at_decode_sizes(gpu_name):
+    """Two constants (4.4 us a call, 0.5 us a K block, both from the H200's tables) against ten
+    timed shapes of two models from 10 to 133 us; the roofline alone is 2-6x short on most. The
+    H100's tables (call 60) were timed after the constants were set, with SGLang's default tiles
+    (it ships no tile files for the H100): a check on data the constants never saw."""
+    rows = _timed_fp8_gemms(gpu_name)
     assert len(rows) == 20
     errors, roofline_errors = [], []
     for model_name, name, tokens, measured in rows:
-        sm, layout = _model(model_name, "fp8")
-        entry = next(g for g in sm.gemms if g[6] == name)
-        layers, flops, read_s, rate, _, _, _, fixed_s = entry
+        sm, layout = _model(model_name, "fp8", gpu_name, fp8_block_gemm_s=4.4e-6)
+        layers, flops, read_s, rate, _, _, _, fixed_s = next(g for g in sm.gemms if g[6] == name)
         predicted = max(flops * tokens / rate, read_s) + fixed_s
         g = next(g for g in gemms(sm.m, resolve_checkpoint(sm.m, "fp8"), layout) if g.name == name)
         roofline = max(flops * tokens / rate, g.n * g.k / sm.bw) + fixed_s
         errors.append(abs(predicted / measured - 1))
         roofline_errors.append(abs(roofline / measured - 1))
-        assert abs(predicted / measured - 1) < 0.3, (model_name, name, tokens, predicted, measured)
-    assert sum(errors) / len(errors) < 0.12
-    assert sum(roofline_errors) / len(roofline_errors) > 0.4
+        assert abs(predicted / measured - 1) < 0.25, (model_name, name, tokens, predicted, measured)
+    assert sum(errors) / len(errors) < 0.10
+    assert sum(roofline_errors) / len(roofline_errors) > 0.35
 
 
 def test_decode_linears_are_flat_in_tokens_until_compute_overtakes():
