@@ -13,7 +13,7 @@ the fitted values are exactly the calibration keys the simulator reads:
 * ``memory_efficiency``: the share of HBM bandwidth at which a decode step streams the weights it
   touches (dense weights and the experts the batch routes to);
 * ``kv_memory_efficiency``: the same for the decode attention kernel reading the KV cache;
-* ``compute_efficiency.decode_attention``: compute-bound decode attention (MLA's absorbed form);
+* ``compute_efficiency.decode_attention``: SGLang's Triton MLA decode kernel (absorbed, compute-bound);
 * ``overhead.eager_prefill_per_layer_s``: launch cost per layer of a prefill step without prefill
   CUDA graphs (every kernel launched from Python); ``overhead.prefill_batch_s``: the fixed cost of a
   prefill step outside its kernels (building the batch, sampling its first tokens);
@@ -88,7 +88,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter(("overhead", "fp8_block_gemm_s"), 0.0, 2e-4, needs="fp8_block",
               meaning="fixed GPU time per fp8 block-quantized linear call (input quantization kernel + block GEMM)"),
     Parameter(("compute_efficiency", "decode_attention"), 0.01, 1.0, needs="mla",
-              meaning="compute share of MLA's absorbed decode attention"),
+              meaning="compute share of SGLang's Triton MLA decode kernel (absorbed)"),
     Parameter(("overhead", "eager_prefill_per_layer_s"), 0.0, 5e-3, needs="eager_prefill",
               meaning="launch cost per layer of a prefill step without prefill CUDA graphs"),
     Parameter(("overhead", "prefill_per_layer_s"), 0.0, 5e-3, needs="graph_prefill",

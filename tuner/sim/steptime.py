@@ -167,7 +167,12 @@ class StepTimeModel:
         bf16 = gpu.bf16_tflops * 1e12
         fp8 = gpu.fp8_tflops * 1e12
         self.attn_rate = bf16 * eff["attention"]
-        self.decode_attn_rate = bf16 * eff.get("decode_attention", eff["attention"])
+        # SGLang's Triton MLA decode kernel (absorbed, 16 heads a tl.dot) is compute-bound at its own,
+        # measured rate; other decode kernels (GQA's stream their KV; FA3, FlashInfer, FlashMLA and
+        # DSA's sparse ones) take the attention kernels' share
+        triton_mla = self.attention_backend == "triton" and model.is_mla and model.attention != "dsa"
+        self.decode_attn_rate = bf16 * (eff.get("decode_attention", eff["attention"]) if triton_mla
+                                        else eff["attention"])
         ext_eff = eff.get("extend_attention") or {}
         self.attn_shape = attention_shape(model, layout, kv_cache_dtype)
         ab = self.attention_backend
