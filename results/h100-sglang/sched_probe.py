@@ -16,8 +16,9 @@ On a GPU machine with the SGLang kit (results/h100-sglang/sched_probe.sh runs it
 For each server and each count of concurrent requests it sends that many streaming requests of
 ``PROMPT_TOKENS`` random tokens and ``OUTPUT_TOKENS`` output tokens together and keeps every
 token's arrival time; DIR/sched-probe.json holds them. A request's steady decode step is the median
-gap between its tokens while every request of the round is still running. `--report DIR` prints
-the medians beside the simulator's step and its CPU floor (CPU only).
+gap between its tokens while every request of the round is still running. `--report DIR` (or `--report FILE`) prints
+the medians beside the simulator's step and its CPU floor (CPU only). `--prompt-tokens` and
+`--concurrency` probe the CPU per request at long contexts.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def write_model(model_dir: str, layers: int) -> None:
     write_model_dir(p.model, p.ckpt, model_dir)
 
 
-async def stream(session, base: str, rng: random.Random) -> list[float]:
-    ids = [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(PROMPT_TOKENS)]
+async def stream(session, base: str, rng: random.Random, prompt_tokens: int = PROMPT_TOKENS) -> list[float]:
+    ids = [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(prompt_tokens)]
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0.0}}
     arrivals = []
@@ -73,17 +74,18 @@ async def stream(session, base: str, rng: random.Random) -> list[float]:
     return arrivals
 
 
-async def serve_and_probe(label: str, layers: int, out: Path, port: int, seed: int) -> list[dict]:
+async def serve_and_probe(label: str, layers: int, out: Path, port: int, seed: int, prompt_tokens: int,
+                          concurrency: tuple[int, ...]) -> list[dict]:
     model_dir = f"/tmp/model-sched-{layers}"
     write_model(model_dir, layers)
     rows = []
     async with serving(server_command(model_dir, port), out / f"server-{label}.log", port, label) as (session, base):
         rng = random.Random(seed)
         await asyncio.gather(*(stream(session, base, rng) for _ in range(8)))  # warm-up
-        for n in CONCURRENCY:
+        for n in concurrency:
             t0 = time.perf_counter()
-            got = await asyncio.gather(*(stream(session, base, rng) for _ in range(n)))
-            rows.append({"server": label, "layers": layers, "concurrency": n,
+            got = await asyncio.gather(*(stream(session, base, rng, prompt_tokens) for _ in range(n)))
+            rows.append({"server": label, "layers": layers, "concurrency": n, "prompt_tokens": prompt_tokens,
                          "arrivals_s": [[round(t - t0, 6) for t in a] for a in got]})
             print(f"{label}: {n} requests, {steady_step_ms(rows[-1]):.2f} ms a step", flush=True)
             await asyncio.sleep(0.5)
@@ -101,7 +103,7 @@ def steady_step_ms(row: dict) -> float:
     return statistics.median(gaps) * 1e3 if gaps else float("nan")
 
 
-def predicted_ms(layers: int, running: int, gpu: str) -> tuple[float, float]:
+def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMPT_TOKENS) -> tuple[float, float]:
     """The simulator's decode step (overlap scheduler) and its CPU floor for ``running`` requests
     of the probe's length on the probe's server, in ms."""
     from tuner.catalog import get_gpu, get_model
@@ -111,7 +113,7 @@ def predicted_ms(layers: int, running: int, gpu: str) -> tuple[float, float]:
     model = get_model(MODEL) if layers == FULL_LAYERS else get_model(
         {"name": MODEL, "overrides": {"num_hidden_layers": layers}})
     sm = _prepare(model, get_gpu(gpu), 1, FLAGS, {}, 1, None, None, "0.5.17")[3]
-    ctx = PROMPT_TOKENS + OUTPUT_TOKENS // 2
+    ctx = prompt_tokens + OUTPUT_TOKENS // 2
     w = RankWork(decode_reqs=running, decode_ctx_tokens=running * ctx, decode_max_ctx_tokens=ctx,
                  decode_min_ctx_tokens=ctx)
     cpu = sm.cpu_step_s + running * sm.per_req_s
@@ -119,14 +121,15 @@ def predicted_ms(layers: int, running: int, gpu: str) -> tuple[float, float]:
 
 
 def report(out: Path) -> None:
-    doc = json.loads((out / "sched-probe.json").read_text())
+    doc = json.loads(out.read_text() if out.is_file() else (out / "sched-probe.json").read_text())
     gpu = doc.get("gpu", "h100")
     print(f"{gpu}: steady decode step by running requests (ms); sim = the simulator's step, "
           f"sim CPU = its scheduler floor (cpu_step_s + running x per_request_s)")
-    print(f"{'server':6s} {'layers':>6s} {'running':>7s} {'measured':>9s} {'sim':>7s} {'sim CPU':>8s}")
+    print(f"{'server':6s} {'layers':>6s} {'prompt':>7s} {'running':>7s} {'measured':>9s} {'sim':>7s} {'sim CPU':>8s}")
     for row in doc["rows"]:
-        sim, cpu = predicted_ms(row["layers"], row["concurrency"], gpu)
-        print(f"{row['server']:6s} {row['layers']:6d} {row['concurrency']:7d} {steady_step_ms(row):9.2f} "
+        prompt = row.get("prompt_tokens", PROMPT_TOKENS)
+        sim, cpu = predicted_ms(row["layers"], row["concurrency"], gpu, prompt)
+        print(f"{row['server']:6s} {row['layers']:6d} {prompt:7d} {row['concurrency']:7d} {steady_step_ms(row):9.2f} "
               f"{sim:7.2f} {cpu:8.2f}")
 
 
@@ -136,6 +139,11 @@ def main() -> None:
     ap.add_argument("--servers", default="thin,full", help="servers in order: thin (--layers layers), full")
     ap.add_argument("--layers", type=int, default=2, help="layers of the thin server")
     ap.add_argument("--gpu", default="h100", help="the catalog GPU the call runs on (for --report's simulator)")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                    help="tokens of each request's prompt (a longer one: the CPU per request at long contexts)")
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
+                    help="counts of requests decoding side by side, in order")
+    ap.add_argument("--result", default="sched-probe.json", help="file name of the result under --out")
     ap.add_argument("--port", type=int, default=31200)
     ap.add_argument("--report", action="store_true", help="print the committed result beside the simulator (CPU)")
     args = ap.parse_args()
@@ -148,13 +156,20 @@ def main() -> None:
         ap.error(f"--servers: unknown {', '.join(bad)}; valid: thin, full")
     if not 1 <= args.layers < FULL_LAYERS:
         ap.error(f"--layers: expected 1 to {FULL_LAYERS - 1}, got {args.layers}")
+    try:
+        concurrency = tuple(int(n) for n in args.concurrency.split(","))
+    except ValueError:
+        ap.error(f"--concurrency: expected comma-separated counts, got {args.concurrency!r}")
+    if args.prompt_tokens < 1 or any(n < 1 for n in concurrency):
+        ap.error("--prompt-tokens and --concurrency: expected positive counts")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, label in enumerate(servers):
         layers = args.layers if label == "thin" else FULL_LAYERS
-        rows += asyncio.run(serve_and_probe(label, layers, args.out, args.port + i, seed=21 + i))
-        (args.out / "sched-probe.json").write_text(json.dumps({
-            "model": MODEL, "gpu": args.gpu, "flags": FLAGS, "prompt_tokens": PROMPT_TOKENS,
+        rows += asyncio.run(serve_and_probe(label, layers, args.out, args.port + i, 21 + i, args.prompt_tokens,
+                                            concurrency))
+        (args.out / args.result).write_text(json.dumps({
+            "model": MODEL, "gpu": args.gpu, "flags": FLAGS, "prompt_tokens": args.prompt_tokens,
             "output_tokens": OUTPUT_TOKENS, "rows": rows}))
 
 

@@ -185,3 +185,25 @@ def test_whole_steps_are_predicted_under_each_sets_own_entry(tmp_path):
     assert long_(eager)["predicted_s"] == pytest.approx(long_(graph)["predicted_s"], rel=0.05)
     text = CliRunner().invoke(cli, ["calibration", "whole-steps", str(sets), "--rows"]).output
     assert "prefill-probe/one-batch-eager.jsonl" in text and "8192 tokens" in text
+
+
+def test_a_measured_value_is_held_and_not_written(tmp_path, capsys):
+    """--hold keeps a value measured directly (the scheduler's CPU, timed by its own probe) as the
+    calibration files give it: the fit moves the others around it and writes none of the held."""
+    out = tmp_path / "held.yaml"
+    res = CliRunner().invoke(cli, ["calibration", "fit", "--results", RESULTS, "--only-trials", "h200-sglang-qwen3#1",
+                                   "--hold", "overhead.cpu_step_s", "--hold", "overhead.per_request_s",
+                                   "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s"]
+    params = {p["name"]: p for p in doc["parameters"]}
+    for name in doc["held_measured"]:
+        assert params[name]["measured"] and not params[name]["fitted_from_data"]
+    assert params["overhead.layer_s"]["fitted_from_data"]
+    values = yaml.safe_load(out.read_text())
+    assert "cpu_step_s" not in values["overhead"] and "per_request_s" not in values["overhead"]
+    prior = load_calibration("h200")["overhead"]
+    assert load_calibration("h200", out)["overhead"]["cpu_step_s"] == prior["cpu_step_s"]
+    code, err = _main(["calibration", "fit", "--results", RESULTS, "--hold", "overhead.cpu_s"], capsys)
+    assert code == 2 and "--hold" in err and "overhead.cpu_s" in err and "overhead.per_request_s" in err

@@ -332,10 +332,12 @@ def _measured_load_back(sm: dict | None) -> dict | None:
     return None if c is None else {"load_back_tokens": c["load_back_tokens"], "loads": c["loads"]}
 
 
-def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=None, whole_steps=()) -> dict:
+def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=None, whole_steps=(),
+             calibration: dict | None = None, held=()) -> dict:
     """Cross-validation of the calibration fit (``tuner.sim.stepfit.calibrate``): for each group
-    of trials (one trial, or one model), fit on every other trial (and the ``whole_steps``) and
-    predict the group's load points; the MAPEs are of those predictions only."""
+    of trials (one trial, or one model), fit on every other trial (and the ``whole_steps``) from
+    ``calibration`` with the values ``held`` kept, as the fit itself, and predict the group's load
+    points; the MAPEs are of those predictions only."""
     if by not in ("trial", "model"):
         raise ConfigError(f"unknown hold-out {by!r}; valid: trial, model", key="--hold-out")
     key = (lambda t: t.label) if by == "trial" else (lambda t: t.model.name)
@@ -351,7 +353,8 @@ def held_out(trials, points: list[LoadPoint], *, by: str = "trial", progress=Non
             continue
         if progress:
             progress(f"hold out {name}: fit on {len(train)} trials, predict {len(test)} load points")
-        fitted = calibrate(train, [p for p in points if p not in test], whole_steps=whole_steps)
+        fitted = calibrate(train, [p for p in points if p not in test], whole_steps=whole_steps,
+                           calibration=calibration, held=held)
         fold = [predict_point(p, calibration=fitted.calibration) for p in test]
         results += fold
         folds.append({"held_out": name, "trained_on": [t.label for t in train], **summarize(fold),

@@ -112,9 +112,13 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
                    "the configuration that ran them in a set file (tuner/sim/wholesteps.py), e.g. "
                    "results/profiles/h200/whole-steps.yaml; repeatable. They pin the forward; the windows then "
                    "say what the scheduler adds.")
+@click.option("--hold", "holds", multiple=True, metavar="NAME",
+              help="Keep this value as the calibration files give it instead of fitting it, where it was "
+                   "measured directly: a parameter name of the fit's table, e.g. overhead.cpu_step_s (the "
+                   "scheduler's CPU, results/h100-sglang/sched_probe.py). Repeatable.")
 @profiles_option
 @json_option
-def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, whole_step_files, profile_dirs,
+def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, whole_step_files, holds, profile_dirs,
         as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
@@ -137,6 +141,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
         if not as_json:
             click.echo(msg, err=True)
 
+    names = [p.name for p in PARAMETERS]
+    unknown = [h for h in holds if h not in names]
+    if unknown:
+        from tuner.errors import ConfigError
+        raise ConfigError(f"no fitted parameter {unknown[0]!r}; valid: {', '.join(names)}", key="--hold")
     whole_steps = [ws for f in whole_step_files for ws in read_whole_step_sets(f)]
     all_trials, all_points = load_real_data(results_dirs)
     selection = TrialSelection.parse(only_trials, exclude_trials)
@@ -156,6 +165,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
     base, held = fit_base(trials[0].gpu.name, context)
     if held:
         say(f"held from the fits of other contexts (valid here): {', '.join(held)}")
+    measured = [h for h in holds if not is_held(tuple(h.split(".")), held)]
+    if measured:
+        say("held as the calibration files give them (--hold): " + ", ".join(
+            f"{h} {get_path(base, tuple(h.split('.'))):.4g}" for h in measured))
+        held = held + measured
     if whole_steps:
         say(f"{sum(len(ws.steps) for ws in whole_steps)} whole steps in {len(whole_steps)} sets: "
             f"{', '.join(ws.label for ws in whole_steps)}")
@@ -163,11 +177,11 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
                     progress=lambda m: say(m) if "prefill scale" in m else None, whole_steps=whole_steps)
     doc = {
         "context": context, "trials": res.trials, "left_out": left_out, "windows": res.windows,
-        "held": held,
+        "held": held, "held_measured": measured,
         "parameters": [{"name": p.name, "prior": res.prior.get(p.name),
                         "fitted": get_path(res.calibration, p.path) if p.name in res.values else None,
                         "meaning": p.meaning, "fitted_from_data": p.name in res.values,
-                        "held": is_held(p.path, held),
+                        "held": is_held(p.path, held), "measured": p.name in measured,
                         "at_bound": p.name in res.at_bound} for p in PARAMETERS],
         "prefill_scale": None if res.prefill_scale is None else {
             "scale": res.prefill_scale.scale, "fitted": res.prefill_scale.fitted,
@@ -193,7 +207,8 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
                              "mape": _rounded(doc["unseen"]["mape"]),
                              "verdict_agreement": doc["unseen"]["verdict_agreement"]}
     if hold_out != "none":
-        doc["held_out"] = held_out(trials, points, by=hold_out, progress=say, whole_steps=whole_steps)
+        doc["held_out"] = held_out(trials, points, by=hold_out, progress=say, whole_steps=whole_steps,
+                                   calibration=base, held=held)
         checked["held_out"] = {"by": hold_out, "mape": _rounded(doc["held_out"]["mape"]),
                                "verdict_agreement": doc["held_out"]["verdict_agreement"]}
     if write:
@@ -421,6 +436,7 @@ def _format_fit(doc: dict) -> str:
     for p in doc["parameters"]:
         fitted = "-" if p["fitted"] is None else f"{p['fitted']:.4g}"
         note = (" (at bound)" if p["at_bound"] else "" if p["fitted_from_data"] else
+                " (held: measured, --hold)" if p.get("measured") else
                 " (held: another context's fit gives it)" if p.get("held") else " (not in the data: prior kept)")
         lines.append(f"{p['name']:<50}{p['prior']:>12.4g}{fitted:>12}  {p['meaning']}{note}")
     ps = doc["prefill_scale"]
