@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -44,10 +46,10 @@ OUTPUT_TOKENS = 160
 FULL_LAYERS = 48  # Qwen3-30B-A3B
 
 
-def server_command(model_dir: str, port: int) -> list[str]:
+def server_command(model_dir: str, port: int, flags: dict) -> list[str]:
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
-    for k, v in FLAGS.items():
+    for k, v in flags.items():
         cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     return cmd
 
@@ -75,11 +77,12 @@ async def stream(session, base: str, rng: random.Random, prompt_tokens: int = PR
 
 
 async def serve_and_probe(label: str, layers: int, out: Path, port: int, seed: int, prompt_tokens: int,
-                          concurrency: tuple[int, ...]) -> list[dict]:
+                          concurrency: tuple[int, ...], flags: dict, log_tag: str = "") -> list[dict]:
     model_dir = f"/tmp/model-sched-{layers}"
     write_model(model_dir, layers)
     rows = []
-    async with serving(server_command(model_dir, port), out / f"server-{label}.log", port, label) as (session, base):
+    log = out / f"server-{label}{log_tag}.log"
+    async with serving(server_command(model_dir, port, flags), log, port, label) as (session, base):
         rng = random.Random(seed)
         await asyncio.gather(*(stream(session, base, rng) for _ in range(8)))  # warm-up
         for n in concurrency:
@@ -103,6 +106,39 @@ def steady_step_ms(row: dict) -> float:
     return statistics.median(gaps) * 1e3 if gaps else float("nan")
 
 
+QUEUE_BUCKETS = ((0, 0), (1, 15), (16, 63), (64, None))
+DECODE_LINE = re.compile(r"#running-req: (\d+).*gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+)")
+
+
+def server_steps(log: Path) -> dict[tuple[int, int], list[float]]:
+    """The server's own decode steps (ms, from its ``Decode batch`` lines: running / throughput) by
+    (running requests, index of the waiting-queue bucket)."""
+    opener = gzip.open if log.suffix == ".gz" else open
+    steps: dict[tuple[int, int], list[float]] = {}
+    with opener(log, "rt") as f:
+        for line in f:
+            m = DECODE_LINE.search(line)
+            if not m or float(m.group(2)) <= 0:
+                continue
+            running, waiting = int(m.group(1)), int(m.group(3))
+            bucket = next(i for i, (lo, hi) in enumerate(QUEUE_BUCKETS) if lo <= waiting and (hi is None or waiting <= hi))
+            steps.setdefault((running, bucket), []).append(running / float(m.group(2)) * 1e3)
+    return steps
+
+
+def report_server_logs(out: Path) -> None:
+    logs = sorted(out.glob("server-*.log*")) if out.is_dir() else []
+    for log in logs:
+        steps = server_steps(log)
+        if not any(b for _, b in steps):
+            continue  # no waiting queue in this server's run
+        print(f"{log.name}: the server's decode steps by running requests and waiting ones (median ms, lines)")
+        for (running, b), v in sorted(steps.items()):
+            lo, hi = QUEUE_BUCKETS[b]
+            waiting = f"{lo}" if lo == hi else f"{lo}-{hi if hi is not None else ''}"
+            print(f"  running {running:4d}  waiting {waiting:>6s}  {statistics.median(v):7.2f} ms ({len(v)})")
+
+
 def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMPT_TOKENS) -> tuple[float, float]:
     """The simulator's decode step (overlap scheduler) and its CPU floor for ``running`` requests
     of the probe's length on the probe's server, in ms."""
@@ -121,6 +157,7 @@ def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMP
 
 
 def report(out: Path) -> None:
+    report_server_logs(out)
     doc = json.loads(out.read_text() if out.is_file() else (out / "sched-probe.json").read_text())
     gpu = doc.get("gpu", "h100")
     print(f"{gpu}: steady decode step by running requests (ms); sim = the simulator's step, "
@@ -144,6 +181,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)),
                     help="counts of requests decoding side by side, in order")
     ap.add_argument("--result", default="sched-probe.json", help="file name of the result under --out")
+    ap.add_argument("--flag", dest="flags", action="append", default=[], metavar="NAME=VALUE",
+                    help="a server flag over the studies' (e.g. max-running-requests=8: the rest of a round waits "
+                         "in the queue, whose cost per step the server's log then shows); repeatable")
     ap.add_argument("--port", type=int, default=31200)
     ap.add_argument("--report", action="store_true", help="print the committed result beside the simulator (CPU)")
     args = ap.parse_args()
@@ -162,14 +202,21 @@ def main() -> None:
         ap.error(f"--concurrency: expected comma-separated counts, got {args.concurrency!r}")
     if args.prompt_tokens < 1 or any(n < 1 for n in concurrency):
         ap.error("--prompt-tokens and --concurrency: expected positive counts")
+    flags = dict(FLAGS)
+    for item in args.flags:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            ap.error(f"--flag: expected NAME=VALUE, got {item!r}")
+        flags[name] = value
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, label in enumerate(servers):
         layers = args.layers if label == "thin" else FULL_LAYERS
+        tag = "" if args.result == "sched-probe.json" else "-" + Path(args.result).stem.removeprefix("sched-probe-")
         rows += asyncio.run(serve_and_probe(label, layers, args.out, args.port + i, 21 + i, args.prompt_tokens,
-                                            concurrency))
+                                            concurrency, flags, tag))
         (args.out / args.result).write_text(json.dumps({
-            "model": MODEL, "gpu": args.gpu, "flags": FLAGS, "prompt_tokens": args.prompt_tokens,
+            "model": MODEL, "gpu": args.gpu, "flags": flags, "prompt_tokens": args.prompt_tokens,
             "output_tokens": OUTPUT_TOKENS, "rows": rows}))
 
 
