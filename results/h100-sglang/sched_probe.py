@@ -157,8 +157,18 @@ def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMP
 
 
 def report(out: Path) -> None:
-    report_server_logs(out)
-    doc = json.loads(out.read_text() if out.is_file() else (out / "sched-probe.json").read_text())
+    """``out``: a result file, or a folder (its servers' logs, then every result file in it)."""
+    if out.is_dir():
+        report_server_logs(out)
+        for path in sorted(out.glob("sched-probe*.json")):
+            print(f"\n{path.name}:")
+            report_one(path)
+    else:
+        report_one(out)
+
+
+def report_one(path: Path) -> None:
+    doc = json.loads(path.read_text())
     gpu = doc.get("gpu", "h100")
     print(f"{gpu}: steady decode step by running requests (ms); sim = the simulator's step, "
           f"sim CPU = its scheduler floor (cpu_step_s + running x per_request_s)")
@@ -166,8 +176,9 @@ def report(out: Path) -> None:
     for row in doc["rows"]:
         prompt = row.get("prompt_tokens", PROMPT_TOKENS)
         sim, cpu = predicted_ms(row["layers"], row["concurrency"], gpu, prompt)
-        print(f"{row['server']:6s} {row['layers']:6d} {prompt:7d} {row['concurrency']:7d} {steady_step_ms(row):9.2f} "
-              f"{sim:7.2f} {cpu:8.2f}")
+        measured = steady_step_ms(row)  # none where a round outgrew the server's running limit (a queue)
+        cell = f"{measured:9.2f}" if measured == measured else f"{'-':>9s}"
+        print(f"{row['server']:6s} {row['layers']:6d} {prompt:7d} {row['concurrency']:7d} {cell} {sim:7.2f} {cpu:8.2f}")
 
 
 def main() -> None:

@@ -16,6 +16,5 @@ left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 timeout -s INT $(( $(left) - 20 )) python3 results/h100-sglang/sched_probe.py --out "$OUT" --gpu "$GPU" \
   --servers "${SERVERS:-thin,full}" --layers "${LAYERS:-2}" --prompt-tokens "${PROMPT:-64}" \
   --concurrency "${CONCURRENCY:-1,2,4,8,16,32,64,96}" --result "${RESULT:-sched-probe.json}" ${FLAGS:-} 2>&1 | tee "$LOGS/sched-probe.log" | grep -v "^\[" | tail -30
-python3 results/h100-sglang/sched_probe.py --out "$OUT" --report 2>&1 | grep -v "^server\|^thin\|^full\|^h100\|^h200" | head -60
-python3 results/h100-sglang/sched_probe.py --out "$OUT/${RESULT:-sched-probe.json}" --report 2>&1 | tee "$LOGS/report.log"
+python3 results/h100-sglang/sched_probe.py --out "$OUT" --report 2>&1 | tee "$LOGS/report.log"
 echo "call took $(( $(date +%s) - t0 )) s"
