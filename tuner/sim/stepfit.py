@@ -7,7 +7,9 @@ step-time model (``tuner.sim.steptime.StepTimeModel``) built for each trial's co
 the fitted values are exactly the calibration keys the simulator reads:
 
 * ``overhead.cpu_step_s`` + ``overhead.per_request_s`` x running: the scheduler's CPU time per
-  step; the overlap scheduler hides it behind the GPU step, so it is the floor of a step;
+  step; the overlap scheduler hides it behind the GPU step, so it is the floor of a step (on the
+  studies' servers it fits well above the scheduler's own CPU, measured alone by
+  results/h100-sglang/sched_probe.py: docs/calibration.md, "The scheduler's CPU, measured");
 * ``overhead.layer_s``: fixed GPU time per layer of a decode step (the small kernels of a layer
   inside a CUDA graph);
 * ``memory_efficiency``: the share of HBM bandwidth at which a decode step streams the weights it
@@ -80,8 +82,9 @@ class Parameter:
 
 
 PARAMETERS: tuple[Parameter, ...] = (
-    Parameter(("overhead", "cpu_step_s"), 1e-4, 0.03, meaning="scheduler CPU per step (floor of a step)"),
-    Parameter(("overhead", "per_request_s"), 0.0, 1e-3, meaning="scheduler CPU per running request per step"),
+    Parameter(("overhead", "cpu_step_s"), 1e-4, 0.03,
+              meaning="floor of a decode step beyond its forward: the scheduler's CPU and what else the servers spend"),
+    Parameter(("overhead", "per_request_s"), 0.0, 1e-3, meaning="the same floor per running request per step"),
     Parameter(("overhead", "layer_s"), 0.0, 1e-3, meaning="fixed GPU time per layer of a decode step"),
     Parameter(("memory_efficiency",), 0.1, 1.0, meaning="HBM share when a decode step streams weights"),
     Parameter(("kv_memory_efficiency",), 0.05, 1.0, needs="gqa", meaning="HBM share of the decode KV reads"),
