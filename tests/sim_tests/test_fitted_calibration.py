@@ -137,8 +137,10 @@ def test_the_committed_h200_fit_applies_to_0517_triton_eager_prefill_only():
     default = load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))
     assert fitted["fitted_applied"] and not default["fitted_applied"]
     assert fitted["fitted_checks"][0]["load_points"] >= 9
-    # the fitted scheduler CPU floor is measured (several ms), the default is the old guess
-    assert fitted["overhead"]["cpu_step_s"] > 3 * default["overhead"]["cpu_step_s"]
+    # the fitted floor of a step (several ms on the studies' servers) is not the prior, the
+    # scheduler's own CPU measured alone (1.67 ms, results/h100-sglang/sched-probe)
+    assert fitted["overhead"]["cpu_step_s"] > 2.5 * default["overhead"]["cpu_step_s"]
+    assert default["overhead"]["cpu_step_s"] == pytest.approx(1.67e-3)
 
 
 def test_a_gpu_without_its_own_fit_takes_the_fit_of_a_gpu_of_the_same_architecture():
