@@ -45,13 +45,19 @@ SECOND_TOKENS = 4000
 VOCAB_LO, VOCAB_HI = 1000, 150000
 
 
-def server_command(model_dir: str, port: int, hicache: bool, page_size: int = 1) -> list[str]:
-    flags = {**FLAGS, **(HICACHE if hicache else {}), **({"page-size": page_size} if page_size > 1 else {})}
+def sglang_command(model_dir: str, port: int, flags: dict) -> list[str]:
+    """An SGLang server of ``model_dir``'s config.json with random weights on the loopback ``port``
+    (``flags``: SGLang's flags without the dashes, True for a bare switch); the probes' one launch line."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--load-format", "dummy",
            "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
     for k, v in flags.items():
         cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     return cmd
+
+
+def server_command(model_dir: str, port: int, hicache: bool, page_size: int = 1) -> list[str]:
+    flags = {**FLAGS, **(HICACHE if hicache else {}), **({"page-size": page_size} if page_size > 1 else {})}
+    return sglang_command(model_dir, port, flags)
 
 
 async def wait_ready(session, base: str, proc: subprocess.Popen, limit_s: float) -> None:

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, write_model  # noqa: E402
+from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, sglang_command, write_model  # noqa: E402
 
 FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.85,
          "attention-backend": "triton", "sampling-backend": "pytorch", "schedule-policy": "fcfs",
@@ -49,12 +49,7 @@ def patterns() -> list[tuple[str, int, int]]:
 
 
 def server_command(model_dir: str, port: int, mode: str) -> list[str]:
-    flags = {**FLAGS, **MODES[mode]}
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--load-format", "dummy",
-           "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
-    for k, v in flags.items():
-        cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return cmd
+    return sglang_command(model_dir, port, {**FLAGS, **MODES[mode]})
 
 
 async def generate(session, base: str, ids: list[int]) -> dict:

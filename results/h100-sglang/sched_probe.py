@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving  # noqa: E402
+from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, sglang_command  # noqa: E402
 
 FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.85,
          "attention-backend": "triton", "sampling-backend": "pytorch", "schedule-policy": "fcfs",
@@ -44,14 +44,6 @@ CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 96)
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 160
 FULL_LAYERS = 48  # Qwen3-30B-A3B
-
-
-def server_command(model_dir: str, port: int, flags: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--load-format", "dummy",
-           "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(port)]
-    for k, v in flags.items():
-        cmd += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return cmd
 
 
 def write_model(model_dir: str, layers: int) -> None:
@@ -82,7 +74,7 @@ async def serve_and_probe(label: str, layers: int, out: Path, port: int, seed: i
     write_model(model_dir, layers)
     rows = []
     log = out / f"server-{label}{log_tag}.log"
-    async with serving(server_command(model_dir, port, flags), log, port, label) as (session, base):
+    async with serving(sglang_command(model_dir, port, flags), log, port, label) as (session, base):
         rng = random.Random(seed)
         await asyncio.gather(*(stream(session, base, rng) for _ in range(8)))  # warm-up
         for n in concurrency:

@@ -132,6 +132,7 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
     """
     use_profile_dirs(profile_dirs)
     from tuner.bench.fidelity import format_report, held_out, run_fidelity, summarize_points
+    from tuner.errors import ConfigError
     from tuner.sim.calibrate import fit_base, with_values, write_fitted
     from tuner.sim.measured import TrialSelection, trial_label
     from tuner.sim.stepfit import PARAMETERS, calibrate, fit_context, get_path, is_held, load_real_data
@@ -144,7 +145,6 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
     names = [p.name for p in PARAMETERS]
     unknown = [h for h in holds if h not in names]
     if unknown:
-        from tuner.errors import ConfigError
         raise ConfigError(f"no fitted parameter {unknown[0]!r}; valid: {', '.join(names)}", key="--hold")
     whole_steps = [ws for f in whole_step_files for ws in read_whole_step_sets(f)]
     all_trials, all_points = load_real_data(results_dirs)
@@ -154,7 +154,6 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
     trials = [t for t in all_trials if selection.keeps(t.study, t.trial)]
     points = [p for p in all_points if selection.keeps(p.study, p.trial)]
     if not trials:
-        from tuner.errors import ConfigError
         raise ConfigError("no selected trial has SGLang step lines in its server log", key="--only-trials")
     context = fit_context(trials)
     left_out = sorted({trial_label(t.study, t.trial) for t in all_trials} - {t.label for t in trials})

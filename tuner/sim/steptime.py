@@ -56,7 +56,7 @@ def fp8_block_chain_s(n: int, k: int, sm_count: int, kstep_s: float) -> float:
     """The shortest time of a block-fp8 Triton GEMM with an ``n`` x ``k`` weight at decode sizes:
     each output tile walks K one 128-deep block after another (``kstep_s`` a block), one tile an
     SM, and tiles beyond the SMs queue behind them. The time is flat in tokens until compute
-    overtakes it (docs/calibration.md, "Block-fp8 GEMM chain")."""
+    overtakes it (docs/calibration.md, "Block-fp8 GEMMs at decode sizes")."""
     if kstep_s <= 0:
         return 0.0
     tiles = n / FP8_BLOCK_TILE_N
@@ -153,9 +153,8 @@ class StepTimeModel:
                 fixed_s = self.fp8_call_s
                 # at decode sizes the weight streams no faster than its tiles' chain of K blocks
                 read_s = max(read_s, fp8_block_chain_s(g.n, g.k, gpu.sm_count, fp8_kstep_s))
-            self.gemms.append((g.layers, 2.0 * g.n * g.k, read_s, rate, table, g.per == "logit", g.name, fixed_s))
-            if g.dtype == "fp8_block":
                 self.tile_tuned_gemms.add(g.name)
+            self.gemms.append((g.layers, 2.0 * g.n * g.k, read_s, rate, table, g.per == "logit", g.name, fixed_s))
         self.any_gemm_table = any(t[4] is not None for t in self.gemms)
         token_gemms = [x for x in self.gemms if not x[5]]
         self.read_bound_tokens = min((r * rate / f for _, f, r, rate, *_ in self.gemms if f), default=0.0)
