@@ -210,7 +210,7 @@ def main() -> None:
         name, sep, value = item.partition("=")
         if not sep or not name:
             ap.error(f"--flag: expected NAME=VALUE, got {item!r}")
-        flags[name] = value
+        flags[name] = True if value.lower() == "true" else value  # a bare switch (SGLang takes no value)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, label in enumerate(servers):
