@@ -131,16 +131,18 @@ def report_server_logs(out: Path) -> None:
             print(f"  running {running:4d}  waiting {waiting:>6s}  {statistics.median(v):7.2f} ms ({len(v)})")
 
 
-def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMPT_TOKENS) -> tuple[float, float]:
+def predicted_ms(layers: int, running: int, gpu: str, prompt_tokens: int = PROMPT_TOKENS,
+                 flags: dict | None = None) -> tuple[float, float]:
     """The simulator's decode step (overlap scheduler) and its CPU floor for ``running`` requests
-    of the probe's length on the probe's server, in ms."""
+    of the probe's length on the probe's server (``flags``: its server flags, default the
+    studies'), in ms."""
     from tuner.catalog import get_gpu, get_model
     from tuner.sim.simulate import _prepare
     from tuner.sim.steptime import RankWork
 
     model = get_model(MODEL) if layers == FULL_LAYERS else get_model(
         {"name": MODEL, "overrides": {"num_hidden_layers": layers}})
-    sm = _prepare(model, get_gpu(gpu), 1, FLAGS, {}, 1, None, None, "0.5.17")[3]
+    sm = _prepare(model, get_gpu(gpu), 1, flags or FLAGS, {}, 1, None, None, "0.5.17")[3]
     ctx = prompt_tokens + OUTPUT_TOKENS // 2
     w = RankWork(decode_reqs=running, decode_ctx_tokens=running * ctx, decode_max_ctx_tokens=ctx,
                  decode_min_ctx_tokens=ctx)
@@ -162,12 +164,15 @@ def report(out: Path) -> None:
 def report_one(path: Path) -> None:
     doc = json.loads(path.read_text())
     gpu = doc.get("gpu", "h100")
+    on = [k for k, v in doc.get("flags", {}).items() if FLAGS.get(k) != v]
+    if on:
+        print("server flags beyond the probe's own: " + ", ".join(f"{k}={doc['flags'][k]}" for k in on))
     print(f"{gpu}: steady decode step by running requests (ms); sim = the simulator's step, "
           f"sim CPU = its scheduler floor (cpu_step_s + running x per_request_s)")
     print(f"{'server':6s} {'layers':>6s} {'prompt':>7s} {'running':>7s} {'measured':>9s} {'sim':>7s} {'sim CPU':>8s}")
     for row in doc["rows"]:
         prompt = row.get("prompt_tokens", PROMPT_TOKENS)
-        sim, cpu = predicted_ms(row["layers"], row["concurrency"], gpu, prompt)
+        sim, cpu = predicted_ms(row["layers"], row["concurrency"], gpu, prompt, doc.get("flags"))
         measured = steady_step_ms(row)  # none where a round outgrew the server's running limit (a queue)
         cell = f"{measured:9.2f}" if measured == measured else f"{'-':>9s}"
         print(f"{row['server']:6s} {row['layers']:6d} {prompt:7d} {row['concurrency']:7d} {cell} {sim:7.2f} {cpu:8.2f}")

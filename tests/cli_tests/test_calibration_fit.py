@@ -54,7 +54,10 @@ def test_the_fit_uses_only_the_chosen_trials_and_reports_the_others_as_unseen(tm
     assert values["fresh_server_stalls"] == doc["calibration"]["fresh_server_stalls"]
     assert "fp8_block_gemm_s" not in values["overhead"]
     cal = load_calibration("h200", out)
-    assert cal["overhead"]["cpu_step_s"] == values["overhead"]["cpu_step_s"]
+    assert cal["overhead"]["layer_s"] == values["overhead"]["layer_s"]
+    # the scheduler's CPU is measured by its probe: held by default, neither fitted nor written
+    assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s"]
+    assert "cpu_step_s" not in values["overhead"] and "per_request_s" not in values["overhead"]
 
 
 def test_a_fit_with_prefill_graphs_holds_the_eager_fits_values_and_fits_the_launch_cost(tmp_path):
@@ -187,23 +190,28 @@ def test_whole_steps_are_predicted_under_each_sets_own_entry(tmp_path):
     assert "prefill-probe/one-batch-eager.jsonl" in text and "8192 tokens" in text
 
 
-def test_a_measured_value_is_held_and_not_written(tmp_path, capsys):
-    """--hold keeps a value measured directly (the scheduler's CPU, timed by its own probe) as the
-    calibration files give it: the fit moves the others around it and writes none of the held."""
+def test_a_measured_value_is_held_and_not_written_unless_freed(tmp_path, capsys):
+    """--hold keeps a value measured directly as the calibration files give it; the scheduler's CPU
+    (timed by its own probe) is held without being named, and --free fits it again."""
     out = tmp_path / "held.yaml"
     res = CliRunner().invoke(cli, ["calibration", "fit", "--results", RESULTS, "--only-trials", "h200-sglang-qwen3#1",
-                                   "--hold", "overhead.cpu_step_s", "--hold", "overhead.per_request_s",
+                                   "--hold", "overhead.layer_s", "--free", "overhead.per_request_s",
                                    "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s"]
+    assert doc["held_measured"] == ["overhead.layer_s", "overhead.cpu_step_s"]
     params = {p["name"]: p for p in doc["parameters"]}
     for name in doc["held_measured"]:
         assert params[name]["measured"] and not params[name]["fitted_from_data"]
-    assert params["overhead.layer_s"]["fitted_from_data"]
+    assert params["overhead.per_request_s"]["fitted_from_data"] and not params["overhead.per_request_s"]["measured"]
+    assert params["memory_efficiency"]["fitted_from_data"]
     values = yaml.safe_load(out.read_text())
-    assert "cpu_step_s" not in values["overhead"] and "per_request_s" not in values["overhead"]
+    assert "cpu_step_s" not in values["overhead"] and "layer_s" not in values["overhead"]
+    assert "per_request_s" in values["overhead"]
     prior = load_calibration("h200")["overhead"]
     assert load_calibration("h200", out)["overhead"]["cpu_step_s"] == prior["cpu_step_s"]
     code, err = _main(["calibration", "fit", "--results", RESULTS, "--hold", "overhead.cpu_s"], capsys)
     assert code == 2 and "--hold" in err and "overhead.cpu_s" in err and "overhead.per_request_s" in err
+    code, err = _main(["calibration", "fit", "--results", RESULTS, "--free", "overhead.layer_s",
+                       "--hold", "overhead.layer_s"], capsys)
+    assert code == 2 and "--free" in err and "overhead.layer_s" in err

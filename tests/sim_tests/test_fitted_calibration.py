@@ -81,7 +81,9 @@ def test_the_committed_h200_fit_carries_its_scheduler_and_kernels_to_prefill_cud
     eager = load_calibration("h200", context=calibration_context(m, g, TRITON_EAGER, "0.5.17"))
     graphs = load_calibration("h200", context=calibration_context(m, g, {"attention-backend": "triton"}, "0.5.17"))
     prior = load_calibration("h200")
-    assert graphs["overhead"]["cpu_step_s"] == eager["overhead"]["cpu_step_s"] != prior["overhead"]["cpu_step_s"]
+    assert graphs["overhead"]["layer_s"] == eager["overhead"]["layer_s"] != prior["overhead"]["layer_s"]
+    # the scheduler's CPU is measured (its probe), not fitted: every context takes the prior
+    assert graphs["overhead"]["cpu_step_s"] == eager["overhead"]["cpu_step_s"] == prior["overhead"]["cpu_step_s"]
     assert graphs["compute_efficiency"]["moe"] == eager["compute_efficiency"]["moe"]
     # the launch cost of a graph prefill step is the graph servers' own fit (the eager fit's does not hold)
     assert graphs["overhead"]["prefill_per_layer_s"] != eager["overhead"]["prefill_per_layer_s"]
@@ -137,10 +139,9 @@ def test_the_committed_h200_fit_applies_to_0517_triton_eager_prefill_only():
     default = load_calibration("h200", context=calibration_context(m, g, {}, "0.5.23"))
     assert fitted["fitted_applied"] and not default["fitted_applied"]
     assert fitted["fitted_checks"][0]["load_points"] >= 9
-    # the fitted floor of a step (several ms on the studies' servers) is not the prior, the
-    # scheduler's own CPU measured alone (1.67 ms, results/h100-sglang/sched-probe)
-    assert fitted["overhead"]["cpu_step_s"] > 2.5 * default["overhead"]["cpu_step_s"]
-    assert default["overhead"]["cpu_step_s"] == pytest.approx(1.67e-3)
+    assert fitted["memory_efficiency"] != default["memory_efficiency"]
+    # the scheduler's CPU is not fitted: both take the probe's measurement (results/h100-sglang/sched-probe)
+    assert fitted["overhead"]["cpu_step_s"] == default["overhead"]["cpu_step_s"] == pytest.approx(1.1e-3)
 
 
 def test_a_gpu_without_its_own_fit_takes_the_fit_of_a_gpu_of_the_same_architecture():

@@ -114,12 +114,16 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
                    "say what the scheduler adds.")
 @click.option("--hold", "holds", multiple=True, metavar="NAME",
               help="Keep this value as the calibration files give it instead of fitting it, where it was "
-                   "measured directly: a parameter name of the fit's table, e.g. overhead.cpu_step_s (the "
-                   "scheduler's CPU, results/h100-sglang/sched_probe.py). Repeatable.")
+                   "measured directly: a parameter name of the fit's table, e.g. overhead.layer_s. "
+                   "Repeatable. The scheduler's CPU (overhead.cpu_step_s, overhead.per_request_s: "
+                   "results/h100-sglang/sched_probe.py) is held always, unless --free names it.")
+@click.option("--free", "frees", multiple=True, metavar="NAME",
+              help="Fit a value that is held by default because a probe measured it (overhead.cpu_step_s, "
+                   "overhead.per_request_s). Repeatable.")
 @profiles_option
 @json_option
-def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, whole_step_files, holds, profile_dirs,
-        as_json):
+def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, whole_step_files, holds, frees,
+        profile_dirs, as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
     Stage 1 fits the decode and prefill mechanism (scheduler CPU per step and per request, fixed
@@ -143,9 +147,14 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
             click.echo(msg, err=True)
 
     names = [p.name for p in PARAMETERS]
-    unknown = [h for h in holds if h not in names]
-    if unknown:
-        raise ConfigError(f"no fitted parameter {unknown[0]!r}; valid: {', '.join(names)}", key="--hold")
+    for option, given in (("--hold", holds), ("--free", frees)):
+        unknown = [h for h in given if h not in names]
+        if unknown:
+            raise ConfigError(f"no fitted parameter {unknown[0]!r}; valid: {', '.join(names)}", key=option)
+    both = sorted(set(holds) & set(frees))
+    if both:
+        raise ConfigError(f"{both[0]} is given to both --hold and --free; give it to one", key="--free")
+    holds = tuple(holds) + tuple(p.name for p in PARAMETERS if p.measured and p.name not in frees + holds)
     whole_steps = [ws for f in whole_step_files for ws in read_whole_step_sets(f)]
     all_trials, all_points = load_real_data(results_dirs)
     selection = TrialSelection.parse(only_trials, exclude_trials)

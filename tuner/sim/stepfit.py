@@ -75,6 +75,9 @@ class Parameter:
     needs: str = "any"  # any | mla | gqa | eager_prefill | mla_no_prefix
     meaning: str = ""
     tied: tuple[tuple[str, ...], ...] = ()  # other keys set to the same value (the data cannot split them)
+    # measured directly (a probe), so `tuner calibration fit` holds it unless told --free: the
+    # windows barely see it, and a fit left it wherever it started
+    measured: bool = False
 
     @property
     def name(self) -> str:
@@ -82,9 +85,10 @@ class Parameter:
 
 
 PARAMETERS: tuple[Parameter, ...] = (
-    Parameter(("overhead", "cpu_step_s"), 1e-4, 0.03,
-              meaning="floor of a decode step beyond its forward: the scheduler's CPU and what else the servers spend"),
-    Parameter(("overhead", "per_request_s"), 0.0, 1e-3, meaning="the same floor per running request per step"),
+    Parameter(("overhead", "cpu_step_s"), 1e-4, 0.03, measured=True,
+              meaning="the scheduler's CPU per decode step, hidden behind a longer GPU step (overlap scheduler)"),
+    Parameter(("overhead", "per_request_s"), 0.0, 1e-3, measured=True,
+              meaning="the scheduler's CPU per running request per step"),
     Parameter(("overhead", "layer_s"), 0.0, 1e-3, meaning="fixed GPU time per layer of a decode step"),
     Parameter(("memory_efficiency",), 0.1, 1.0, meaning="HBM share when a decode step streams weights"),
     Parameter(("kv_memory_efficiency",), 0.05, 1.0, needs="gqa", meaning="HBM share of the decode KV reads"),

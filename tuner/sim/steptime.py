@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from tuner.catalog import Checkpoint, GPUDescription, ModelDescription
 from tuner.errors import ConfigError
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape as kernel_moe_shape
-from tuner.planner.parallel import ParallelLayout, flag_int
+from tuner.planner.parallel import ParallelLayout, flag_bool, flag_int
 from tuner.planner.memory import page_size as planner_page_size, prefill_graph_enabled
 from tuner.planner.startup import TRITON_DEFAULT_KV_SPLITS, default_attention_backend, triton_max_kv_splits
 from tuner.planner.weights import BYTES_PER_PARAM
@@ -301,7 +301,9 @@ class StepTimeModel:
         self.sampling_s = ov["sampling_s"]
         self.gpu_step_s = ov["gpu_step_s"]
         self.cpu_step_s = ov["cpu_step_s"]
-        self.per_req_s = ov["per_request_s"]
+        # --enable-metrics: the scheduler also records each running request's token times every step
+        self.per_req_s = ov["per_request_s"] + (float(ov.get("metrics_per_request_s", 0.0))
+                                                if flag_bool(flags, "enable-metrics") else 0.0)
         self.eager_s = ov["eager_per_layer_s"] * self.layers
         self.prefill_ov_s = ov["prefill_per_layer_s"] * self.layers
         self.prefill_graph = prefill_graph_enabled(model, flags, version_tuple(sglang_version))

@@ -1,0 +1,75 @@
+"""The scheduler's CPU per decode step: measured by a probe (a server of the studies' flags with 2
+of Qwen3-30B-A3B's 48 layers, ``results/h100-sglang/sched_probe.py``), not fitted; --enable-metrics
+adds to it per running request."""
+
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tuner.catalog import get_gpu, get_model
+from tuner.sim.calibrate import calibration_context, load_calibration
+from tuner.sim.simulate import build_step_model
+from tuner.sim.steptime import RankWork
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBES = ROOT / "results" / "h100-sglang" / "sched-probe"
+THIN = {"name": "qwen3-30b-a3b", "overrides": {"num_hidden_layers": 2}}
+
+
+def _probe_module():
+    spec = importlib.util.spec_from_file_location("sched_probe", ROOT / "results/h100-sglang/sched_probe.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _thin_step_model(flags: dict, calibration: dict | None = None):
+    from tuner.planner import plan_memory
+    from tuner.planner.parallel import parse_layout
+
+    model, gpu = get_model(THIN), get_gpu("h100")
+    cal = calibration or load_calibration("h100", context=calibration_context(model, gpu, flags, "0.5.17"))
+    plan = plan_memory(model, gpu, 1, flags, sglang_version="0.5.17")
+    return build_step_model(model, gpu, plan, parse_layout(model, flags, 1), flags, {}, cal, 1, "0.5.17")
+
+
+def test_enable_metrics_adds_its_cost_per_running_request():
+    flags = {"attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
+    off = _thin_step_model(flags)
+    on = _thin_step_model({**flags, "enable-metrics": True})
+    per_req = load_calibration("h100")["overhead"]["metrics_per_request_s"]
+    assert per_req > 0
+    assert on.cpu_step_s == off.cpu_step_s
+    assert on.per_req_s == pytest.approx(off.per_req_s + per_req)
+    # at 96 requests the 2-layer server is CPU-bound: the metrics' share shows in its step
+    w = RankWork(decode_reqs=96, decode_ctx_tokens=96 * 144, decode_max_ctx_tokens=144, decode_min_ctx_tokens=144)
+    assert on.step_time([w], 96) - off.step_time([w], 96) == pytest.approx(96 * per_req, rel=0.05)
+
+
+def test_the_committed_calibration_predicts_the_probes_cpu_bound_steps():
+    """Every committed round of the 2-layer server (1-96 requests, with and without metrics): the
+    simulator's step, with the calibration a study's server gets, within the probe's own spread.
+    A floor fitted to the 48-layer studies' windows (4.8 ms + 0.16 ms a request, once committed)
+    is 3-10x long here."""
+    probe = _probe_module()
+    errors = {"metrics": [], "off": []}
+    for path in sorted(PROBES.glob("sched-probe*.json")) + sorted(PROBES.glob("calls-*/sched-probe*.json")):
+        doc = json.loads(path.read_text())
+        metrics = doc["flags"].get("enable-metrics") is True
+        for row in doc["rows"]:
+            if row["server"] != "thin":
+                continue
+            measured = probe.steady_step_ms(row)
+            if measured != measured:  # a round that outgrew the running limit (a queue)
+                continue
+            sim, _ = probe.predicted_ms(row["layers"], row["concurrency"], doc.get("gpu", "h100"),
+                                        row.get("prompt_tokens", 64), doc["flags"])
+            errors["metrics" if metrics else "off"].append(abs(math.log(sim / measured)))
+    assert len(errors["metrics"]) >= 15 and len(errors["off"]) >= 25
+    for kind, errs in errors.items():
+        assert statistics.median(errs) < 0.2, kind  # the rounds themselves differ by 10-40% at one load
+        assert max(errs) < 0.6, kind
