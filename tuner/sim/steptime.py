@@ -299,6 +299,10 @@ class StepTimeModel:
         self.layer_s = ov["layer_s"]
         self.layer_passes = ov["layer_bytes_passes"]
         self.sampling_s = ov["sampling_s"]
+        # each sequence's fp32 logits over the whole vocabulary (gathered from the TP ranks), read
+        # ``sampling_logit_passes`` times by the sampler's kernels at the HBM's full rate
+        self.sampling_per_seq_s = (float(ov.get("sampling_logit_passes", 0.0)) * 4 * model.vocab_size
+                                   / (gpu.memory_bandwidth_gbps * 1e9))
         self.gpu_step_s = ov["gpu_step_s"]
         self.cpu_step_s = ov["cpu_step_s"]
         # --enable-metrics: the scheduler also records each running request's token times every step
@@ -468,7 +472,7 @@ class StepTimeModel:
                 self._count("sampling", self.sampling_table)
                 return v
         self._src["sampling"][1] += 1
-        return self.sampling_s
+        return self.sampling_s + seqs * self.sampling_per_seq_s
 
     def step_overhead_time(self, batch: int) -> float:
         if self.overhead_table is not None:

@@ -1,6 +1,6 @@
-"""The scheduler's CPU per decode step: measured by a probe (a server of the studies' flags with 2
-of Qwen3-30B-A3B's 48 layers, ``results/h100-sglang/sched_probe.py``), not fitted; --enable-metrics
-adds to it per running request."""
+"""Step overheads measured directly, not fitted: the scheduler's CPU per decode step (a server of
+the studies' flags with 2 of Qwen3-30B-A3B's 48 layers, ``results/h100-sglang/sched_probe.py``;
+--enable-metrics adds to it per running request), and the sampler's time (operator tables)."""
 
 import importlib.util
 import json
@@ -73,3 +73,19 @@ def test_the_committed_calibration_predicts_the_probes_cpu_bound_steps():
     for kind, errs in errors.items():
         assert statistics.median(errs) < 0.2, kind  # the rounds themselves differ by 10-40% at one load
         assert max(errs) < 0.6, kind
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_sampling_follows_the_measured_sampler_fixed_and_per_sequence(gpu):
+    """SGLang's pytorch sampler timed alone (tuner profile, op sampling): a fixed part, then each
+    sequence's fp32 logits read a few times at the HBM's rate; the same two values on both GPUs."""
+    table = json.loads((ROOT / f"results/profiles/{gpu}/tables/qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json")
+                       .read_text())
+    op = next(o for o in table["ops"] if o["op"] == "sampling")
+    from tuner.sim.simulate import _prepare
+    sm = _prepare(get_model("qwen3-30b-a3b"), get_gpu(gpu), 1, {"attention-backend": "triton"}, {}, 1, None, None,
+                  "0.5.17")[3]
+    errs = [abs(sm.sampling_time(b) / (us * 1e-6) - 1) for b, us in zip(op["grid"]["batch"], op["us"])]
+    assert max(errs) < 0.2 and statistics.mean(errs) < 0.1
+    # grows with the batch as the table does (a constant would be 10x off at 512 sequences)
+    assert sm.sampling_time(op["grid"]["batch"][-1]) > 5 * sm.sampling_time(1)
