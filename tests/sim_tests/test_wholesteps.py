@@ -90,9 +90,10 @@ def test_block_fp8_weights_run_prefill_gemms_near_the_bf16_rate():
     gpu = sm.gpu
     assert sm8._rate("fp8_block") == pytest.approx(gpu.bf16_tflops * 1e12 * cal["fp8_block_rate_vs_bf16"])
     assert sm8._rate("fp8_block") < gpu.fp8_tflops * 1e12
-    # compute-bound: the fp8 linears of a long prefill take about as long as bf16's, not half
+    # compute-bound: the fp8 linears of a long prefill take about as long as bf16's, not half (the
+    # tables: the block-fp8 kernel at 0.34 of the fp8 peak, cuBLAS bf16 at 0.77 of the bf16 peak)
     ratio = sm8.linear_time(16384, 1) / sm.linear_time(16384, 1)
-    assert 0.8 < ratio < 1.1
+    assert 0.95 < ratio < 1.25
 
 
 def _whole_steps_of(truth, tmp_path, tokens=(64, 256, 1024, 2048, 4096, 8192, 16384)):

@@ -88,6 +88,7 @@ VALUE_CONDITIONS: dict[str, tuple[str, ...]] = {
     "overhead.fp8_block_gemm_s": ("sglang_version",),  # input quantization kernel of a block-fp8 linear
     "overhead.prefill_batch_s": ("sglang_version",),
     "overhead.layer_s": ("sglang_version", "attention_backend"),  # small kernels inside the decode graphs
+    "overhead.mla_layer_s": ("sglang_version", "attention_backend"),
     # used only where prefill runs eagerly, so it is kept for such steps of any context
     "overhead.eager_prefill_per_layer_s": ("sglang_version", "attention_backend"),
     "memory_efficiency": ("sglang_version",),

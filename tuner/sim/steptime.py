@@ -52,6 +52,10 @@ FP8_BLOCK_K = 128
 FP8_BLOCK_TILE_N = 64
 
 
+# the shallowest fused-MoE GEMM the per-tile K cost was measured at (Qwen3-30B-A3B's down, K 768)
+MOE_K_DEPTH_MEASURED_MIN = 768
+
+
 def fp8_block_chain_s(n: int, k: int, sm_count: int, kstep_s: float) -> float:
     """The shortest time of a block-fp8 Triton GEMM with an ``n`` x ``k`` weight at decode sizes:
     each output tile walks K one 128-deep block after another (``kstep_s`` a block), one tile an
@@ -145,7 +149,8 @@ class StepTimeModel:
         self.tile_tuned_gemms: set[str] = set()  # block-fp8 linears: the tuned tile files cover them
         for g in gemms(model, ckpt, layout):
             bpp = BYTES_PER_PARAM[g.dtype]
-            rate = self._rate(g.dtype) * eff["dense"]
+            rate = self._rate(g.dtype) * (eff.get("dense_fp8_block", eff["dense"]) if g.dtype == "fp8_block"
+                                          else eff["dense"])
             table = find("gemm", g.key)
             read_s = g.n * g.k * bpp / self.bw
             fixed_s = 0.0
@@ -270,6 +275,10 @@ class StepTimeModel:
             # without FP4 tensor cores the GEMM runs in bf16 after a per-element dequantize
             mma = self._rate(routed_fmt) if native else gpu.bf16_tflops * 1e12
             self.moe_rate = mma * eff["moe"]
+            # each output tile's fixed cost (its pipeline's fill and drain, scales, the write) in K
+            # elements' worth: a shallow K (Qwen3's 768-2048) runs further below the kernel's rate
+            # than a deep one (DeepSeek-V3's 2048-7168)
+            self.moe_k_overhead = float(calibration.get("moe_tile_k_overhead", 0.0))
             self.moe_dequant_rate = None if native else calibration["dequant_gelem_per_s"] * 1e9
             self.moe_fp8_block = routed_fmt == "fp8_block"
             # both expert GEMMs quantize their input first (gate_up's tokens, down's activations)
@@ -296,7 +305,9 @@ class StepTimeModel:
         self.misc_table = find("layer_misc", misc_shape)
         self.sampling_table = find("sampling", {"vocab": -(-model.vocab_size // layout.tp)})
         self.overhead_table = find("step_overhead", {"model": model.name, "tp": layout.tp})
-        self.layer_s = ov["layer_s"]
+        # an MLA layer runs more small kernels than a GQA one (its latent norms, split rotary, the
+        # absorbed batched matmuls, an input quantization per block-fp8 projection)
+        self.layer_s = ov["layer_s"] + (float(ov.get("mla_layer_s", 0.0)) if model.is_mla else 0.0)
         self.layer_passes = ov["layer_bytes_passes"]
         self.sampling_s = ov["sampling_s"]
         # each sequence's fp32 logits over the whole vocabulary (gathered from the TP ranks), read
@@ -592,12 +603,15 @@ class StepTimeModel:
             flops = 2 * slots * nk * self.moe_layers
             nbytes = active_local * nk * self.moe_bpp * self.moe_layers
             bm, bn = default_tile(tokens, e // ep, self.moe_fp8_block)
+            # the per-tile K cost (moe_tile_k_overhead), not extrapolated below the shallowest K
+            # it was measured at (a moe-TP slice's down GEMM can be 256 deep)
+            depth_cost = 1.0 + self.moe_k_overhead / max(nk / n, MOE_K_DEPTH_MEASURED_MIN)
             if self.moe_tiles == "tuned" and measured is None:
-                balance = (flops / self.moe_rate) / max(nbytes / self.bw, 1e-12)
+                balance = (flops * depth_cost / self.moe_rate) / max(nbytes / self.bw, 1e-12)
                 bm, bn = best_tile(max(1, round(rows)), max(1, round(active_local)), n, self.sm_count,
                                    self.sm_share, round(balance, 2))
             c_eff, b_eff = tile_efficiency(rows, active_local, n, bm, bn, self.sm_count, self.sm_share)
-            compute = flops / (self.moe_rate * c_eff)
+            compute = flops / (self.moe_rate * c_eff) * depth_cost
             if self.moe_dequant_rate:
                 compute += active_local * nk * self.moe_layers / self.moe_dequant_rate
             total += max(compute, nbytes / (self.bw * b_eff))

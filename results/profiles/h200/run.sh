@@ -18,6 +18,8 @@
 # variant), dsv3-8l-routing (routing_probe.py: distinct experts per MoE call of that model in prefill
 # and decode), dsv3-moe-dummy (DeepSeek-V3's fused MoE alone, full token grid, timed with the routing
 # random weights give: every token's top-8 among the same 10 experts; `--load-format dummy`),
+# dsv3-moe-depth (that fused MoE at the per-GPU slices of TP 8, 1 and 2, the --quick grid: the
+# down GEMM's K 256, 2,048 and 1,024; TP=N names the tables -tpN-),
 # dsv3-8l-dummy-compose (the dsv3-8l whole steps composed again with that table: `--load-format
 # dummy`), comm (`tuner profile comm` over this machine's GPUs; on one GPU the collectives are local
 # copies: a check of the tool, not a table), hicache-write (`--ops hicache_write`: the scheduler
@@ -59,7 +61,7 @@ profile() {
   local ts; ts=$(date +%s)
   local ops=(); [ -n "${PROFILE_OPS:-}" ] && ops=(--ops "$PROFILE_OPS")
   timeout -s INT $(( l - 20 )) python3 -m tuner profile run --model "$model" --hardware "$GPU_DIR" $quick "$@" "${ops[@]}" \
-    -o "$PROFILES/$model-tp1-$name-triton-0.5.17.json" > "$LOGS/profile-${LOG_TAG:-$name}.log" 2>&1
+    -o "$PROFILES/$model-tp${TP:-1}-$name-triton-0.5.17.json" > "$LOGS/profile-${LOG_TAG:-$name}.log" 2>&1
   local rc=$?
   echo "$name profile: rc $rc in $(( $(date +%s) - ts )) s" | tee -a "$LOGS/steps.log"
   tail -5 "$LOGS/profile-${LOG_TAG:-$name}.log"
@@ -146,6 +148,11 @@ PY
       echo "dsv3-8l-routing: rc $?" | tee -a "$LOGS/steps.log"; tail -8 "$LOGS/routing-dsv3-8l.log" ;;
     dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
                      whole fp8-fp8kv deepseek-v3 fp8 ;;
+    dsv3-moe-depth)  # the same fused MoE at the moe-TP slices of TP 2 and 8 (K of the down GEMM 1024 and 256)
+      for tp in 8 1 2; do
+        TP=$tp LOG_TAG=dsv3-moe-dummy-tp$tp profile fp8-fp8kv-dummy-moe deepseek-v3 --quantization fp8 \
+          --kv-cache-dtype fp8_e4m3 --ops moe --load-format dummy --tp-size $tp
+      done ;;
     dsv3-moe-dummy) QUICK_SAVED=$quick; quick=""
       LOG_TAG=dsv3-moe-dummy profile fp8-fp8kv-dummy-moe deepseek-v3 --quantization fp8 --kv-cache-dtype fp8_e4m3 \
         --ops moe --load-format dummy
