@@ -19,7 +19,7 @@
 # and decode), dsv3-moe-dummy (DeepSeek-V3's fused MoE alone, full token grid, timed with the routing
 # random weights give: every token's top-8 among the same 10 experts; `--load-format dummy`),
 # dsv3-moe-depth (that fused MoE at the per-GPU slices of TP 8, 1 and 2, the --quick grid: the
-# down GEMM's K 256, 2,048 and 1,024; TP=N names the tables -tpN-),
+# down GEMM's K 256, 2,048 and 1,024; MOE_TPS picks them; TP=N names the tables -tpN-),
 # dsv3-8l-dummy-compose (the dsv3-8l whole steps composed again with that table: `--load-format
 # dummy`), comm (`tuner profile comm` over this machine's GPUs; on one GPU the collectives are local
 # copies: a check of the tool, not a table), hicache-write (`--ops hicache_write`: the scheduler
@@ -149,7 +149,7 @@ PY
     dsv3-8l-whole) TAG=dsv3-8l-fp8-fp8kv OVERRIDES='{"num_hidden_layers": 8}' WHOLE_ARGS="--kv-cache-dtype fp8_e4m3" \
                      whole fp8-fp8kv deepseek-v3 fp8 ;;
     dsv3-moe-depth)  # the same fused MoE at the moe-TP slices of TP 2 and 8 (K of the down GEMM 1024 and 256)
-      for tp in 8 1 2; do
+      for tp in ${MOE_TPS:-8 1 2}; do
         TP=$tp LOG_TAG=dsv3-moe-dummy-tp$tp profile fp8-fp8kv-dummy-moe deepseek-v3 --quantization fp8 \
           --kv-cache-dtype fp8_e4m3 --ops moe --load-format dummy --tp-size $tp
       done ;;
