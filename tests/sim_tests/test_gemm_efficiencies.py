@@ -79,8 +79,14 @@ def test_the_fused_moe_of_a_shallow_and_a_deep_shape_take_one_efficiency():
         return d / q
 
     assert qwen.moe_k_overhead > 0 and 0.9 < spread() < 1.15
-    qwen.moe_k_overhead = dsv3.moe_k_overhead = 0.0
-    assert spread() > 1.35
+    k0 = qwen.moe_k_overhead
+    try:  # the step models are memoised: put the value back
+        qwen.moe_k_overhead = dsv3.moe_k_overhead = 0.0
+        assert spread() > 1.35
+    finally:
+        qwen.moe_k_overhead = dsv3.moe_k_overhead = k0
+        qwen._moe_cache.clear()
+        dsv3._moe_cache.clear()
 
 
 def test_only_an_mla_layer_takes_the_mla_layer_cost():
@@ -94,3 +100,24 @@ def test_only_an_mla_layer_takes_the_mla_layer_cost():
     dsv3 = _model("deepseek-v3", "h200", DSV3)
     assert qwen.layer_s == pytest.approx(ov["layer_s"])
     assert dsv3.layer_s == pytest.approx(ov["layer_s"] + ov["mla_layer_s"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_the_k_depth_cost_predicts_the_moe_tp_slices_it_was_not_set_on(tp):
+    """DeepSeek-V3's fused MoE at the per-GPU slices of TP 1, 2 and 8 (the down GEMM 2,048, 1,024 and
+    256 deep), timed on the H100 after moe_tile_k_overhead was set from the H200's K >= 768 tables."""
+    path = TABLES / "h100" / "tables" / f"deepseek-v3-tp{tp}-fp8-fp8kv-dummy-moe-triton-0.5.17.json"
+    model = get_model({"name": "deepseek-v3", "overrides": {"num_hidden_layers": 4}})
+    flags = {"attention-backend": "triton", "disable-prefill-cuda-graph": True, **DSV3, "load-format": "dummy",
+             "tp-size": tp}
+    sm = _prepare(model, get_gpu("h100"), tp, flags, {}, 1, None, None, "0.5.17")[3]
+    ratios = _moe_ratios(sm, path, 512)  # compute-bound sizes
+    assert len(ratios) >= 2 and all(0.85 < r < 1.2 for r in ratios), ratios
+    if tp == 8:  # without the term, a 256-deep slice would be taken as fast as a deep one
+        k0 = sm.moe_k_overhead
+        try:  # the step model is memoised: put the value back
+            sm.moe_k_overhead = 0.0
+            assert max(_moe_ratios(sm, path, 512)) < 0.8
+        finally:
+            sm.moe_k_overhead = k0
+            sm._moe_cache.clear()

@@ -9,14 +9,28 @@ from tuner.study import space as space_mod
 from tuner.study.samplers import _rounds_by_pool_count, seed_configs
 
 
+def _family(name: str) -> dict:
+    dp, _, ep = name.partition("-ep")
+    return {"name": name, "attn-dp-size": int(dp.removeprefix("dp") or 1) if dp != "tp" else 1,
+            "ep-size": int(ep) if ep else None}
+
+
 def test_rounds_take_every_pool_count_before_a_second_family_of_any():
-    families = [(900.0, 8, "dp8-ep1"), (850.0, 8, "dp8-ep8"), (700.0, 4, "dp4-ep1"), (650.0, 4, "dp4-ep8"),
-                (500.0, 2, "dp2"), (200.0, 1, "tp")]
-    order = [v for _, _, v in _rounds_by_pool_count(families)]
+    families = [(900.0, 8, _family("dp8-ep1")), (850.0, 8, _family("dp8-ep8")), (700.0, 4, _family("dp4-ep1")),
+                (650.0, 4, _family("dp4-ep8")), (500.0, 2, _family("dp2")), (200.0, 1, _family("tp"))]
+    order = [v["name"] for _, _, v in _rounds_by_pool_count(families)]
     assert order == ["dp8-ep1", "dp4-ep1", "dp2", "tp", "dp8-ep8", "dp4-ep8"]
     # room alone would have cut plain TP at six seeds less one
-    assert [v for _, _, v in sorted(families, key=lambda f: -f[0])][:5].count("tp") == 0
+    assert [v["name"] for _, _, v in sorted(families, key=lambda f: -f[0])][:5].count("tp") == 0
     assert _rounds_by_pool_count([]) == []
+
+
+def test_between_equal_rooms_experts_split_by_ep_come_first():
+    """EP gives each GPU whole experts; moe-TP slices them, and a slice's down GEMM is 1/TP as deep."""
+    families = [(900.0, 8, _family("dp8-ep1")), (900.0, 8, _family("dp8-ep8")), (700.0, 4, _family("dp4-ep1")),
+                (700.0, 4, _family("dp4-ep8")), (200.0, 1, _family("tp"))]
+    order = [v["name"] for _, _, v in _rounds_by_pool_count(families)]
+    assert order == ["dp8-ep8", "dp4-ep8", "tp", "dp8-ep1", "dp4-ep1"]
 
 
 def _pools(study, values) -> int:

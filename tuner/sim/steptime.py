@@ -52,10 +52,6 @@ FP8_BLOCK_K = 128
 FP8_BLOCK_TILE_N = 64
 
 
-# the shallowest fused-MoE GEMM the per-tile K cost was measured at (Qwen3-30B-A3B's down, K 768)
-MOE_K_DEPTH_MEASURED_MIN = 768
-
-
 def fp8_block_chain_s(n: int, k: int, sm_count: int, kstep_s: float) -> float:
     """The shortest time of a block-fp8 Triton GEMM with an ``n`` x ``k`` weight at decode sizes:
     each output tile walks K one 128-deep block after another (``kstep_s`` a block), one tile an
@@ -603,9 +599,8 @@ class StepTimeModel:
             flops = 2 * slots * nk * self.moe_layers
             nbytes = active_local * nk * self.moe_bpp * self.moe_layers
             bm, bn = default_tile(tokens, e // ep, self.moe_fp8_block)
-            # the per-tile K cost (moe_tile_k_overhead), not extrapolated below the shallowest K
-            # it was measured at (a moe-TP slice's down GEMM can be 256 deep)
-            depth_cost = 1.0 + self.moe_k_overhead / max(nk / n, MOE_K_DEPTH_MEASURED_MIN)
+            # the per-tile K cost (moe_tile_k_overhead): a moe-TP slice's down GEMM can be 256 deep
+            depth_cost = 1.0 + self.moe_k_overhead / (nk / n)
             if self.moe_tiles == "tuned" and measured is None:
                 balance = (flops * depth_cost / self.moe_rate) / max(nbytes / self.bw, 1e-12)
                 bm, bn = best_tile(max(1, round(rows)), max(1, round(active_local)), n, self.sm_count,

@@ -155,7 +155,7 @@ def _rounds_by_pool_count(families: list[tuple[float, int, dict]]) -> list[tuple
     count, roomiest first; rounds in order. Room alone would rank every family with more pools above
     the single-pool ones and leave plain TP, SGLang's own layout, outside the seeds."""
     by_pools: dict[int, list] = {}
-    for family in sorted(families, key=lambda f: -f[0]):
+    for family in sorted(families, key=_seed_rank):
         by_pools.setdefault(family[1], []).append(family)
     rounds: list[list] = []
     for members in by_pools.values():
@@ -163,4 +163,12 @@ def _rounds_by_pool_count(families: list[tuple[float, int, dict]]) -> list[tuple
             if r == len(rounds):
                 rounds.append([])
             rounds[r].append(family)
-    return [family for members in rounds for family in sorted(members, key=lambda f: -f[0])]
+    return [family for members in rounds for family in sorted(members, key=_seed_rank)]
+
+
+def _seed_rank(family: tuple[float, int, dict]) -> tuple[float, int]:
+    """Roomiest first; between equal rooms, experts split by EP before experts sliced by moe-TP:
+    a slice's down GEMM is 1/moe-TP as deep in K, and SGLang's fused MoE runs a 256-deep one at
+    about a third of a 2,048-deep one's rate (results/profiles/h100/tables, DeepSeek-V3 at TP 8 and 1)."""
+    values = family[2]
+    return -family[0], -int(values.get("ep-size") or 1)
