@@ -126,10 +126,10 @@ def fit(results_dirs, hold_out, only_trials, exclude_trials, write, out_path, wh
         profile_dirs, as_json):
     """Fit the step-time model to real SGLang servers' own step logs.
 
-    Stage 1 fits the decode and prefill mechanism (scheduler CPU per step and per request, fixed
-    GPU time per layer, HBM share of weight and KV reads, prefill launch cost, GEMM and
-    extend-attention efficiencies) to SGLang's 40-step decode windows with the prefill batches
-    that ran inside them. Stage 2 scales prefill time so that the simulated mean prefill-forward
+    Stage 1 fits the decode and prefill mechanism (fixed GPU time per layer, HBM share of weight
+    and KV reads, prefill launch cost, fused-MoE and extend-attention efficiencies) to SGLang's
+    40-step decode windows with the prefill batches that ran inside them; the scheduler's CPU and
+    the other linears' efficiency are measured, and held. Stage 2 scales prefill time so that the simulated mean prefill-forward
     stage equals SGLang's own (/metrics) on warm servers. It also reports the stalls of fresh
     servers (measured, not simulated). docs/calibration.md says what each value means and where
     it came from.
