@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tuner.catalog import get_gpu, get_model
-from tuner.sim.calibrate import calibration_context, load_calibration
-from tuner.sim.simulate import build_step_model
+from tuner.sim.calibrate import load_calibration
+from tuner.sim.simulate import _prepare
 from tuner.sim.steptime import RankWork
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,20 +27,15 @@ def _probe_module():
     return mod
 
 
-def _thin_step_model(flags: dict, calibration: dict | None = None):
-    from tuner.planner import plan_memory
-    from tuner.planner.parallel import parse_layout
-
-    model, gpu = get_model(THIN), get_gpu("h100")
-    cal = calibration or load_calibration("h100", context=calibration_context(model, gpu, flags, "0.5.17"))
-    plan = plan_memory(model, gpu, 1, flags, sglang_version="0.5.17")
-    return build_step_model(model, gpu, plan, parse_layout(model, flags, 1), flags, {}, cal, 1, "0.5.17")
+def _step_model(model, gpu: str, flags: dict):
+    """The simulator's step model of a server (its calibration context's values), memoised."""
+    return _prepare(get_model(model), get_gpu(gpu), 1, flags, {}, 1, None, None, "0.5.17")[3]
 
 
 def test_enable_metrics_adds_its_cost_per_running_request():
     flags = {"attention-backend": "triton", "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
-    off = _thin_step_model(flags)
-    on = _thin_step_model({**flags, "enable-metrics": True})
+    off = _step_model(THIN, "h100", flags)
+    on = _step_model(THIN, "h100", {**flags, "enable-metrics": True})
     per_req = load_calibration("h100")["overhead"]["metrics_per_request_s"]
     assert per_req > 0
     assert on.cpu_step_s == off.cpu_step_s
@@ -82,9 +77,7 @@ def test_sampling_follows_the_measured_sampler_fixed_and_per_sequence(gpu):
     table = json.loads((ROOT / f"results/profiles/{gpu}/tables/qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json")
                        .read_text())
     op = next(o for o in table["ops"] if o["op"] == "sampling")
-    from tuner.sim.simulate import _prepare
-    sm = _prepare(get_model("qwen3-30b-a3b"), get_gpu(gpu), 1, {"attention-backend": "triton"}, {}, 1, None, None,
-                  "0.5.17")[3]
+    sm = _step_model("qwen3-30b-a3b", gpu, {"attention-backend": "triton"})
     errs = [abs(sm.sampling_time(b) / (us * 1e-6) - 1) for b, us in zip(op["grid"]["batch"], op["us"])]
     assert max(errs) < 0.2 and statistics.mean(errs) < 0.1
     # grows with the batch as the table does (a constant would be 10x off at 512 sequences)
