@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, sglang_command, write_model  # noqa: E402
+from gate_probe import MODEL, VOCAB_HI, VOCAB_LO, serving, sglang_command  # noqa: E402
+from tuner.catalog import get_model  # noqa: E402
 
 FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.85,
          "attention-backend": "triton", "sampling-backend": "pytorch", "schedule-policy": "fcfs",
@@ -40,16 +41,39 @@ FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem
 MODES = {"eager": {"disable-prefill-cuda-graph": True}, "graph": {}}
 NEW = (64, 256, 1024, 2048, 4096, 8192)
 PREFIX = ((4096, 256), (16384, 1024))
+# the models a call can probe: (model as a study names it, flags over FLAGS, new-prompt sizes, (prefix, new) extends)
+PROBES = {
+    "qwen3": (MODEL, {}, NEW, PREFIX),
+    # DeepSeek-V3 with 5 of its layers (3 dense, 2 MoE: the 8 of the H200 study's model run out of
+    # memory on an 80 GB GPU while SGLang fills their random weights): MLA prefill without a prefix
+    # (MHA over expanded K/V) and extends over cached prefixes (SGLang's Triton absorbed kernel)
+    "dsv3-5l": ({"name": "deepseek-v3", "overrides": {"num_hidden_layers": 5}},
+                {"cuda-graph-max-bs": 8, "max-running-requests": 8},
+                (1024, 4096, 8192), ((4096, 256), (4096, 2048), (16384, 2048), (32768, 512), (32768, 2048))),
+}
 OUTPUT_TOKENS = 16
 
 
-def patterns() -> list[tuple[str, int, int]]:
+def patterns(probe: str = "qwen3") -> list[tuple[str, int, int]]:
     """(name, cached prefix tokens, new tokens)."""
-    return [(f"new-{n}", 0, n) for n in NEW] + [(f"prefix-{p}+{n}", p, n) for p, n in PREFIX]
+    _model, _flags, new, prefix = PROBES[probe]
+    return [(f"new-{n}", 0, n) for n in new] + [(f"prefix-{p}+{n}", p, n) for p, n in prefix]
 
 
-def server_command(model_dir: str, port: int, mode: str) -> list[str]:
-    return sglang_command(model_dir, port, {**FLAGS, **MODES[mode]})
+def probe_flags(probe: str, mode: str) -> dict:
+    return {**FLAGS, **PROBES[probe][1], **MODES[mode]}
+
+
+def write_model(model_dir: str, probe: str) -> None:
+    from tuner.profile import build_plan
+    from tuner.profile.modelcfg import write_model_dir
+
+    p = build_plan(PROBES[probe][0], "h100", {"tp-size": 1, "attention-backend": "triton", "quantization": "fp8"})
+    write_model_dir(p.model, p.ckpt, model_dir)
+
+
+def server_command(model_dir: str, port: int, mode: str, probe: str = "qwen3") -> list[str]:
+    return sglang_command(model_dir, port, probe_flags(probe, mode))
 
 
 async def generate(session, base: str, ids: list[int]) -> dict:
@@ -65,40 +89,43 @@ async def generate(session, base: str, ids: list[int]) -> dict:
     return {"tokens": len(ids), "ttft_s": arrivals[0] if arrivals else None, "arrivals_s": arrivals}
 
 
-async def run_pattern(session, base: str, prefix: int, new: int, rng: random.Random) -> dict:
-    ids = [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(prefix + new)]
+async def run_pattern(session, base: str, prefix: int, new: int, rng: random.Random, vocab_hi: int = VOCAB_HI) -> dict:
+    ids = [rng.randrange(VOCAB_LO, vocab_hi) for _ in range(prefix + new)]
     if prefix:
         await generate(session, base, ids[:prefix])  # caches the prefix
         await asyncio.sleep(0.3)
     return await generate(session, base, ids)
 
 
-async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int) -> list[dict]:
+async def serve_and_probe(mode: str, model_dir: str, out: Path, reps: int, port: int, seed: int,
+                          probe: str = "qwen3") -> list[dict]:
     rows = []
-    async with serving(server_command(model_dir, port, mode), out / f"server-{mode}.log", port, mode) as (session, base):
+    async with serving(server_command(model_dir, port, mode, probe), out / f"server-{mode}.log", port,
+                       mode) as (session, base):
         rng = random.Random(seed)
-        for _name, prefix, new in patterns():  # warm-up: every shape once (kernel compiles)
-            await run_pattern(session, base, prefix, new, rng)
+        vocab_hi = min(VOCAB_HI, get_model(PROBES[probe][0]).vocab_size - 1)  # ids past it trip a device assert
+        for _name, prefix, new in patterns(probe):  # warm-up: every shape once (kernel compiles)
+            await run_pattern(session, base, prefix, new, rng, vocab_hi)
             await asyncio.sleep(0.3)
         for rep in range(reps):
-            for name, prefix, new in patterns():
-                got = await run_pattern(session, base, prefix, new, rng)
+            for name, prefix, new in patterns(probe):
+                got = await run_pattern(session, base, prefix, new, rng, vocab_hi)
                 rows.append({"mode": mode, "pattern": name, "prefix": prefix, "new": new, "rep": rep, **got})
                 await asyncio.sleep(0.3)  # idle between patterns: each starts on an empty server
         print(f"{mode}: {len(rows)} requests measured", flush=True)
     return rows
 
 
-def predicted_ms(mode: str, gpu: str) -> dict[str, tuple[float, float]]:
+def predicted_ms(mode: str, gpu: str, probe: str = "qwen3") -> dict[str, tuple[float, float]]:
     """The simulator's prefill step and its batch-1 decode step for each pattern, in ms."""
     from tuner.catalog import get_gpu, get_model
     from tuner.sim.simulate import _prepare
     from tuner.sim.steptime import RankWork
 
-    flags = {**FLAGS, **MODES[mode]}
-    sm = _prepare(get_model(MODEL), get_gpu(gpu), 1, flags, {}, 1, None, None, "0.5.17")[3]
+    flags = {**probe_flags(probe, mode), "load-format": "dummy"}  # random weights (a collapsed router)
+    sm = _prepare(get_model(PROBES[probe][0]), get_gpu(gpu), 1, flags, {}, 1, None, None, "0.5.17")[3]
     out = {}
-    for name, prefix, new in patterns():
+    for name, prefix, new in patterns(probe):
         w = RankWork()
         w.prefill_tokens, w.prefill_seqs = new, 1
         w.prefill_ctx_units = new * prefix + new * new / 2
@@ -112,11 +139,12 @@ def predicted_ms(mode: str, gpu: str) -> dict[str, tuple[float, float]]:
 def report(out: Path) -> None:
     doc = json.loads((out / "prefill-probe.json").read_text())
     gpu = doc.get("gpu", "h100")
+    probe = doc.get("probe", "qwen3")
     print(f"{gpu}: lone prompts on an idle server, median over reps (ms); sim = the simulator's step")
     print(f"{'mode':6s} {'pattern':18s} {'TTFT':>7s} {'sim prefill':>12s} {'TPOT':>6s} {'sim decode':>11s}")
     for mode in dict.fromkeys(r["mode"] for r in doc["rows"]):
-        pred = predicted_ms(mode, gpu)
-        for name, _p, _n in patterns():
+        pred = predicted_ms(mode, gpu, probe)
+        for name, _p, _n in patterns(probe):
             rows = [r for r in doc["rows"] if r["mode"] == mode and r["pattern"] == name and r["ttft_s"]]
             if not rows:
                 continue
@@ -132,6 +160,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--modes", default="eager,graph", help=f"servers in order, of {', '.join(MODES)}")
+    ap.add_argument("--probe", default="qwen3", choices=sorted(PROBES), help="the model and its prompt shapes")
     ap.add_argument("--gpu", default="h100", help="the catalog GPU the call runs on (for --report's simulator)")
     ap.add_argument("--port", type=int, default=31100)
     ap.add_argument("--report", action="store_true", help="print the committed result beside the simulator (CPU)")
@@ -145,13 +174,15 @@ def main() -> None:
         ap.error(f"--modes: unknown {', '.join(bad)}; valid: {', '.join(MODES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = "/tmp/model-gate-probe"
-    write_model(model_dir)
+    write_model(model_dir, args.probe)
     rows = []
     for i, mode in enumerate(modes):
-        rows += asyncio.run(serve_and_probe(mode, model_dir, args.out, args.reps, args.port + i, seed=11 + i))
+        rows += asyncio.run(serve_and_probe(mode, model_dir, args.out, args.reps, args.port + i, seed=11 + i,
+                                            probe=args.probe))
         (args.out / "prefill-probe.json").write_text(json.dumps({
-            "model": MODEL, "gpu": args.gpu, "flags": FLAGS, "modes": MODES, "output_tokens": OUTPUT_TOKENS,
-            "patterns": [p[0] for p in patterns()], "rows": rows}, indent=1))
+            "probe": args.probe, "model": PROBES[args.probe][0], "gpu": args.gpu,
+            "flags": {**FLAGS, **PROBES[args.probe][1]}, "modes": MODES, "output_tokens": OUTPUT_TOKENS,
+            "patterns": [p[0] for p in patterns(args.probe)], "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ source results/h200-sglang/kit-setup.sh
 probe_call_setup /tmp/call-logs-prefill || exit $?
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 timeout -s INT $(( $(left) - 150 )) python3 results/h100-sglang/prefill_probe.py --out "$OUT" --gpu "$GPU" \
-  --reps "${REPS:-6}" --modes "${MODES:-eager,graph}" 2>&1 | tee "$LOGS/prefill-probe.log" | grep -v "^\[" | tail -20
+  --reps "${REPS:-6}" --modes "${MODES:-eager,graph}" --probe "${PROBE:-qwen3}" 2>&1 | tee "$LOGS/prefill-probe.log" | grep -v "^\[" | tail -20
 python3 results/h100-sglang/prefill_probe.py --out "$OUT" --report 2>&1 | tee "$LOGS/report.log"
 # the forward alone: bench_one_batch, batch 1, the probe's prompt sizes (eager first: no graph capture)
-for mode in ${WHOLE_MODES:-eager graph}; do
+for mode in ${WHOLE_MODES-eager graph}; do  # WHOLE_MODES= skips the one-batch runs
   l=$(left)
   [ "$l" -gt 100 ] || { echo "one-batch $mode: skipped, only $l s left" | tee -a "$LOGS/steps.log"; continue; }
   extra=(); [ "$mode" = eager ] && extra=(--disable-prefill-cuda-graph)
