@@ -56,8 +56,12 @@ def test_the_fit_uses_only_the_chosen_trials_and_reports_the_others_as_unseen(tm
     cal = load_calibration("h200", out)
     assert cal["overhead"]["layer_s"] == values["overhead"]["layer_s"]
     # the scheduler's CPU is measured by its probe: held by default, neither fitted nor written
-    assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s"]
+    # and so is the Triton absorbed-MLA extend kernel, timed alone in its operator tables
+    assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s",
+                                    "compute_efficiency.extend_attention.mla_absorbed",
+                                    "compute_efficiency.extend_attention.mla_absorbed_causal"]
     assert "cpu_step_s" not in values["overhead"] and "per_request_s" not in values["overhead"]
+    assert "mla_absorbed" not in (values.get("compute_efficiency") or {}).get("extend_attention", {})
 
 
 def test_a_fit_with_prefill_graphs_holds_the_eager_fits_values_and_fits_the_launch_cost(tmp_path):
@@ -166,7 +170,9 @@ def test_whole_steps_join_the_fit_and_are_reported_with_the_source(tmp_path):
     ws = doc["whole_steps"]
     assert set(ws) >= {"h200/whole-steps-fp8.jsonl", "h200/whole-steps-bf16.jsonl"}
     fp8 = ws["h200/whole-steps-fp8.jsonl"]
-    assert fp8["fitted_kinds"] == ["prefill", "decode"] and fp8["mean_abs_error_prefill"] < 0.15
+    # one trial's prefill stage sets the prefill scale: its server's stage runs ~20% past a lone
+    # batch's forward (fitted on all 14 trials: 10.7%)
+    assert fp8["fitted_kinds"] == ["prefill", "decode"] and fp8["mean_abs_error_prefill"] < 0.25
     assert fp8["mean_abs_error_decode"] < 0.15
     assert ws["h200/whole-steps-dsv3-8l-fp8-fp8kv.jsonl"]["fitted_kinds"] == ["prefill"]
     assert len(fp8["rows"]) == 16 and {r["kind"] for r in fp8["rows"]} == {"prefill", "decode"}
@@ -199,7 +205,9 @@ def test_a_measured_value_is_held_and_not_written_unless_freed(tmp_path, capsys)
                                    "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["held_measured"] == ["overhead.layer_s", "overhead.cpu_step_s"]
+    assert doc["held_measured"] == ["overhead.layer_s", "overhead.cpu_step_s",
+                                    "compute_efficiency.extend_attention.mla_absorbed",
+                                    "compute_efficiency.extend_attention.mla_absorbed_causal"]
     params = {p["name"]: p for p in doc["parameters"]}
     for name in doc["held_measured"]:
         assert params[name]["measured"] and not params[name]["fitted_from_data"]

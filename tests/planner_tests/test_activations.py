@@ -34,3 +34,19 @@ def test_gqa_counts_qkv_and_output_and_scales_with_tokens():
     a = prefill_activations(model, parse_layout(model, {}, 1), 2048)
     assert a.attention_bytes == (2048 * (32 + 2 * 4) * 128 + 2048 * 32 * 128) * 2
     assert prefill_activations(model, parse_layout(model, {}, 1), 4096).peak_bytes == 2 * a.peak_bytes
+
+
+def test_an_mla_chunk_over_a_cached_prefix_on_triton_holds_the_absorbed_tensors():
+    """The Triton backend runs a chunk with a cached prefix in the absorbed form: q (192), its
+    latent projection (512), the kernel's input (512 + 64) and output (512) a head, alive together
+    when the output is allocated; other backends run it as MHA."""
+    model = get_model({"name": "deepseek-v3", "overrides": {"num_hidden_layers": 5}})
+    layout = parse_layout(model, {}, 1)
+    mha = prefill_activations(model, layout, 8192, "fp8_block")
+    absorbed = prefill_activations(model, layout, 8192, "fp8_block", absorbed_extend=True)
+    assert absorbed.attention_bytes == 8192 * 128 * (192 + 512 + 576 + 512) * 2
+    assert absorbed.attention_bytes > 2 * mha.attention_bytes and absorbed.largest == "attention"
+    # a GQA model has no absorbed form
+    qwen = get_model("qwen3-30b-a3b")
+    ql = parse_layout(qwen, {}, 1)
+    assert prefill_activations(qwen, ql, 8192, absorbed_extend=True) == prefill_activations(qwen, ql, 8192)

@@ -87,7 +87,11 @@ def test_the_committed_h200_fit_carries_its_scheduler_and_kernels_to_prefill_cud
     assert graphs["compute_efficiency"]["moe"] == eager["compute_efficiency"]["moe"]
     # the launch cost of a graph prefill step is the graph servers' own fit (the eager fit's does not hold)
     assert graphs["overhead"]["prefill_per_layer_s"] != eager["overhead"]["prefill_per_layer_s"]
-    assert graphs["overhead"]["prefill_per_layer_s"] > 2 * prior["overhead"]["prefill_per_layer_s"]
+    import yaml
+    from tuner.sim.calibrate import CALIBRATION_DIR
+    own = next(e for e in yaml.safe_load((CALIBRATION_DIR / "h200.yaml").read_text())["fitted"]
+               if e["name"] == "h200-sglang-0.5.17-triton")
+    assert graphs["overhead"]["prefill_per_layer_s"] == own["values"]["overhead"]["prefill_per_layer_s"]
     assert graphs["fitted_applied"] == [
         "h200-sglang-0.5.17-triton-eager-prefill (in part: the values that do not depend on prefill_cuda_graph)",
         "h200-sglang-0.5.17-triton"]

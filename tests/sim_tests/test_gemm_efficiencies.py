@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TABLES = ROOT / "results" / "profiles"
 QWEN_FP8 = ("qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json", {"quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"})
 QWEN_BF16 = ("qwen3-30b-a3b-tp1-bf16-triton-0.5.17.json", {})
-DSV3 = {"kv-cache-dtype": "fp8_e4m3", "quantization": "fp8", "mem-fraction-static": 0.7}
+# graphs to 64 (the studies' servers): with the default 256 the H100 cannot hold an 8192-token chunk
+DSV3 = {"kv-cache-dtype": "fp8_e4m3", "quantization": "fp8", "mem-fraction-static": 0.7, "max-running-requests": 64}
 
 
 def _model(name: str, gpu: str, flags: dict, layers: int = 8):

@@ -11,7 +11,11 @@ The peak is counted from the shapes SGLang's kernels write, per GPU, in bf16 act
 * hidden states and residual: ``2 x T x hidden``;
 * attention, whichever is larger than the MLP: MLA's prefill (MHA) path materialises q, the
   ``kv_b_proj`` output, k and the output (``T x H x (nope+rope | nope+v | nope+rope | v)``,
-  ``deepseek_v2.forward_normal``); GQA its qkv and output;
+  ``deepseek_v2.forward_normal``); on the Triton backend a chunk with a cached prefix runs the
+  absorbed path instead (``handle_attention_triton``), which holds q, its latent projection, the
+  kernel's input and its output when the output is allocated (``T x H x (nope+rope | kv_lora |
+  kv_lora+rope | kv_lora)``, ``forward_mla.forward_absorb_core``, ``TritonAttnBackend.forward_extend``);
+  GQA its qkv and output;
 * the MLP: the fused-MoE caches ``intermediate_cache1/2/3`` (``T x topk x (2I | I | hidden)``,
   ``fused_moe``) plus the shared experts' gate-up, or a dense layer's gate-up and down;
 * an fp8 checkpoint adds the quantized copy of the layer input (``T x hidden`` bytes).
@@ -51,13 +55,17 @@ class PrefillActivations:
 
 
 def prefill_activations(model: ModelDescription, layout: ParallelLayout, tokens: int,
-                        weight_format: str = "bf16") -> PrefillActivations:
+                        weight_format: str = "bf16", absorbed_extend: bool = False) -> PrefillActivations:
+    """``absorbed_extend``: MLA chunks with a cached prefix run the absorbed path (the Triton backend)."""
     t = max(0, int(tokens))
     h = model.hidden_size
     heads = max(1, model.num_attention_heads // layout.attn_tp)
     if model.is_mla:
         nope, rope, v = model.qk_nope_head_dim or 0, model.qk_rope_head_dim or 0, model.v_head_dim or 0
         attention = t * heads * ((nope + rope) + (nope + v) + (nope + rope) + v)
+        if absorbed_extend and model.attention != "dsa":
+            lora = model.kv_lora_rank or 0
+            attention = max(attention, t * heads * ((nope + rope) + lora + (lora + rope) + lora))
     else:
         d = model.head_dim or h // model.num_attention_heads
         kv = max(1, model.num_kv_heads // layout.attn_tp)

@@ -382,7 +382,7 @@ def plan_memory(
         decode_graph=decode_graph, graph_max_bs=max_bs,
         prefill_graph_mib=prefill_graph_reserve_mib(model, flags, chunked_total, rules_version(version)),
         page_size=psize, triton_kv_splits=flags.get("triton-attention-num-kv-splits") and
-        flag_int(flags, "triton-attention-num-kv-splits", 8))
+        flag_int(flags, "triton-attention-num-kv-splits", 8), kv_tokens=max(0, tokens))
     slack = pre_load * (1 - mfs) + max(0.0, rest - tokens * cell)
     if fits and start.total_bytes > slack:
         need = start.total_bytes
@@ -401,7 +401,8 @@ def plan_memory(
         failure = FailureClass.OOM
     # what start-up leaves must hold the largest forward step: one chunked-prefill batch
     prefill_tokens = chunked if chunked > 0 else flag_int(flags, "max-prefill-tokens", 16384) // layout.attn_dp
-    acts = prefill_activations(model, layout, prefill_tokens, ckpt.weight_format)
+    acts = prefill_activations(model, layout, prefill_tokens, ckpt.weight_format,
+                               absorbed_extend=backend == "triton")
     left = slack - start.total_bytes
     if fits and acts.peak_bytes > left:
         fits, reason = False, (

@@ -110,10 +110,12 @@ PARAMETERS: tuple[Parameter, ...] = (
               meaning="extend attention over the cached prefix, GQA"),
     Parameter(("compute_efficiency", "extend_attention", "gqa_causal"), 0.01, 1.0, needs="gqa",
               meaning="extend attention over the new tokens (causal), GQA"),
-    Parameter(("compute_efficiency", "extend_attention", "mla_absorbed"), 0.005, 1.0, needs="mla",
+    # SGLang's Triton absorbed-MLA extend kernel, timed alone (operator tables): the windows see its
+    # two parts only together, and a fit traded one for the other
+    Parameter(("compute_efficiency", "extend_attention", "mla_absorbed"), 0.005, 1.0, needs="mla", measured=True,
               meaning="extend attention over the cached prefix, MLA (absorbed: a batch with a prefix)"),
     Parameter(("compute_efficiency", "extend_attention", "mla_absorbed_causal"), 0.005, 1.0, needs="mla",
-              meaning="extend attention over the new tokens, MLA absorbed"),
+              measured=True, meaning="extend attention over the new tokens, MLA absorbed"),
     Parameter(("compute_efficiency", "extend_attention", "mla_mha"), 0.01, 1.0, needs="mla_no_prefix",
               meaning="extend attention, MLA without a cached prefix (MHA over expanded K/V)"),
 )

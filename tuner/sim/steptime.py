@@ -191,7 +191,9 @@ class StepTimeModel:
             self.prefill_attn_flops = absorbed if model.attention == "dsa" else mha
             self.absorbed_attn_flops = absorbed
             self.absorbed_extend = model.attention != "dsa" and self.attention_backend == "triton"
-            mode_keys = ("dsa", "dsa") if model.attention == "dsa" else ("mla_mha", "mla_absorbed")
+            # the absorbed extend is SGLang's Triton kernel's own; other backends run a prefix as MHA
+            mode_keys = (("dsa", "dsa") if model.attention == "dsa" else
+                         ("mla_mha", "mla_absorbed" if self.absorbed_extend else "mla_mha"))
         else:
             heads = model.num_attention_heads / attn_tp
             self.prefill_attn_flops = 2 * heads * 2 * model.head_dim * self.layers
@@ -237,6 +239,12 @@ class StepTimeModel:
                               key="triton-attention-num-kv-splits")
         context = flag_int(flags, "context-length", 0) or model.max_context_tokens
         self.decode_max_splits = triton_max_kv_splits(model, gpu, context, max_splits)  # MLA's cap raised
+        # the Triton GQA decode kernel takes KV elements no faster than a per-SM rate of its KV dtype
+        # (measured: its fp8 KV streams 0.6-0.8 of bf16's time, not half); 0 where none is measured
+        elem_rates = calibration.get("decode_kv_elements_per_sm_s") or {}
+        elem_rate = float(elem_rates.get(shape.kv_dtype, 0.0)) if (self.split_kv and shape.arch == "gqa") else 0.0
+        self.decode_kv_elem_s = (shape.layers * shape.kv_heads * (shape.qk_head_dim + shape.v_head_dim)
+                                 / (gpu.sm_count * elem_rate)) if elem_rate > 0 else 0.0
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
         # HiCache write-through: the scheduler thread issues the copies of every block it backs
         # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
@@ -416,7 +424,8 @@ class StepTimeModel:
             kv_bytes = attended * self.latent_bytes_per_token + ctx * self.index_bytes_per_token
             return max(attended * self.decode_attn_flops / self.decode_attn_rate,
                        kv_bytes / self.kv_bw) + ctx * self.index_flops / self.index_rate
-        per_token = max(self.decode_attn_flops / self.decode_attn_rate, self.cell / self.kv_bw)
+        per_token = max(self.decode_attn_flops / self.decode_attn_rate, self.cell / self.kv_bw,
+                        self.decode_kv_elem_s)
         t = ctx * per_token
         if self.split_kv and batch:
             # the longest request's share of the work runs on its own blocks (head groups x its
