@@ -103,6 +103,15 @@ class RankWork:
         return self.decode_reqs + self.prefill_tokens
 
 
+def _bucket(tokens: int) -> int:
+    """A context's 256-token bucket (-1: not given, 0 meaning "the mean")."""
+    return tokens >> 8 if tokens else -1
+
+
+def _bucket_middle(bucket: int) -> int:
+    return (bucket << 8) + 128 if bucket >= 0 else 0
+
+
 class StepTimeModel:
     def __init__(self, model: ModelDescription, gpu: GPUDescription, ckpt: Checkpoint, layout: ParallelLayout,
                  cell_bytes: int, calibration: dict, *, gpus_per_node: int, moe_tiles: str = "default",
@@ -504,11 +513,15 @@ class StepTimeModel:
         if not w.prefill_tokens and not w.load_tokens:
             if not w.decode_reqs:
                 return 0.0
-            # decode-only ranks: memoised on (batch, contexts in 256-token buckets)
-            key = (w.decode_reqs, w.decode_ctx_tokens >> 8, w.decode_max_ctx_tokens >> 8, w.decode_min_ctx_tokens >> 8)
+            # decode-only ranks: memoised on (batch, contexts in 256-token buckets), each bucket timed
+            # at its middle, so a step's time does not depend on which step filled the memo
+            key = (w.decode_reqs, _bucket(w.decode_ctx_tokens), _bucket(w.decode_max_ctx_tokens),
+                   _bucket(w.decode_min_ctx_tokens))
             t = self._decode_cache.get(key)
             if t is None:
-                t = self._rank_time(w)
+                t = self._rank_time(RankWork(decode_reqs=w.decode_reqs, decode_ctx_tokens=_bucket_middle(key[1]),
+                                             decode_max_ctx_tokens=_bucket_middle(key[2]),
+                                             decode_min_ctx_tokens=_bucket_middle(key[3])))
                 if len(self._decode_cache) < 200000:
                     self._decode_cache[key] = t
             return t
