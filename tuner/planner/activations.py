@@ -20,8 +20,12 @@ The peak is counted from the shapes SGLang's kernels write, per GPU, in bf16 act
   ``fused_moe``) plus the shared experts' gate-up, or a dense layer's gate-up and down;
 * an fp8 checkpoint adds the quantized copy of the layer input (``T x hidden`` bytes).
 
-Prefill logits (last token per request), the sampler and allocator fragmentation are left out:
-the estimate is a lower bound, so a configuration it refuses really cannot serve its chunk.
+Prefill logits (last token per request) and the sampler are left out. PyTorch's caching allocator
+cannot hand all of what is free to a chunk's large tensors: at both deaths measured on the H100
+(study h100-sglang-dsv3-5l, trials 1 and 2, an 8192-token DeepSeek-V3 chunk over a cached prefix)
+0.60 and 0.36 GiB were reserved but unallocated, where the live tensors matched this count (2.71
+GiB before the kernel's output against 2.77 counted). ``ALLOCATOR_SLACK`` adds the smaller share
+(9.5% of the peak): the need stays a lower bound, so a configuration it refuses cannot serve its chunk.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tuner.catalog import ModelDescription
 from .parallel import ParallelLayout
 
 ACT_BYTES = 2  # bf16 activations
+ALLOCATOR_SLACK = 0.095  # reserved but unallocated at the measured deaths, a share of the peak (above)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,11 @@ class PrefillActivations:
     @property
     def peak_bytes(self) -> int:
         return self.hidden_bytes + max(self.attention_bytes, self.mlp_bytes) + self.quant_bytes
+
+    @property
+    def need_bytes(self) -> int:
+        """What must be free for the chunk: its tensors and the allocator's slack."""
+        return int(self.peak_bytes * (1 + ALLOCATOR_SLACK))
 
     @property
     def largest(self) -> str:

@@ -81,7 +81,7 @@ class MemoryPlan:
     sglang_version: str = DEFAULT_SGLANG_VERSION
     attention_backend: str = ""
     startup_gb_per_gpu: float = 0.0  # allocated at start-up after the KV pool (graph state, tables)
-    prefill_activation_gb_per_gpu: float = 0.0  # peak of one chunked-prefill forward, from the shapes
+    prefill_activation_gb_per_gpu: float = 0.0  # one chunked-prefill forward's peak, from the shapes, and the allocator's slack
     startup_free_gb_per_gpu: float = 0.0  # what mem-fraction-static leaves for it
     failure_class: FailureClass | None = None  # why it does not fit (None when it fits)
 
@@ -404,12 +404,12 @@ def plan_memory(
     acts = prefill_activations(model, layout, prefill_tokens, ckpt.weight_format,
                                absorbed_extend=backend == "triton")
     left = slack - start.total_bytes
-    if fits and acts.peak_bytes > left:
+    if fits and acts.need_bytes > left:
         fits, reason = False, (
             f"CUDA out of memory at the first long prefill: start-up leaves {max(left, 0) / GIB:.2f} GiB per GPU "
             f"(after the KV pool, {start.total_bytes / GIB:.1f} GiB of request table, attention CUDA-graph state "
             f"for max bs {start.graph_max_bs} and graphs) but a {prefill_tokens}-token prefill chunk needs "
-            f"{acts.peak_bytes / GIB:.2f} GiB of activations ({acts.largest}); use a smaller max-running-requests "
+            f"{acts.need_bytes / GIB:.2f} GiB of activations ({acts.largest}, with the allocator's slack); use a smaller max-running-requests "
             f"or cuda-graph-max-bs-decode, a smaller chunked-prefill-size, or a lower mem-fraction-static"
         )
         failure = FailureClass.OOM
@@ -479,7 +479,7 @@ def plan_memory(
         attention_backend=backend,
         startup_gb_per_gpu=round(start.total_bytes / 1e9, 3),
         startup_free_gb_per_gpu=round(slack / 1e9, 3),
-        prefill_activation_gb_per_gpu=round(acts.peak_bytes / 1e9, 3),
+        prefill_activation_gb_per_gpu=round(acts.need_bytes / 1e9, 3),
     )
 
 
