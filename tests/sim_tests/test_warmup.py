@@ -135,7 +135,8 @@ def test_only_a_fresh_servers_window_that_overlaps_the_stalls_is_slower():
     # in their TPOT: 2.5 s over a few hundred tokens), and those arriving meanwhile get their first
     # token later (without the stall the two points are the same simulation)
     assert fresh.p99_tpot_s > warm.p99_tpot_s * 1.05
-    assert fresh.p90_ttft_s > warm.p90_ttft_s * 1.2
+    # (about 6 of the window's 95 requests arrive during the stall: its tail, not always its P90)
+    assert fresh.p99_ttft_s > warm.p99_ttft_s * 2 and fresh.p90_ttft_s >= warm.p90_ttft_s
     # a first load point that warms up past the stalls measures what a warm server does
     long_fresh = _point(cal, fresh=True, warmup_s=45)
     long_warm = _point(cal, fresh=False, warmup_s=45)
