@@ -183,8 +183,9 @@ def test_the_first_load_point_of_a_trial_is_predicted_on_a_fresh_server(tmp_path
     first, second = doc["points"]
     assert first["fresh_server"] and not second["fresh_server"]
     assert first["predicted"]["p90_ttft_s"] > first["measured"]["p90_ttft_s"]  # its stalls
-    # the second is not (its step times memoised in 256-token context buckets: equal to a few 1e-5)
-    assert second["ape"]["p90_ttft_s"] < 1e-3 and second["ape"]["p90_tpot_s"] < 1e-3
+    # the second is not: its step times are memoised per 256-token context bucket and timed at the
+    # bucket's middle, so predicting it alone gives what it gave after the first point
+    assert second["ape"]["p90_ttft_s"] == 0.0 and second["ape"]["p90_tpot_s"] == 0.0
     # the report says where the error is: all of it on the fresh server's first point
     warm, fresh = doc["by_server"]["warm"], doc["by_server"]["fresh"]
     assert warm["load_points"] == 1 and fresh["load_points"] == 1
