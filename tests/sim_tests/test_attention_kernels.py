@@ -45,7 +45,7 @@ def test_fp8_kv_decode_streams_at_the_tables_element_rate(gpu):
     GPUs; bytes alone would make it 1.2x or more too fast."""
     table = _op(TABLES / gpu / "tables" / "qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json", "decode_attention")
     sm = _model("qwen3-30b-a3b", gpu, FP8_KV)
-    assert sm.decode_kv_elem_s > sm.cell / sm.kv_bw  # the element rate binds, not the bytes
+    assert sm.decode_kv_element_s_per_token > sm.cell / sm.kv_bw  # the element rate binds, not the bytes
     ratios, bytes_only = [], []
     for batch, ctx, seconds in _cells(table):
         if batch < 64 or ctx < 8192:
@@ -64,13 +64,16 @@ def test_without_a_measured_rate_fp8_kv_streams_at_its_bytes():
     base = load_calibration("h200", context=calibration_context(get_model("qwen3-30b-a3b"), get_gpu("h200"), flags,
                                                                 "0.5.17"))
     sm = _model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_kv_elements_per_sm_s": {}})
-    assert sm.decode_kv_elem_s == 0.0
+    assert sm.decode_kv_element_s_per_token == 0.0
     assert sm.decode_attention_time(512, 512 * 32768) == pytest.approx(512 * 32768 * sm.cell / sm.kv_bw)
+    # the rate is the kernel's, with or without the split-KV latency term
+    no_latency = _model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_attention_blocks_per_sm": 0})
+    assert not no_latency.split_kv and no_latency.decode_kv_element_s_per_token > 0
     # a bf16 cache has no rate of its own: its HBM share decides
     bf16 = _model("qwen3-30b-a3b", "h200", {})
-    assert bf16.decode_kv_elem_s == 0.0
+    assert bf16.decode_kv_element_s_per_token == 0.0
     # and an MLA cache's decode is its compute (the absorbed kernel), not this rate
-    assert _model(DSV3_8L, "h200", FP8_KV).decode_kv_elem_s == 0.0
+    assert _model(DSV3_8L, "h200", FP8_KV).decode_kv_element_s_per_token == 0.0
 
 
 def test_whole_decode_steps_with_an_fp8_cache_agree_at_long_contexts():

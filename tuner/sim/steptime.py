@@ -251,9 +251,10 @@ class StepTimeModel:
         # the Triton GQA decode kernel takes KV elements no faster than a per-SM rate of its KV dtype
         # (measured: its fp8 KV streams 0.6-0.8 of bf16's time, not half); 0 where none is measured
         elem_rates = calibration.get("decode_kv_elements_per_sm_s") or {}
-        elem_rate = float(elem_rates.get(shape.kv_dtype, 0.0)) if (self.split_kv and shape.arch == "gqa") else 0.0
-        self.decode_kv_elem_s = (shape.layers * shape.kv_heads * (shape.qk_head_dim + shape.v_head_dim)
-                                 / (gpu.sm_count * elem_rate)) if elem_rate > 0 else 0.0
+        triton_gqa = self.attention_backend == "triton" and shape.arch == "gqa"
+        elem_rate = float(elem_rates.get(shape.kv_dtype, 0.0)) if triton_gqa else 0.0
+        self.decode_kv_element_s_per_token = (shape.layers * shape.kv_heads * (shape.qk_head_dim + shape.v_head_dim)
+                                              / (gpu.sm_count * elem_rate)) if elem_rate > 0 else 0.0
         self.host_bw = gpu.host_link_gbps * 1e9 * calibration["host_link_efficiency"]
         # HiCache write-through: the scheduler thread issues the copies of every block it backs
         # up to the host (``HiCacheController.start_writing``), before it streams the batch's tokens
@@ -434,7 +435,7 @@ class StepTimeModel:
             return max(attended * self.decode_attn_flops / self.decode_attn_rate,
                        kv_bytes / self.kv_bw) + ctx * self.index_flops / self.index_rate
         per_token = max(self.decode_attn_flops / self.decode_attn_rate, self.cell / self.kv_bw,
-                        self.decode_kv_elem_s)
+                        self.decode_kv_element_s_per_token)
         t = ctx * per_token
         if self.split_kv and batch:
             # the longest request's share of the work runs on its own blocks (head groups x its
