@@ -210,6 +210,10 @@ class StepTimeModel:
             self.absorbed_attn_flops = self.prefill_attn_flops
             self.absorbed_extend = False
             mode_keys = ("gqa", "gqa")
+        # SGLang's Triton extend kernel's causal part over c new tokens runs at its share x c / (c + n0)
+        # (the GQA tables: 0.11 at 1,024 new tokens to 0.20 at 8,192); n0 per architecture, 0 unmeasured
+        self.extend_causal_tile_tokens = (float((calibration.get("extend_causal_tile_tokens") or {}).get(
+            mode_keys[0], 0.0)) if self.attention_backend == "triton" else 0.0)
         # extend-attention rate per mode (no cached prefix, cached prefix)
         self.extend_rates = tuple(bf16 * float(ext_eff.get(k, eff["attention"])) for k in mode_keys)
         # the part of an extend over the new tokens themselves (causal) may run at another rate than
@@ -476,7 +480,9 @@ class StepTimeModel:
         flops = self.absorbed_attn_flops if prefix and self.absorbed_extend else self.prefill_attn_flops
         if w.extend_items:
             causal = sum(c * c / 2 for c, _ in w.extend_items)
-            return ((units - causal) * flops / rate + causal * flops / self.extend_causal_rates[mode])
+            # the causal part runs at its share only for long chunks: c (c + n0) / 2 pairs' worth
+            charged = causal + sum(c for c, _ in w.extend_items) * self.extend_causal_tile_tokens / 2
+            return ((units - causal) * flops / rate + charged * flops / self.extend_causal_rates[mode])
         return units * flops / rate
 
     def layer_misc_time(self, tokens: int) -> float:
