@@ -479,9 +479,12 @@ class StepTimeModel:
             return attended * self.prefill_attn_flops / rate + units * self.index_flops / self.index_rate
         flops = self.absorbed_attn_flops if prefix and self.absorbed_extend else self.prefill_attn_flops
         if w.extend_items:
-            causal = sum(c * c / 2 for c, _ in w.extend_items)
+            causal = new = 0.0
+            for c, _ in w.extend_items:
+                causal += c * c / 2
+                new += c
             # the causal part runs at its share only for long chunks: c (c + n0) / 2 pairs' worth
-            charged = causal + sum(c for c, _ in w.extend_items) * self.extend_causal_tile_tokens / 2
+            charged = causal + new * self.extend_causal_tile_tokens / 2
             return ((units - causal) * flops / rate + charged * flops / self.extend_causal_rates[mode])
         return units * flops / rate
 
