@@ -134,7 +134,7 @@ def test_the_fit_recovers_the_mechanism_that_produced_the_windows():
     # prefill: its parameters trade off against each other (and against the priors: windows are
     # mostly decode time), but the prefill time the windows hold comes back
     fitted, true = trial.step_model(res.calibration), trial.step_model(truth)
-    batches = [_prefill_work(p.seqs, p.new_tokens, p.cached_tokens) for w in trial.windows for p in w.prefills]
+    batches = [_prefill_work(p) for w in trial.windows for p in w.prefills]
     assert sum(fitted.gpu_time([b]) for b in batches) == pytest.approx(sum(true.gpu_time([b]) for b in batches),
                                                                        rel=0.15)
     # the window times come back (prior pull included)
@@ -150,7 +150,7 @@ def test_prefill_scale_makes_the_fitted_parts_of_a_prefill_step_longer_by_the_sc
     measured (operator tables), so their time stays."""
     cal = load_calibration("h200")
     t = _synthetic_trial(cal, n_windows=1)
-    w = _prefill_work(2, 3000, 8000)
+    w = _prefill_work(PrefillLine(0.0, 2, 3000, 8000, 4, 0))
     before, after = t.step_model(cal), t.step_model(scale_prefill(cal, 1.5))
     assert after.moe_time(3000) / before.moe_time(3000) == pytest.approx(1.5, rel=0.05)
     assert after.extend_attention_time(w) / before.extend_attention_time(w) == pytest.approx(1.5, rel=0.05)
@@ -307,3 +307,40 @@ def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_
     assert ws.per_new_kernel_s == pytest.approx(0.6, abs=0.01)
     assert ws.as_calibration()["per_new_kernel_s"] == pytest.approx(0.6, abs=0.01)
     assert ws.as_calibration()["moe_config_groups"] == {"E=128,N=768": groups}
+
+
+CHUNKED_LOG = """\
+[2026-12-04 14:21:30] server_args=ServerArgs(model_path='m', max_prefill_tokens=16384, chunked_prefill_size=2048, page_size=1, max_micro_batch_size=None)
+[2026-12-04 14:22:27] Prefill batch, #new-seq: 2, #new-token: 2048, #cached-token: 4000, token usage: 0.00, #running-req: 2, #queue-req: 3, #pending-token: 14467, cuda graph: False
+[2026-12-04 14:22:27] Prefill batch, #new-seq: 1, #new-token: 2048, #cached-token: 0, token usage: 0.00, #running-req: 3, #queue-req: 2, #pending-token: 12419, cuda graph: False
+[2026-12-04 14:22:28] Prefill batch, #new-seq: 3, #new-token: 1500, #cached-token: 4000, token usage: 0.00, #running-req: 3, #queue-req: 0, #pending-token: 0, cuda graph: False
+[2026-12-04 14:22:28] Prefill batch, #new-seq: 1, #new-token: 2048, #cached-token: 2000, token usage: 0.00, #running-req: 6, #queue-req: 0, #pending-token: 0, cuda graph: False
+[2026-12-04 14:22:29] Prefill batch, #new-seq: 1, #new-token: 300, #cached-token: 5000, token usage: 0.00, #running-req: 7, #queue-req: 0, #pending-token: 0, cuda graph: False
+"""
+
+
+def test_a_chunked_requests_later_chunks_get_back_the_prefix_the_log_leaves_out():
+    lines = parse_step_lines(CHUNKED_LOG.splitlines())
+    assert [p.extend_items() for p in lines] == [
+        [(1024, 2000), (1024, 2000)],  # fills the 2,048 budget: its last request was cut
+        [(2048, 3024)],  # that request again: its hit and its first chunk before it, #cached-token 0
+        [(500, 5072), (500, 2000), (500, 2000)],  # its last chunk first, two new requests after it
+        [(2048, 2000)],  # fills the budget by chance ...
+        [(300, 5000)],  # ... a single request with a hit is a new one: nothing carried
+    ]
+    # without the server_args line (or with chunking off) the log's own counts stand
+    plain = parse_step_lines(CHUNKED_LOG.splitlines()[1:])
+    assert [p.extend_items() for p in plain][1] == [(2048, 0)]
+    assert parse_step_lines(CHUNKED_LOG.splitlines()[1:], chunk_tokens=2048)[1].extend_items() == [(2048, 3024)]
+    off = CHUNKED_LOG.replace("chunked_prefill_size=2048", "chunked_prefill_size=-1")
+    assert [p.extend_items() for p in parse_step_lines(off.splitlines())][1] == [(2048, 0)]
+
+
+def test_a_continued_chunk_is_timed_over_its_prefix():
+    """A later chunk runs its attention over the earlier ones: the window time counts them."""
+    t = _synthetic_trial(load_calibration("h200"), n_windows=1)
+    sm = t.step_model(load_calibration("h200"))
+    bare = PrefillLine(0.0, 1, 2048, 0, 4, 0)
+    continued = PrefillLine(0.0, 1, 2048, 0, 4, 0, chunk_prefix_tokens=20_000, chunk_new_tokens=2048)
+    assert sm.gpu_time([_prefill_work(continued)]) > 1.2 * sm.gpu_time([_prefill_work(bare)])
+    assert _prefill_work(continued).extend_items == ((2048, 20_000),)

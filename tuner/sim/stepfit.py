@@ -116,8 +116,9 @@ PARAMETERS: tuple[Parameter, ...] = (
               meaning="extend attention over the cached prefix, MLA (absorbed: a batch with a prefix)"),
     Parameter(("compute_efficiency", "extend_attention", "mla_absorbed_causal"), 0.005, 1.0, needs="mla",
               measured=True, meaning="extend attention over the new tokens, MLA absorbed"),
-    Parameter(("compute_efficiency", "extend_attention", "mla_mha"), 0.01, 1.0, needs="mla_no_prefix",
-              meaning="extend attention, MLA without a cached prefix (MHA over expanded K/V)"),
+    # Triton: a batch with a prefix runs absorbed, so the MHA form only ever runs its causal part
+    Parameter(("compute_efficiency", "extend_attention", "mla_mha_triton_causal"), 0.01, 1.0, needs="mla_no_prefix",
+              measured=True, meaning="extend attention, MLA without a cached prefix (MHA over expanded K/V, Triton)"),
 )
 
 
@@ -259,13 +260,10 @@ def _decode_work(running: int, kv_tokens: int, shared_prefix: int, spread: Conte
     return RankWork(decode_reqs=running, decode_ctx_tokens=ctx, decode_max_ctx_tokens=hi, decode_min_ctx_tokens=lo)
 
 
-def _prefill_work(seqs: int, new_tokens: int, cached_tokens: int) -> RankWork:
-    seqs = max(1, seqs)
-    per_new, per_cached = new_tokens / seqs, cached_tokens / seqs
-    c, p = max(1, round(per_new)), round(per_cached)
-    return RankWork(prefill_tokens=new_tokens, prefill_seqs=seqs,
-                    prefill_ctx_units=seqs * per_new * (per_cached + per_new / 2),
-                    extend_items=tuple((c, p) for _ in range(seqs)))
+def _prefill_work(line: PrefillLine) -> RankWork:
+    items = line.extend_items()
+    return RankWork(prefill_tokens=line.new_tokens, prefill_seqs=len(items),
+                    prefill_ctx_units=sum(c * (p + c / 2) for c, p in items), extend_items=tuple(items))
 
 
 def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: bool = True,
@@ -278,7 +276,7 @@ def window_time(sm: StepTimeModel, w: StepWindow, shared_prefix: int, overlap: b
     for n, kv in ((w.running_start, w.kv_tokens_start), (w.running_end, w.kv_tokens_end)):
         t += half * sm.step_time([_decode_work(n, kv, shared_prefix, spread)], n, overlap=overlap)
     for p in w.prefills:
-        t += sm.step_time([_prefill_work(p.seqs, p.new_tokens, p.cached_tokens)], p.running, overlap=overlap)
+        t += sm.step_time([_prefill_work(p)], p.running, overlap=overlap)
     return t
 
 
@@ -299,7 +297,7 @@ def _sees(trials: list[TrialSteps], needs: str) -> bool:
         return any(t.step_model_prefill_graph() for t in trials)
     if needs == "mla_no_prefix":
         return sum(1 for t in trials if t.arch == "mla" for w in t.windows for p in w.prefills
-                   if p.cached_tokens == 0) >= MIN_WINDOWS_FOR_A_MODE
+                   if p.cached_tokens == 0 and not p.chunk_prefix_tokens) >= MIN_WINDOWS_FOR_A_MODE
     raise ValueError(needs)
 
 
@@ -325,7 +323,7 @@ class FitResult:
             paths += [*PREFILL_COMPUTE, ("overhead", "eager_prefill_per_layer_s"), ("overhead", "prefill_per_layer_s"),
                       ("overhead", "prefill_batch_s")]
             paths += [("compute_efficiency", "extend_attention", m) for m in
-                      ("gqa", "gqa_causal", "mla_absorbed", "mla_absorbed_causal", "mla_mha", "mla_mha_causal")]
+                      ("gqa", "gqa_causal", "mla_absorbed", "mla_absorbed_causal", "mla_mha_triton_causal")]
         if self.warmup is not None:
             paths.append((STALL_KEY,))
         out: dict = {}
@@ -493,6 +491,9 @@ def scale_prefill(calibration: dict, scale: float, held: Iterable[str] = ()) -> 
     for mode in ("gqa", "mla_absorbed", "mla_mha", "dsa"):
         for key in (mode, mode + "_causal"):
             rescale(("compute_efficiency", "extend_attention", key), ext.get(key, ext.get(mode, base)), 1.0 / scale)
+    # Triton's MHA form runs its causal part alone (a batch with a prefix runs absorbed)
+    rescale(("compute_efficiency", "extend_attention", "mla_mha_triton_causal"),
+            ext.get("mla_mha_triton_causal", ext.get("mla_mha", base)), 1.0 / scale)
     ov = cal["overhead"]
     rescale(("overhead", "eager_prefill_per_layer_s"), ov.get("eager_prefill_per_layer_s", ov["prefill_per_layer_s"]),
             scale)

@@ -16,6 +16,12 @@ lines between two decode lines are exactly the prefill batches that ran in the w
 prefill batch logs once, when its result is processed). ``#token`` is the KV the running requests
 hold (``max_total_num_tokens - available - evictable``), a shared prefix counted once.
 
+A chunked request's later chunks log ``#cached-token`` without their prefix: ``PrefillAdder``
+counts a batch's cache hits in ``_update_prefill_budget``, and ``add_chunked_req`` passes it a
+prefix of 0 (17: ``managers/schedule_policy.py``). Their attention still runs over every token
+the request computed before. ``parse_step_lines`` puts that prefix back (``attribute_chunks``),
+reading the chunk budget from the log's own ``server_args`` line.
+
 ``decode_windows`` turns a log into these windows, the data ``tuner.sim.stepfit`` fits the
 step-time model to.
 """
@@ -36,6 +42,7 @@ _TIME = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: DP\d+ TP\d+)?\]"
 _DECODE = re.compile(_TIME + r" Decode batch(?: \[\d+\])?, #running-req: (\d+), #token: (\d+), token usage: [\d.]+, "
                      r"(?:cuda graph|[a-z_ ]+graph): (True|False), gen throughput \(token/s\): ([\d.]+), "
                      r"#queue-req: (\d+)")
+_ARGS = re.compile(r"server_args=ServerArgs\(.*?\bchunked_prefill_size=(-?\d+|None)\b.*?\bpage_size=(\d+|None)\b")
 _PREFILL = re.compile(_TIME + r" Prefill batch(?: \[\d+\])?, #new-seq: (\d+), #new-token: (\d+), "
                       r"#cached-token: (\d+), token usage: [\d.]+, #running-req: (\d+), #queue-req: (\d+)")
 
@@ -48,6 +55,23 @@ class PrefillLine:
     cached_tokens: int
     running: int
     queued: int
+    # the chunked request this batch continues (``attribute_chunks``): the tokens it computed in
+    # earlier batches, which ``cached_tokens`` leaves out, and its new tokens in this one
+    chunk_prefix_tokens: int = 0
+    chunk_new_tokens: int = 0
+
+    def extend_items(self) -> list[tuple[int, int]]:
+        """(new tokens, prefix tokens) of each request in the batch: the continued chunk's own,
+        the others' the mean of what is left (the log gives only totals)."""
+        seqs = max(1, self.seqs)
+        items = []
+        new, rest = self.new_tokens, seqs
+        if self.chunk_new_tokens:
+            items.append((self.chunk_new_tokens, self.chunk_prefix_tokens))
+            new, rest = new - self.chunk_new_tokens, seqs - 1
+        if rest:
+            items += [(max(1, round(new / rest)), round(self.cached_tokens / rest))] * rest
+        return items
 
 
 @dataclass(frozen=True)
@@ -90,10 +114,19 @@ def _epoch(stamp: str) -> float:
     return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
 
 
-def parse_step_lines(lines) -> list[PrefillLine | DecodeLine]:
-    """The prefill and decode lines of a log, in order (other lines are skipped)."""
+def parse_step_lines(lines, *, chunk_tokens: int | None = None) -> list[PrefillLine | DecodeLine]:
+    """The prefill and decode lines of a log, in order (other lines are skipped), each chunked
+    request's later chunks with their prefix (``attribute_chunks``). ``chunk_tokens``: SGLang's
+    ``chunked_prefill_size``, where the log has no ``server_args`` line to read it from."""
     out: list[PrefillLine | DecodeLine] = []
+    page = 1
     for line in lines:
+        if "server_args=" in line:
+            m = _ARGS.search(line)
+            if m:
+                chunk_tokens = None if m[1] == "None" or int(m[1]) <= 0 else int(m[1])
+                page = 1 if m[2] == "None" else max(1, int(m[2]))
+            continue
         if "batch" not in line:
             continue
         m = _DECODE.search(line)
@@ -103,6 +136,43 @@ def parse_step_lines(lines) -> list[PrefillLine | DecodeLine]:
         m = _PREFILL.search(line)
         if m:
             out.append(PrefillLine(_epoch(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6])))
+    return attribute_chunks(out, chunk_tokens, page) if chunk_tokens else out
+
+
+def attribute_chunks(events: list, chunk_tokens: int, page_size: int = 1) -> list:
+    """The prefill lines with the chunked request each continues.
+
+    A prefill batch that filled the chunk budget (``#new-token`` = ``chunked_prefill_size``, less
+    under a page) ended with a truncated request: ``PrefillAdder.add_one_req`` cuts the last
+    request to what is left of ``rem_chunk_tokens``, and ``Scheduler.get_new_batch_prefill`` puts
+    that request first in the very next prefill batch (``add_chunked_req``), before any decode.
+    Its prefix there is what it computed so far: its cache hit and its earlier chunks. Where a
+    batch holds several requests the log gives only totals, and each is taken at the batch's mean.
+    A single-request batch with a cache hit cannot be a continuation (its hit would be 0), which
+    undoes a budget filled by chance."""
+    out = []
+    carry: int | None = None  # the chunked request's computed tokens after the last prefill batch
+    full = max(1, chunk_tokens - (page_size - 1))
+    for ev in events:
+        if not isinstance(ev, PrefillLine):
+            out.append(ev)
+            continue
+        seqs = max(1, ev.seqs)
+        if carry is not None and seqs == 1 and ev.cached_tokens > 0:
+            carry = None
+        if carry is not None:
+            own = ev.new_tokens if seqs == 1 else max(1, round(ev.new_tokens / seqs))
+            ev = PrefillLine(ev.t, ev.seqs, ev.new_tokens, ev.cached_tokens, ev.running, ev.queued,
+                             chunk_prefix_tokens=carry, chunk_new_tokens=own)
+        out.append(ev)
+        if ev.new_tokens < full:
+            carry = None
+        elif ev.chunk_new_tokens and seqs == 1:
+            carry = ev.chunk_prefix_tokens + ev.new_tokens  # the same request, one more chunk
+        else:  # a newly added request was cut: the last one, at the batch's mean
+            items = ev.extend_items()
+            new, prefix = items[-1]
+            carry = new + prefix
     return out
 
 

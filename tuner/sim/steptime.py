@@ -201,8 +201,10 @@ class StepTimeModel:
             self.absorbed_attn_flops = absorbed
             self.absorbed_extend = model.attention != "dsa" and self.attention_backend == "triton"
             # the absorbed extend is SGLang's Triton kernel's own; other backends run a prefix as MHA
+            # SGLang's Triton extend kernel runs a batch without a prefix as MHA too, at its own share
+            mha_key = "mla_mha_triton" if self.attention_backend == "triton" else "mla_mha"
             mode_keys = (("dsa", "dsa") if model.attention == "dsa" else
-                         ("mla_mha", "mla_absorbed" if self.absorbed_extend else "mla_mha"))
+                         (mha_key, "mla_absorbed" if self.absorbed_extend else "mla_mha"))
         else:
             heads = model.num_attention_heads / attn_tp
             self.prefill_attn_flops = 2 * heads * 2 * model.head_dim * self.layers
@@ -212,14 +214,19 @@ class StepTimeModel:
             mode_keys = ("gqa", "gqa")
         # SGLang's Triton extend kernel's causal part over c new tokens runs at its share x c / (c + n0)
         # (the GQA tables: 0.11 at 1,024 new tokens to 0.20 at 8,192); n0 per architecture, 0 unmeasured
-        self.extend_causal_tile_tokens = (float((calibration.get("extend_causal_tile_tokens") or {}).get(
-            mode_keys[0], 0.0)) if self.attention_backend == "triton" else 0.0)
+        tiles = calibration.get("extend_causal_tile_tokens") or {}
+        self.extend_causal_tiles = tuple(float(tiles.get(k, 0.0)) if self.attention_backend == "triton" else 0.0
+                                         for k in mode_keys)  # (no cached prefix, cached prefix)
         # extend-attention rate per mode (no cached prefix, cached prefix)
-        self.extend_rates = tuple(bf16 * float(ext_eff.get(k, eff["attention"])) for k in mode_keys)
+        def share(key: str) -> float:  # a Triton-only key falls back to its mode's general one
+            general = key.removesuffix("_triton")
+            return float(ext_eff.get(key, ext_eff.get(general, eff["attention"])))
+
+        self.extend_rates = tuple(bf16 * share(k) for k in mode_keys)
         # the part of an extend over the new tokens themselves (causal) may run at another rate than
         # the part over the cached prefix (the Triton kernel's two stages)
-        self.extend_causal_rates = tuple(bf16 * float(ext_eff.get(k + "_causal", ext_eff.get(k, eff["attention"])))
-                                         for k in mode_keys)
+        self.extend_causal_rates = tuple(bf16 * float(ext_eff[k + "_causal"]) if k + "_causal" in ext_eff
+                                         else bf16 * share(k) for k in mode_keys)
         self.is_mla = model.is_mla and model.attention != "dsa"
         self.dsa = model.attention == "dsa"
         if self.dsa:
@@ -484,7 +491,7 @@ class StepTimeModel:
                 causal += c * c / 2
                 new += c
             # the causal part runs at its share only for long chunks: c (c + n0) / 2 pairs' worth
-            charged = causal + new * self.extend_causal_tile_tokens / 2
+            charged = causal + new * self.extend_causal_tiles[mode] / 2
             return ((units - causal) * flops / rate + charged * flops / self.extend_causal_rates[mode])
         return units * flops / rate
 
