@@ -56,10 +56,11 @@ def test_the_fit_uses_only_the_chosen_trials_and_reports_the_others_as_unseen(tm
     cal = load_calibration("h200", out)
     assert cal["overhead"]["layer_s"] == values["overhead"]["layer_s"]
     # the scheduler's CPU is measured by its probe: held by default, neither fitted nor written
-    # and so is the Triton absorbed-MLA extend kernel, timed alone in its operator tables
+    # and so are the Triton MLA extend kernel's two forms, timed alone in its operator tables
     assert doc["held_measured"] == ["overhead.cpu_step_s", "overhead.per_request_s",
                                     "compute_efficiency.extend_attention.mla_absorbed",
-                                    "compute_efficiency.extend_attention.mla_absorbed_causal"]
+                                    "compute_efficiency.extend_attention.mla_absorbed_causal",
+                                    "compute_efficiency.extend_attention.mla_mha_triton_causal"]
     assert "cpu_step_s" not in values["overhead"] and "per_request_s" not in values["overhead"]
     assert "mla_absorbed" not in (values.get("compute_efficiency") or {}).get("extend_attention", {})
 
