@@ -208,7 +208,8 @@ def test_a_measured_value_is_held_and_not_written_unless_freed(tmp_path, capsys)
     doc = json.loads(res.output)
     assert doc["held_measured"] == ["overhead.layer_s", "overhead.cpu_step_s",
                                     "compute_efficiency.extend_attention.mla_absorbed",
-                                    "compute_efficiency.extend_attention.mla_absorbed_causal"]
+                                    "compute_efficiency.extend_attention.mla_absorbed_causal",
+                                    "compute_efficiency.extend_attention.mla_mha_triton_causal"]
     params = {p["name"]: p for p in doc["parameters"]}
     for name in doc["held_measured"]:
         assert params[name]["measured"] and not params[name]["fitted_from_data"]
