@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import shlex
 
 import pytest
 import yaml
@@ -17,6 +18,7 @@ import yaml
 from tuner.catalog import get_gpu, get_model
 from tuner.config.load import load_study
 from tuner.planner import plan_memory
+from tuner.sim.measured import extra_args_to_flags
 
 from tests.conftest import REPO
 
@@ -41,11 +43,23 @@ def _servers():
 SERVERS = list(_servers())
 
 
+LAUNCH = "# tuner: starting sglang: "
+
+
+def _launch_flags(log) -> dict:
+    """The flags the server's command line gave besides its --config file (SGLang 0.5.17 keys its
+    YAML by dest, so ``--cuda-graph-max-bs-decode`` goes on the command line): the log's first line."""
+    with gzip.open(log, "rt", errors="replace") as f:
+        first = f.readline()
+    assert first.startswith(LAUNCH), f"{log}: no launch line"
+    return extra_args_to_flags(shlex.split(first[len(LAUNCH):])[1:])
+
+
 def _plan(log, study_file):
     study = load_study(study_file)
-    flags = yaml.safe_load((log.parent / "sglang.yaml").read_text()) or {}
-    flags = {k: v for k, v in flags.items() if k not in ("model-path", "host", "port")}
-    flags["load-format"] = "dummy"
+    flags = {**_launch_flags(log), **(yaml.safe_load((log.parent / "sglang.yaml").read_text()) or {})}
+    flags = {k: v for k, v in flags.items() if k not in ("model-path", "host", "port", "config")}
+    assert flags.get("load-format") == "dummy"
     return plan_memory(get_model(study.model), get_gpu(study.hardware.gpu), 1, flags,
                        host_memory_gb=study.hardware.host_memory_gb, sglang_version="0.5.17")
 
