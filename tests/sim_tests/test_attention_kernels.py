@@ -11,19 +11,15 @@ import pytest
 
 from tuner.catalog import get_gpu, get_model
 from tuner.sim.calibrate import calibration_context, load_calibration
-from tuner.sim.simulate import _prepare
 from tuner.sim.steptime import RankWork
 from tuner.sim.wholesteps import read_whole_step_sets
+
+from tests.sim_tests.stepmodels import server_step_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ROOT / "results" / "profiles"
 FP8_KV = {"quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "mem-fraction-static": 0.7}
 DSV3_8L = {"name": "deepseek-v3", "overrides": {"num_hidden_layers": 8}}
-
-
-def _model(model, gpu: str, flags: dict, calibration: dict | None = None):
-    flags = {"attention-backend": "triton", "disable-prefill-cuda-graph": True, **flags}
-    return _prepare(get_model(model), get_gpu(gpu), 1, flags, {}, 1, None, calibration, "0.5.17")[3]
 
 
 def _op(path: Path, op: str, **match) -> dict:
@@ -44,7 +40,7 @@ def test_fp8_kv_decode_streams_at_the_tables_element_rate(gpu):
     is the table's within 5% on average (each cell within 15%: the table's own spread) on both
     GPUs; bytes alone would make it 1.2x or more too fast."""
     table = _op(TABLES / gpu / "tables" / "qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json", "decode_attention")
-    sm = _model("qwen3-30b-a3b", gpu, FP8_KV)
+    sm = server_step_model("qwen3-30b-a3b", gpu, FP8_KV)
     assert sm.decode_kv_element_s_per_token > sm.cell / sm.kv_bw  # the element rate binds, not the bytes
     ratios, bytes_only = [], []
     for batch, ctx, seconds in _cells(table):
@@ -63,17 +59,17 @@ def test_without_a_measured_rate_fp8_kv_streams_at_its_bytes():
     flags = {"attention-backend": "triton", "disable-prefill-cuda-graph": True, **FP8_KV}
     base = load_calibration("h200", context=calibration_context(get_model("qwen3-30b-a3b"), get_gpu("h200"), flags,
                                                                 "0.5.17"))
-    sm = _model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_kv_elements_per_sm_s": {}})
+    sm = server_step_model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_kv_elements_per_sm_s": {}})
     assert sm.decode_kv_element_s_per_token == 0.0
     assert sm.decode_attention_time(512, 512 * 32768) == pytest.approx(512 * 32768 * sm.cell / sm.kv_bw)
     # the rate is the kernel's, with or without the split-KV latency term
-    no_latency = _model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_attention_blocks_per_sm": 0})
+    no_latency = server_step_model("qwen3-30b-a3b", "h200", FP8_KV, {**base, "decode_attention_blocks_per_sm": 0})
     assert not no_latency.split_kv and no_latency.decode_kv_element_s_per_token > 0
     # a bf16 cache has no rate of its own: its HBM share decides
-    bf16 = _model("qwen3-30b-a3b", "h200", {})
+    bf16 = server_step_model("qwen3-30b-a3b", "h200", {})
     assert bf16.decode_kv_element_s_per_token == 0.0
     # and an MLA cache's decode is its compute (the absorbed kernel), not this rate
-    assert _model(DSV3_8L, "h200", FP8_KV).decode_kv_element_s_per_token == 0.0
+    assert server_step_model(DSV3_8L, "h200", FP8_KV).decode_kv_element_s_per_token == 0.0
 
 
 def test_whole_decode_steps_with_an_fp8_cache_agree_at_long_contexts():
@@ -99,7 +95,7 @@ def test_the_absorbed_mla_extend_takes_its_tables_time_over_prefix_and_new_token
     8,192 new tokens over 4k and 32k cached ones, within 12% a layer."""
     table = _op(TABLES / "h200" / "tables" / "deepseek-v3-tp1-fp8-fp8kv-triton-0.5.17.json", "extend_attention",
                 mode="absorbed")
-    sm = _model(DSV3_8L, "h200", FP8_KV)
+    sm = server_step_model(DSV3_8L, "h200", FP8_KV)
     checked = 0
     for new, prefix, seconds in _cells(table):
         if prefix == 0 or new < 1024:  # a batch without a prefix runs MHA; 64 new tokens are launch-bound
@@ -116,8 +112,8 @@ def test_a_cached_prefix_runs_the_absorbed_rate_only_on_the_triton_backend():
     ext = cal["compute_efficiency"]["extend_attention"]
     w = RankWork(prefill_tokens=2048, prefill_seqs=1, prefill_ctx_units=2048 * 16384 + 2048 * 1024,
                  extend_items=((2048, 16384),))
-    triton = _model(DSV3_8L, "h200", FP8_KV)
-    fa3 = _model(DSV3_8L, "h200", {**FP8_KV, "attention-backend": "fa3"})
+    triton = server_step_model(DSV3_8L, "h200", FP8_KV)
+    fa3 = server_step_model(DSV3_8L, "h200", {**FP8_KV, "attention-backend": "fa3"})
     peak = get_gpu("h200").bf16_tflops * 1e12
     assert triton.extend_rates[1] == pytest.approx(peak * ext["mla_absorbed"])  # measured, held by every fit
     # FA3 runs the prefix as MHA over expanded K/V, at the MHA share, not the Triton kernel's absorbed one
@@ -133,7 +129,7 @@ def test_the_gqa_extend_kernels_causal_part_grows_with_the_chunk_as_its_table(ta
     peak at 1,024 tokens, 0.20 at 8,192. With ``extend_causal_tile_tokens`` the simulator's times at
     1-8k tokens keep the table's proportions within 8% (one share would put 1,024 tokens 1.7x short)."""
     table = _op(TABLES / "h200" / "tables" / table_file, "extend_attention")
-    sm = _model("qwen3-30b-a3b", "h200", flags)
+    sm = server_step_model("qwen3-30b-a3b", "h200", flags)
     assert sm.extend_causal_tiles[0] > 0 and sm.extend_causal_tiles[0] == sm.extend_causal_tiles[1]
     cells = {new: s for new, prefix, s in _cells(table) if prefix == 0 and new >= 1024}
     assert sorted(cells) == [1024, 2048, 4096, 8192]

@@ -12,6 +12,8 @@ import pytest
 from tuner.catalog import get_gpu, get_model
 from tuner.sim.simulate import _prepare
 
+from tests.sim_tests.stepmodels import server_step_model
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ROOT / "results" / "profiles"
 QWEN_FP8 = ("qwen3-30b-a3b-tp1-fp8-fp8kv-triton-0.5.17.json", {"quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"})
@@ -22,10 +24,8 @@ DSV3 = {"kv-cache-dtype": "fp8_e4m3", "quantization": "fp8", "mem-fraction-stati
 
 def _model(name: str, gpu: str, flags: dict, layers: int = 8):
     # DeepSeek-V3 cut to a few layers (its first 3 dense) fits one GPU, as on the profiled servers
-    model = get_model(name) if name != "deepseek-v3" else get_model(
-        {"name": name, "overrides": {"num_hidden_layers": layers}})
-    return _prepare(model, get_gpu(gpu), 1, {"attention-backend": "triton", "disable-prefill-cuda-graph": True,
-                                             **flags}, {}, 1, None, None, "0.5.17")[3]
+    spec = name if name != "deepseek-v3" else {"name": name, "overrides": {"num_hidden_layers": layers}}
+    return server_step_model(spec, gpu, flags)
 
 
 def _op(path: Path, op: str) -> list[dict]:

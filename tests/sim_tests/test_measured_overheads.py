@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tuner.catalog import get_gpu, get_model
 from tuner.sim.calibrate import load_calibration
-from tuner.sim.simulate import _prepare
 from tuner.sim.steptime import RankWork
+
+from tests.sim_tests.stepmodels import server_step_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBES = ROOT / "results" / "h100-sglang" / "sched-probe"
@@ -28,8 +28,8 @@ def _probe_module():
 
 
 def _step_model(model, gpu: str, flags: dict):
-    """The simulator's step model of a server (its calibration context's values), memoised."""
-    return _prepare(get_model(model), get_gpu(gpu), 1, flags, {}, 1, None, None, "0.5.17")[3]
+    """The simulator's step model of a server with exactly these flags (its calibration context's values)."""
+    return server_step_model(model, gpu, flags, base={})
 
 
 def test_enable_metrics_adds_its_cost_per_running_request():
