@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import gzip
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -162,8 +162,7 @@ def attribute_chunks(events: list, chunk_tokens: int, page_size: int = 1) -> lis
             carry = None
         if carry is not None:
             own = ev.new_tokens if seqs == 1 else max(1, round(ev.new_tokens / seqs))
-            ev = PrefillLine(ev.t, ev.seqs, ev.new_tokens, ev.cached_tokens, ev.running, ev.queued,
-                             chunk_prefix_tokens=carry, chunk_new_tokens=own)
+            ev = replace(ev, chunk_prefix_tokens=carry, chunk_new_tokens=own)
         out.append(ev)
         if ev.new_tokens < full:
             carry = None

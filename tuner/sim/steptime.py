@@ -200,8 +200,8 @@ class StepTimeModel:
             self.prefill_attn_flops = absorbed if model.attention == "dsa" else mha
             self.absorbed_attn_flops = absorbed
             self.absorbed_extend = model.attention != "dsa" and self.attention_backend == "triton"
-            # the absorbed extend is SGLang's Triton kernel's own; other backends run a prefix as MHA
-            # SGLang's Triton extend kernel runs a batch without a prefix as MHA too, at its own share
+            # the absorbed extend is SGLang's Triton kernel's own; other backends run a prefix as MHA.
+            # Triton runs a batch without a prefix as MHA too, at that kernel's own share
             mha_key = "mla_mha_triton" if self.attention_backend == "triton" else "mla_mha"
             mode_keys = (("dsa", "dsa") if model.attention == "dsa" else
                          (mha_key, "mla_absorbed" if self.absorbed_extend else "mla_mha"))
