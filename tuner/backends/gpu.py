@@ -168,6 +168,43 @@ def wait_memory_released(indices: Sequence[int], pids: Sequence[int], *, timeout
         time.sleep(0.5)
 
 
+# NVML's clock event reasons (``nvmlClocksEventReason*``, formerly ``...ThrottleReason*``) that
+# slow a busy GPU below its boost clock; idle, application-clock and sync-boost settings are not
+# slowdowns and are left out
+CLOCK_LIMIT_BITS: dict[str, int] = {
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+
+def clock_limits(mask: int) -> list[str]:
+    """The slowdown reasons set in an NVML clock-event bitmask (names of ``CLOCK_LIMIT_BITS``)."""
+    return [name for name, bit in CLOCK_LIMIT_BITS.items() if mask & bit]
+
+
+def _clock_sample(nv, handle, i) -> dict:
+    """One GPU's SM clock (MHz), board power (W), temperature (C) and clock-event bitmask; each
+    left out where NVML cannot read it (e.g. power on some virtualised GPUs)."""
+    row = {}
+    reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+               or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))  # older nvidia-ml-py
+    reads = (
+        (f"sm_clock_mhz_{i}", lambda: int(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))),
+        (f"power_w_{i}", lambda: round(nv.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1)),
+        (f"temp_c_{i}", lambda: int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
+        (f"clock_events_{i}", lambda: int(reasons(handle))),
+    )
+    for key, read in reads:
+        try:
+            row[key] = read()
+        except Exception:
+            pass
+    return row
+
+
 @dataclass
 class GPUSampler:
     """Background thread sampling memory used and utilization of some GPUs every ``interval_s``.
@@ -206,6 +243,7 @@ class GPUSampler:
                     row[f"util_pct_{i}"] = int(nv.nvmlDeviceGetUtilizationRates(h).gpu)
                 except Exception:
                     pass
+                row.update(_clock_sample(nv, h, i))
             if len(self.samples) < self.max_samples:
                 self.samples.append(row)
             self._stop.wait(self.interval_s)
@@ -235,6 +273,36 @@ class GPUSampler:
                 "mean_utilization_pct": round(sum(per_gpu.values()) / len(per_gpu), 1),
                 "per_gpu_mean_utilization_pct": per_gpu}
 
+    def clocks_since(self, mark: int) -> dict | None:
+        """Each GPU's mean SM clock and board power, its peak temperature and the share of samples
+        with each clock slowdown reason (``CLOCK_LIMIT_BITS``) since ``mark``: two servers of one
+        configuration that differ in speed can be told apart from a throttled card. None when no
+        sample read a clock (no NVML, too short)."""
+        rows = self.samples[mark:]
+        per_gpu = {}
+        for i in self.indices:
+            clocks = [r[f"sm_clock_mhz_{i}"] for r in rows if f"sm_clock_mhz_{i}" in r]
+            if not clocks:
+                continue
+            power = [r[f"power_w_{i}"] for r in rows if f"power_w_{i}" in r]
+            temps = [r[f"temp_c_{i}"] for r in rows if f"temp_c_{i}" in r]
+            masks = [r[f"clock_events_{i}"] for r in rows if f"clock_events_{i}" in r]
+            limits = {}
+            for name in CLOCK_LIMIT_BITS:
+                hit = sum(1 for m in masks if name in clock_limits(m))
+                if hit:
+                    limits[name] = round(hit / len(masks), 3)
+            per_gpu[str(i)] = {
+                "mean_sm_clock_mhz": round(sum(clocks) / len(clocks), 1),
+                "min_sm_clock_mhz": min(clocks),
+                "mean_power_w": round(sum(power) / len(power), 1) if power else None,
+                "max_temperature_c": max(temps) if temps else None,
+                "clock_limit_share": limits,  # reason -> share of samples it was set
+            }
+        if not per_gpu:
+            return None
+        return {"samples": len(rows), "interval_s": self.interval_s, "per_gpu": per_gpu}
+
     def summary(self) -> dict:
         out: dict = {"samples": len(self.samples), "interval_s": self.interval_s}
         for i in self.indices:
@@ -247,4 +315,7 @@ class GPUSampler:
                     "mean_utilization_pct": round(sum(util) / len(util), 1) if util else None,
                     "max_utilization_pct": max(util) if util else None,
                 }
+                clocks = [r[f"sm_clock_mhz_{i}"] for r in self.samples if f"sm_clock_mhz_{i}" in r]
+                if clocks:
+                    out[f"gpu{i}"]["mean_sm_clock_mhz"] = round(sum(clocks) / len(clocks), 1)
         return out

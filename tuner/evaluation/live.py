@@ -228,6 +228,9 @@ class LiveDeployment(Deployment):
         utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
         if utilization is not None:
             extra["gpu_utilization"] = utilization
+        clocks = self.sampler.clocks_since(gpu_mark)
+        if clocks is not None:
+            extra["gpu_clocks"] = clocks
         metrics_after = self._scrape_metrics()
         server_metrics = _metrics_delta(metrics_before, metrics_after)
         if server_metrics:
