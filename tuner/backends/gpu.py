@@ -186,13 +186,14 @@ def clock_limits(mask: int) -> list[str]:
 
 
 def _clock_sample(nv, handle, i) -> dict:
-    """One GPU's SM clock (MHz), board power (W), temperature (C) and clock-event bitmask; each
-    left out where NVML cannot read it (e.g. power on some virtualised GPUs)."""
+    """One GPU's SM clock and its ceiling (MHz), board power (W), temperature (C) and clock-event
+    bitmask; each left out where NVML cannot read it (e.g. power on some virtualised GPUs)."""
     row = {}
     reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
                or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))  # older nvidia-ml-py
     reads = (
         (f"sm_clock_mhz_{i}", lambda: int(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))),
+        (f"max_sm_clock_mhz_{i}", lambda: int(nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))),
         (f"power_w_{i}", lambda: round(nv.nvmlDeviceGetPowerUsage(handle) / 1000.0, 1)),
         (f"temp_c_{i}", lambda: int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))),
         (f"clock_events_{i}", lambda: int(reasons(handle))),
@@ -292,9 +293,11 @@ class GPUSampler:
                 hit = sum(1 for m in masks if name in clock_limits(m))
                 if hit:
                     limits[name] = round(hit / len(masks), 3)
+            ceilings = [r[f"max_sm_clock_mhz_{i}"] for r in rows if f"max_sm_clock_mhz_{i}" in r]
             per_gpu[str(i)] = {
                 "mean_sm_clock_mhz": round(sum(clocks) / len(clocks), 1),
                 "min_sm_clock_mhz": min(clocks),
+                "max_sm_clock_mhz": max(ceilings) if ceilings else None,  # the card's own ceiling
                 "mean_power_w": round(sum(power) / len(power), 1) if power else None,
                 "max_temperature_c": max(temps) if temps else None,
                 "clock_limit_share": limits,  # reason -> share of samples it was set
