@@ -16,7 +16,7 @@ from tuner.backends import moe_configs
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang import (
     LAUNCH_FLAGS, SGLangBackend, config_to_argv, config_yaml_dict, kv_capacity_from_server_info,
-    render_config_yaml,
+    render_config_yaml, triton_cache_dir,
 )
 from tuner.catalog.sglang_flags import load_flagset, parse_extra_args
 from tuner.catalog import get_gpu, get_model
@@ -115,6 +115,25 @@ def test_plan_argv_env_and_files_golden(tmp_path):
     assert s.ready_paths == ("/health",)
     assert yaml.safe_load(Path(cfg).read_text()) == {"attn-dp-size": 8, "quantization": "fp8", "tp-size": 8}
     assert plan.served_model == "zai-org/GLM-5.1-FP8" and plan.vocab_size == 154880
+
+
+def test_kernel_cache_state_counts_what_the_server_will_find(tmp_path, monkeypatch):
+    cache = tmp_path / "triton"
+    for kernel, size in (("A1", 100), ("B2", 50)):
+        (cache / kernel).mkdir(parents=True)
+        (cache / kernel / "k.cubin").write_bytes(b"x" * size)
+        (cache / kernel / "k.json").write_text("{}")
+    plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}, env={"TRITON_CACHE_DIR": str(cache)}),
+                                      tmp_path / "t")
+    state = SGLangBackend().kernel_cache_state(plan)
+    assert state == {"kind": "triton", "dir": str(cache), "kernels": 2, "files": 4, "bytes": 154}
+    # without TRITON_CACHE_DIR Triton uses $TRITON_HOME/.triton/cache (home by default); empty is 0
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}), tmp_path / "t2")
+    state = SGLangBackend().kernel_cache_state(plan)
+    assert state["dir"] == str(tmp_path / "home" / ".triton" / "cache") and state["kernels"] == 0
+    assert triton_cache_dir({"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h"}) == Path("/c")
 
 
 def test_plan_refuses_infeasible_topologies(tmp_path):

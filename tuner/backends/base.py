@@ -90,6 +90,11 @@ class ProcessBackend(ABC):
         """A phrase saying where in start-up a server died, from its log (default: nothing)."""
         return ""
 
+    def kernel_cache_state(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        """What the servers' on-disk kernel cache holds before they start (a server whose kernels
+        are cached skips their first-use compiles); None where the backend keeps none."""
+        return None
+
 
 def http_get_json(url: str, timeout_s: float = 30.0) -> Any:
     """GET ``url`` and decode JSON; raises OSError / ValueError on failure."""

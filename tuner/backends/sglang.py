@@ -230,6 +230,33 @@ def config_to_argv(config: Mapping[str, Any], flagset: FlagSet | None = None) ->
 
 
 # ------------------------------------------------------------------------------------------
+def triton_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where Triton keeps compiled kernels for a process with ``env``: ``TRITON_CACHE_DIR``, else
+    ``$TRITON_HOME/.triton/cache`` (home by default), as ``triton.runtime.cache`` resolves it."""
+    if env.get("TRITON_CACHE_DIR"):
+        return Path(env["TRITON_CACHE_DIR"])
+    return Path(env.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
+
+
+def triton_cache_state(cache_dir: Path) -> dict[str, Any]:
+    """How many compiled kernels (one directory each) and bytes ``cache_dir`` holds."""
+    state: dict[str, Any] = {"kind": "triton", "dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
+    try:
+        if not cache_dir.is_dir():
+            return state
+        state["kernels"] = sum(1 for e in os.scandir(cache_dir) if e.is_dir(follow_symlinks=False))
+    except OSError as exc:  # unreadable: said, never a failed trial
+        return {**state, "error": f"{type(exc).__name__}: {exc}"}
+    for root, _dirs, names in os.walk(cache_dir):
+        for name in names:
+            try:
+                state["bytes"] += os.lstat(os.path.join(root, name)).st_size
+                state["files"] += 1
+            except OSError:  # removed meanwhile by another process
+                pass
+    return state
+
+
 # command, checkpoint, environment
 
 
@@ -375,6 +402,14 @@ class SGLangBackend(ProcessBackend):
     def startup_failure_detail(self, log_text: str) -> str:
 
         return describe_death(startup_report(log_text, exited=True))
+
+    def kernel_cache_state(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        """Triton's on-disk cache as the first server will see it: SGLang's Triton kernels (fused
+        MoE, block-fp8 linears, attention) compile on first use unless a build is cached there."""
+        if not plan.servers:
+            return None
+        env = {**os.environ, **plan.servers[0].env}
+        return triton_cache_state(triton_cache_dir({k: v for k, v in env.items() if v is not None}))
 
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
         """KV capacity from every server's ``/server_info`` (domain.md §C5), and what each

@@ -77,6 +77,7 @@ class LiveEvaluator(Evaluator):
         for attempt in range(PORT_RETRIES + 1):
             plan = self.backend.build_plan(request, trial_dir)
             before_mib = gpu.memory_used_mib(request.gpu_ids)  # what close() must return to
+            kernel_cache = self.backend.kernel_cache_state(plan)
             stack = ProcessStack()
             try:
                 _start(stack, plan)
@@ -93,7 +94,8 @@ class LiveEvaluator(Evaluator):
             except BaseException:
                 stack.close()
                 raise
-            return LiveDeployment(self.backend, request, plan, stack, gpu_before_start_mib=before_mib)
+            return LiveDeployment(self.backend, request, plan, stack, gpu_before_start_mib=before_mib,
+                                  kernel_cache_before_start=kernel_cache)
         raise last  # pragma: no cover - loop always returns or raises
 
 
@@ -126,7 +128,7 @@ def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
 
 class LiveDeployment(Deployment):
     def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack,
-                 gpu_before_start_mib: dict | None = None):
+                 gpu_before_start_mib: dict | None = None, kernel_cache_before_start: dict | None = None):
         self.backend = backend
         self.request = request
         self.plan = plan
@@ -137,6 +139,7 @@ class LiveDeployment(Deployment):
         self._close_report: dict[str, Any] = {}
         self._gpu_ids = tuple(request.gpu_ids)
         self._gpu_before_start = dict(gpu_before_start_mib or {})  # close() waits until used is back near it
+        self._kernel_cache_before_start = kernel_cache_before_start  # cached kernels skip first-use compiles
         self._gpu_after_ready = gpu.memory_used_mib(self._gpu_ids)
         self.facts = backend.server_facts(plan)
         self._gpu_after_warmup = gpu.memory_used_mib(self._gpu_ids)  # engines that allocate at first use
@@ -337,6 +340,7 @@ class LiveDeployment(Deployment):
             "gpu": self.sampler.summary(),
             "gpu_memory_used_mib": {"before_start": self._gpu_before_start, "after_ready": self._gpu_after_ready,
                                     "after_warmup": self._gpu_after_warmup},
+            "kernel_cache_before_start": self._kernel_cache_before_start,
             "close": self._close_report,
         }
 
