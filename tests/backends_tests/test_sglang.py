@@ -16,7 +16,7 @@ from tuner.backends import moe_configs
 from tuner.backends.router import plan_topology, router_argv
 from tuner.backends.sglang import (
     LAUNCH_FLAGS, SGLangBackend, config_to_argv, config_yaml_dict, kv_capacity_from_server_info,
-    render_config_yaml, triton_cache_dir,
+    render_config_yaml, triton_cache_dirs,
 )
 from tuner.catalog.sglang_flags import load_flagset, parse_extra_args
 from tuner.catalog import get_gpu, get_model
@@ -118,22 +118,31 @@ def test_plan_argv_env_and_files_golden(tmp_path):
 
 
 def test_kernel_cache_state_counts_what_the_server_will_find(tmp_path, monkeypatch):
+    def kernels(where, names):
+        for name, size in names:
+            (where / name).mkdir(parents=True)
+            (where / name / "k.cubin").write_bytes(b"x" * size)
+            (where / name / "k.json").write_text("{}")
+
     cache = tmp_path / "triton"
-    for kernel, size in (("A1", 100), ("B2", 50)):
-        (cache / kernel).mkdir(parents=True)
-        (cache / kernel / "k.cubin").write_bytes(b"x" * size)
-        (cache / kernel / "k.json").write_text("{}")
+    kernels(cache, (("A1", 100), ("B2", 50)))
     plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}, env={"TRITON_CACHE_DIR": str(cache)}),
                                       tmp_path / "t")
-    state = SGLangBackend().kernel_cache_state(plan)
-    assert state == {"kind": "triton", "dir": str(cache), "kernels": 2, "files": 4, "bytes": 154}
-    # without TRITON_CACHE_DIR Triton uses $TRITON_HOME/.triton/cache (home by default); empty is 0
+    # a TRITON_CACHE_DIR of the user's is the only one: Inductor leaves a set one alone
+    assert SGLangBackend().kernel_cache_state(plan) == {
+        "triton": {"dir": str(cache), "kernels": 2, "files": 4, "bytes": 154}}
+    # without it: Triton's default until Inductor's first kernel, then <inductor cache>/triton/<device>
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    kernels(tmp_path / "inductor" / "triton" / "0", (("C3", 10),))
     plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}), tmp_path / "t2")
     state = SGLangBackend().kernel_cache_state(plan)
-    assert state["dir"] == str(tmp_path / "home" / ".triton" / "cache") and state["kernels"] == 0
-    assert triton_cache_dir({"TRITON_CACHE_DIR": "/c", "TRITON_HOME": "/h"}) == Path("/c")
+    assert state["triton"] == {"dir": str(tmp_path / "home" / ".triton" / "cache"), "kernels": 0, "files": 0,
+                               "bytes": 0}
+    assert state["inductor_triton"]["kernels"] == 1 and state["inductor_triton"]["bytes"] == 12
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert triton_cache_dirs({})["inductor_triton"].parent.name.startswith("torchinductor_")
 
 
 def test_plan_refuses_infeasible_topologies(tmp_path):

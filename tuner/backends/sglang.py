@@ -19,12 +19,15 @@ model's rendered ``config.json`` and SGLang starts with ``--load-format dummy --
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -230,30 +233,34 @@ def config_to_argv(config: Mapping[str, Any], flagset: FlagSet | None = None) ->
 
 
 # ------------------------------------------------------------------------------------------
-def triton_cache_dir(env: Mapping[str, str]) -> Path:
-    """Where Triton keeps compiled kernels for a process with ``env``: ``TRITON_CACHE_DIR``, else
-    ``$TRITON_HOME/.triton/cache`` (home by default), as ``triton.runtime.cache`` resolves it."""
+def triton_cache_dirs(env: Mapping[str, str]) -> dict[str, Path]:
+    """Where a process with ``env`` keeps compiled Triton kernels. ``TRITON_CACHE_DIR`` where set;
+    else ``$TRITON_HOME/.triton/cache`` (home by default, ``triton.runtime.cache``) until the
+    process loads its first torch.compile kernel: Inductor then points ``TRITON_CACHE_DIR`` at
+    ``<inductor cache>/triton/<device>`` (``CachingAutotuner.__init__``; the cache is
+    ``TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>``), and every kernel SGLang
+    builds after that lands there. SGLang compiles some ops with torch.compile, so both count."""
     if env.get("TRITON_CACHE_DIR"):
-        return Path(env["TRITON_CACHE_DIR"])
-    return Path(env.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
+        return {"triton": Path(env["TRITON_CACHE_DIR"])}
+    home = Path(env.get("TRITON_HOME") or os.path.expanduser("~"))
+    inductor = env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+    return {"triton": home / ".triton" / "cache", "inductor_triton": Path(inductor) / "triton"}
 
 
 def triton_cache_state(cache_dir: Path) -> dict[str, Any]:
-    """How many compiled kernels (one directory each) and bytes ``cache_dir`` holds."""
-    state: dict[str, Any] = {"kind": "triton", "dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
-    try:
-        if not cache_dir.is_dir():
-            return state
-        state["kernels"] = sum(1 for e in os.scandir(cache_dir) if e.is_dir(follow_symlinks=False))
-    except OSError as exc:  # unreadable: said, never a failed trial
-        return {**state, "error": f"{type(exc).__name__}: {exc}"}
-    for root, _dirs, names in os.walk(cache_dir):
+    """How many compiled kernels (a ``.cubin`` or ``.hsaco`` each) and bytes ``cache_dir`` holds."""
+    state: dict[str, Any] = {"dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
+    if not cache_dir.is_dir():
+        return state
+    for root, _dirs, names in os.walk(cache_dir, onerror=lambda exc: state.setdefault("error", str(exc))):
         for name in names:
             try:
                 state["bytes"] += os.lstat(os.path.join(root, name)).st_size
-                state["files"] += 1
             except OSError:  # removed meanwhile by another process
-                pass
+                continue
+            state["files"] += 1
+            state["kernels"] += name.endswith((".cubin", ".hsaco"))
     return state
 
 
@@ -409,7 +416,8 @@ class SGLangBackend(ProcessBackend):
         if not plan.servers:
             return None
         env = {**os.environ, **plan.servers[0].env}
-        return triton_cache_state(triton_cache_dir({k: v for k, v in env.items() if v is not None}))
+        dirs = triton_cache_dirs({k: v for k, v in env.items() if v is not None})
+        return {name: triton_cache_state(d) for name, d in dirs.items()}
 
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
         """KV capacity from every server's ``/server_info`` (domain.md §C5), and what each
