@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -206,6 +207,11 @@ def _clock_sample(nv, handle, i) -> dict:
     return row
 
 
+def _series(rows: list[dict], key: str) -> list:
+    """The values of ``key`` in the samples that read it."""
+    return [r[key] for r in rows if key in r]
+
+
 @dataclass
 class GPUSampler:
     """Background thread sampling memory used and utilization of some GPUs every ``interval_s``.
@@ -265,7 +271,7 @@ class GPUSampler:
         rows = self.samples[mark:]
         per_gpu = {}
         for i in self.indices:
-            util = [r[f"util_pct_{i}"] for r in rows if f"util_pct_{i}" in r]
+            util = _series(rows, f"util_pct_{i}")
             if util:
                 per_gpu[str(i)] = round(sum(util) / len(util), 1)
         if not per_gpu:
@@ -282,18 +288,13 @@ class GPUSampler:
         rows = self.samples[mark:]
         per_gpu = {}
         for i in self.indices:
-            clocks = [r[f"sm_clock_mhz_{i}"] for r in rows if f"sm_clock_mhz_{i}" in r]
+            clocks = _series(rows, f"sm_clock_mhz_{i}")
             if not clocks:
                 continue
-            power = [r[f"power_w_{i}"] for r in rows if f"power_w_{i}" in r]
-            temps = [r[f"temp_c_{i}"] for r in rows if f"temp_c_{i}" in r]
-            masks = [r[f"clock_events_{i}"] for r in rows if f"clock_events_{i}" in r]
-            limits = {}
-            for name in CLOCK_LIMIT_BITS:
-                hit = sum(1 for m in masks if name in clock_limits(m))
-                if hit:
-                    limits[name] = round(hit / len(masks), 3)
-            ceilings = [r[f"max_sm_clock_mhz_{i}"] for r in rows if f"max_sm_clock_mhz_{i}" in r]
+            power, temps = _series(rows, f"power_w_{i}"), _series(rows, f"temp_c_{i}")
+            masks, ceilings = _series(rows, f"clock_events_{i}"), _series(rows, f"max_sm_clock_mhz_{i}")
+            seen = Counter(name for m in masks for name in clock_limits(m))
+            limits = {name: round(seen[name] / len(masks), 3) for name in CLOCK_LIMIT_BITS if seen[name]}
             per_gpu[str(i)] = {
                 "mean_sm_clock_mhz": round(sum(clocks) / len(clocks), 1),
                 "min_sm_clock_mhz": min(clocks),
@@ -309,8 +310,7 @@ class GPUSampler:
     def summary(self) -> dict:
         out: dict = {"samples": len(self.samples), "interval_s": self.interval_s}
         for i in self.indices:
-            mem = [r[f"mem_mib_{i}"] for r in self.samples if f"mem_mib_{i}" in r]
-            util = [r[f"util_pct_{i}"] for r in self.samples if f"util_pct_{i}" in r]
+            mem, util = _series(self.samples, f"mem_mib_{i}"), _series(self.samples, f"util_pct_{i}")
             if mem:
                 out[f"gpu{i}"] = {
                     "peak_memory_used_mib": max(mem),
@@ -318,7 +318,7 @@ class GPUSampler:
                     "mean_utilization_pct": round(sum(util) / len(util), 1) if util else None,
                     "max_utilization_pct": max(util) if util else None,
                 }
-                clocks = [r[f"sm_clock_mhz_{i}"] for r in self.samples if f"sm_clock_mhz_{i}" in r]
+                clocks = _series(self.samples, f"sm_clock_mhz_{i}")
                 if clocks:
                     out[f"gpu{i}"]["mean_sm_clock_mhz"] = round(sum(clocks) / len(clocks), 1)
         return out
