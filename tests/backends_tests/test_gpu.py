@@ -44,6 +44,7 @@ def test_clocks_over_one_load_point_name_the_slowdowns():
     g = c["per_gpu"]["0"]
     assert c["samples"] == 4
     assert g["mean_sm_clock_mhz"] == 1765.0 and g["min_sm_clock_mhz"] == 1600 and g["max_sm_clock_mhz"] == 1980
+    assert g["mean_busy_sm_clock_mhz"] == 1786.7  # the sample with the idle reason (0x1) left out
     assert g["mean_power_w"] == 663.3 and g["max_temperature_c"] == 71
     # the power cap in 2 of 3 readable samples, the software thermal slowdown in 1; idle (0x1) is no slowdown
     assert g["clock_limit_share"] == {"sw_power_cap": 0.667, "sw_thermal_slowdown": 0.333}

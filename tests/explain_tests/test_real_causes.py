@@ -186,6 +186,33 @@ def test_gpus_idle_while_throughput_plateaus():
     assert busy.binding.cause is not Cause.GPU_IDLE
 
 
+def _clocks(busy_mhz, limits=None, ceiling=1980):
+    return {"samples": 60, "interval_s": 1.0,
+            "per_gpu": {"0": {"mean_sm_clock_mhz": busy_mhz - 5, "mean_busy_sm_clock_mhz": busy_mhz,
+                              "min_sm_clock_mhz": busy_mhz - 200, "max_sm_clock_mhz": ceiling,
+                              "mean_power_w": 690.0, "max_temperature_c": 84, "clock_limit_share": limits or {}}}}
+
+
+def test_a_gpu_held_below_its_clock_ceiling_is_said_first():
+    # a TPOT miss the decode step would explain ...
+    extra = {"backend": "sglang", "server_metrics": _sm(), "client_bound": False,
+             "gpu_clocks": _clocks(1650, {"sw_power_cap": 0.64, "sw_thermal_slowdown": 0.1})}
+    slowed = _point(p90_tpot_s=0.030, p50_itl_s=0.025, extra=extra)
+    d = diagnose_point(slowed, _trial(), CTX)
+    # ... but the card ran 17% below its ceiling: the measurement is in doubt, said first
+    assert d.binding.cause is Cause.GPU_SLOWDOWN and d.binding.share == pytest.approx(1 - 1650 / 1980)
+    assert ("GPU 0 ran at 1,650 MHz, 83% of its 1,980 MHz ceiling (sw power cap in 64% of samples, "
+            "sw thermal slowdown in 10% of samples): every step ran on a slowed card") in d.sentence
+    # at its ceiling: observed, and not blamed
+    full = diagnose_point(_point(p90_tpot_s=0.030, p50_itl_s=0.025,
+                                 extra={**extra, "gpu_clocks": _clocks(1980)}), _trial(), CTX)
+    f = full.finding(Cause.GPU_SLOWDOWN)
+    assert f.coverage is Coverage.MEASURED and f.share == 0.0 and full.binding.cause is not Cause.GPU_SLOWDOWN
+    # recorded before clocks were: not measured, and listed so
+    old = diagnose_point(_point(p90_tpot_s=0.030, extra={"backend": "sglang", "server_metrics": _sm()}), _trial(), CTX)
+    assert old.finding(Cause.GPU_SLOWDOWN).coverage is Coverage.NOT_MEASURED
+
+
 def test_gpu_utilisation_of_the_load_point_itself_is_preferred_over_the_trials_mean():
     # the trial's mean is high (its smaller load points kept the GPUs busy); this load point's own is low
     trial = _trial(gpu_mean_utilization=0.9)

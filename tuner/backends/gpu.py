@@ -172,6 +172,7 @@ def wait_memory_released(indices: Sequence[int], pids: Sequence[int], *, timeout
 # NVML's clock event reasons (``nvmlClocksEventReason*``, formerly ``...ThrottleReason*``) that
 # slow a busy GPU below its boost clock; idle, application-clock and sync-boost settings are not
 # slowdowns and are left out
+GPU_IDLE_BIT = 0x1  # nvmlClocksEventReasonGpuIdle: an idle card clocks down, which is no slowdown
 CLOCK_LIMIT_BITS: dict[str, int] = {
     "sw_power_cap": 0x4,
     "hw_slowdown": 0x8,
@@ -293,10 +294,14 @@ class GPUSampler:
                 continue
             power, temps = _series(rows, f"power_w_{i}"), _series(rows, f"temp_c_{i}")
             masks, ceilings = _series(rows, f"clock_events_{i}"), _series(rows, f"max_sm_clock_mhz_{i}")
+            # the clock while busy: samples without the idle reason (all, where NVML gave no reasons)
+            busy = [r[f"sm_clock_mhz_{i}"] for r in rows
+                    if f"sm_clock_mhz_{i}" in r and not r.get(f"clock_events_{i}", 0) & GPU_IDLE_BIT]
             seen = Counter(name for m in masks for name in clock_limits(m))
             limits = {name: round(seen[name] / len(masks), 3) for name in CLOCK_LIMIT_BITS if seen[name]}
             per_gpu[str(i)] = {
                 "mean_sm_clock_mhz": round(sum(clocks) / len(clocks), 1),
+                "mean_busy_sm_clock_mhz": round(sum(busy) / len(busy), 1) if busy else None,
                 "min_sm_clock_mhz": min(clocks),
                 "max_sm_clock_mhz": max(ceilings) if ceilings else None,  # the card's own ceiling
                 "mean_power_w": round(sum(power) / len(power), 1) if power else None,

@@ -9,9 +9,10 @@ from tuner.vocabulary import StrEnum
 
 
 class Cause(StrEnum):
-    """What bounds a load point. The first four are root causes other causes follow from."""
+    """What bounds a load point. The first five are root causes other causes follow from."""
 
     CLIENT = "client"  # the replay client at its own ceiling: the latencies include its delay
+    GPU_SLOWDOWN = "gpu_slowdown"  # a GPU ran below its clock ceiling (power or thermal limits)
     KV_CAPACITY = "kv_capacity"  # evicted context re-prefilled: the KV pool is smaller than the working set
     ROUTING = "routing"  # context re-prefilled on a KV pool other than the one that holds it
     HOST_LINK = "host_link"  # HiCache load-back over the host link
@@ -29,7 +30,7 @@ class Cause(StrEnum):
 
 
 _TITLES = {
-    Cause.CLIENT: "replay client", Cause.KV_CAPACITY: "KV capacity", Cause.ROUTING: "routing",
+    Cause.CLIENT: "replay client", Cause.GPU_SLOWDOWN: "GPU clock below its ceiling", Cause.KV_CAPACITY: "KV capacity", Cause.ROUTING: "routing",
     Cause.HOST_LINK: "host link (HiCache load-back)", Cause.IMBALANCE: "imbalance across ranks",
     Cause.GPU_IDLE: "GPUs idle while throughput plateaus", Cause.PREFILL_INTERFERENCE: "prefill interrupting decode",
     Cause.PREFILL_QUEUEING: "prefill queueing", Cause.PREFILL_COMPUTE: "prefill compute",

@@ -24,11 +24,13 @@ from tuner.vocabulary import StrEnum
 
 # how large a root cause's figure must be to bind (share of the work or time behind the miss)
 ROOT_THRESHOLDS = {
-    Cause.CLIENT: 1.0, Cause.KV_CAPACITY: 0.2, Cause.ROUTING: 0.2, Cause.HOST_LINK: 0.25,
+    Cause.CLIENT: 1.0, Cause.GPU_SLOWDOWN: evidence.GPU_SLOWDOWN_BINDS, Cause.KV_CAPACITY: 0.2, Cause.ROUTING: 0.2, Cause.HOST_LINK: 0.25,
     Cause.IMBALANCE: 0.25, Cause.GPU_IDLE: 0.3,
 }
-TTFT_ROOTS = (Cause.CLIENT, Cause.KV_CAPACITY, Cause.ROUTING, Cause.HOST_LINK, Cause.IMBALANCE)
-TPOT_ROOTS = (Cause.CLIENT, Cause.GPU_IDLE, Cause.IMBALANCE)
+TTFT_ROOTS = (Cause.CLIENT, Cause.GPU_SLOWDOWN, Cause.KV_CAPACITY, Cause.ROUTING, Cause.HOST_LINK, Cause.IMBALANCE)
+TPOT_ROOTS = (Cause.CLIENT, Cause.GPU_SLOWDOWN, Cause.GPU_IDLE, Cause.IMBALANCE)
+# causes that put the measurement itself in doubt: said first when they bind, whatever else does
+MEASUREMENT_ROOTS = (Cause.CLIENT, Cause.GPU_SLOWDOWN)
 # prefill interference this large with re-prefills behind it makes KV (or routing) the root of a TPOT miss
 INTERFERENCE_FOR_KV = 0.3
 QUEUEING_BINDS = 0.5
@@ -114,7 +116,7 @@ def findings_at(p: LoadPoint, trial: TrialFacts, ctx: StudyContext, prev: LoadPo
     kv, route = evidence.kv_and_routing(p, trial, ctx)
     queue, compute = evidence.queueing(p)
     step, inter = evidence.decode(p)
-    found = [evidence.client(p), kv, route, evidence.host_link(p, trial, ctx), evidence.imbalance(p, trial),
+    found = [evidence.client(p), evidence.gpu_slowdown(p), kv, route, evidence.host_link(p, trial, ctx), evidence.imbalance(p, trial),
              evidence.gpu_idle(p, prev, trial), inter, queue, compute, step, evidence.failed_requests(p)]
     return {f.cause: f for f in found}
 
@@ -127,9 +129,9 @@ def _best_root(found: dict[Cause, Finding], roots) -> Finding | None:
     strong = [found[c] for c in roots if _strong(found.get(c))]
     if not strong:
         return None
-    client = found.get(Cause.CLIENT)
-    if client in strong:  # the measurement itself is in doubt: say so first
-        return client
+    for cause in MEASUREMENT_ROOTS:  # the measurement itself is in doubt: say so first
+        if found.get(cause) in strong:
+            return found[cause]
     return max(strong, key=lambda f: f.share)
 
 

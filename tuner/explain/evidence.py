@@ -57,6 +57,39 @@ def client(p: LoadPoint) -> Finding:
     return Finding(Cause.CLIENT, Coverage.MEASURED, 0.0, f"the replay client is not at its ceiling ({detail})", figures)
 
 
+# ------------------------------------------------------------------------------ GPU clocks
+GPU_SLOWDOWN_BINDS = 0.1  # 10% below the ceiling: steps that scale with the clock run ~10% longer
+
+
+def gpu_slowdown(p: LoadPoint) -> Finding:
+    """How far the slowest GPU's busy SM clock stayed below its ceiling over the load point (NVML,
+    ``extra.gpu_clocks``): a card held back by its power cap or temperature runs every step slower,
+    whatever the configuration."""
+    if p.simulated:
+        return Finding(Cause.GPU_SLOWDOWN, Coverage.NOT_APPLICABLE, text="simulated GPUs run at their ceiling")
+    per_gpu = ((p.extra.get("gpu_clocks") or {}).get("per_gpu")) or {}
+    rows = []
+    for gpu_id, g in per_gpu.items():
+        clock, ceiling = g.get("mean_busy_sm_clock_mhz") or g.get("mean_sm_clock_mhz"), g.get("max_sm_clock_mhz")
+        if clock and ceiling:
+            rows.append((1.0 - clock / ceiling, gpu_id, clock, ceiling, g.get("clock_limit_share") or {}))
+    if not rows:
+        return Finding(Cause.GPU_SLOWDOWN, Coverage.NOT_MEASURED,
+                       text="no GPU clocks were recorded (NVML clocks per load point)")
+    loss, gpu_id, clock, ceiling, limits = max(rows)
+    loss = max(0.0, loss)
+    reasons = ", ".join(f"{name.replace('_', ' ')} in {fmt.pct(share)} of samples"
+                        for name, share in sorted(limits.items(), key=lambda x: -x[1]))
+    figures = {"gpu": gpu_id, "mean_busy_sm_clock_mhz": clock, "max_sm_clock_mhz": ceiling,
+               "clock_loss": loss, "clock_limit_share": limits}
+    text = (f"GPU {gpu_id} ran at {clock:,.0f} MHz, {fmt.pct(clock / ceiling)} of its {ceiling:,.0f} MHz ceiling"
+            + (f" ({reasons})" if reasons else ""))
+    if loss >= GPU_SLOWDOWN_BINDS:
+        text += ": every step ran on a slowed card"
+    return Finding(Cause.GPU_SLOWDOWN, Coverage.MEASURED, loss, text, figures)
+
+
+
 # ------------------------------------------------------------------------------- KV and routing
 def _reprefill(p: LoadPoint, ctx: StudyContext) -> tuple[float | None, Coverage, dict]:
     """(share of prefill tokens that re-compute context sent before, how known, figures)."""
