@@ -30,7 +30,8 @@ class Cause(StrEnum):
 
 
 _TITLES = {
-    Cause.CLIENT: "replay client", Cause.GPU_SLOWDOWN: "GPU clock below its ceiling", Cause.KV_CAPACITY: "KV capacity", Cause.ROUTING: "routing",
+    Cause.CLIENT: "replay client", Cause.GPU_SLOWDOWN: "GPU clock below its ceiling",
+    Cause.KV_CAPACITY: "KV capacity", Cause.ROUTING: "routing",
     Cause.HOST_LINK: "host link (HiCache load-back)", Cause.IMBALANCE: "imbalance across ranks",
     Cause.GPU_IDLE: "GPUs idle while throughput plateaus", Cause.PREFILL_INTERFERENCE: "prefill interrupting decode",
     Cause.PREFILL_QUEUEING: "prefill queueing", Cause.PREFILL_COMPUTE: "prefill compute",

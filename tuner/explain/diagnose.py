@@ -24,8 +24,8 @@ from tuner.vocabulary import StrEnum
 
 # how large a root cause's figure must be to bind (share of the work or time behind the miss)
 ROOT_THRESHOLDS = {
-    Cause.CLIENT: 1.0, Cause.GPU_SLOWDOWN: evidence.GPU_SLOWDOWN_BINDS, Cause.KV_CAPACITY: 0.2, Cause.ROUTING: 0.2, Cause.HOST_LINK: 0.25,
-    Cause.IMBALANCE: 0.25, Cause.GPU_IDLE: 0.3,
+    Cause.CLIENT: 1.0, Cause.GPU_SLOWDOWN: evidence.GPU_SLOWDOWN_BINDS, Cause.KV_CAPACITY: 0.2,
+    Cause.ROUTING: 0.2, Cause.HOST_LINK: 0.25, Cause.IMBALANCE: 0.25, Cause.GPU_IDLE: 0.3,
 }
 TTFT_ROOTS = (Cause.CLIENT, Cause.GPU_SLOWDOWN, Cause.KV_CAPACITY, Cause.ROUTING, Cause.HOST_LINK, Cause.IMBALANCE)
 TPOT_ROOTS = (Cause.CLIENT, Cause.GPU_SLOWDOWN, Cause.GPU_IDLE, Cause.IMBALANCE)
@@ -116,8 +116,9 @@ def findings_at(p: LoadPoint, trial: TrialFacts, ctx: StudyContext, prev: LoadPo
     kv, route = evidence.kv_and_routing(p, trial, ctx)
     queue, compute = evidence.queueing(p)
     step, inter = evidence.decode(p)
-    found = [evidence.client(p), evidence.gpu_slowdown(p), kv, route, evidence.host_link(p, trial, ctx), evidence.imbalance(p, trial),
-             evidence.gpu_idle(p, prev, trial), inter, queue, compute, step, evidence.failed_requests(p)]
+    found = [evidence.client(p), evidence.gpu_slowdown(p), kv, route, evidence.host_link(p, trial, ctx),
+             evidence.imbalance(p, trial), evidence.gpu_idle(p, prev, trial), inter, queue, compute, step,
+             evidence.failed_requests(p)]
     return {f.cause: f for f in found}
 
 
