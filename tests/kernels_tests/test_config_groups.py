@@ -62,6 +62,12 @@ def test_the_command_writes_the_table_keeps_other_versions_and_names_a_bad_direc
     root = pkg / "srt/layers/moe/moe_runner/triton_utils"
     _write(root, "triton_3_6_0", "E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json", {1: A, 8: A, 64: B})
     assert config_root_of(pkg) == root and config_root_of(tmp_path) == root and config_root_of(root) == root
+    linear = pkg / "srt/layers/quantization/configs"
+    linear.mkdir(parents=True)
+    (linear / "N=7168,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json").write_text(
+        json.dumps({"1": A, "8": A, "64": B}))
+    (linear / "N=7168,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=int8_w8a8,block_shape=[128, 128].json").write_text(
+        json.dumps({"1": A}))  # another dtype: not the fp8 kernel's
     out = tmp_path / "table.yaml"
     out.write_text(yaml.safe_dump({"0.5.23": {"devices": {}}}))
     res = CliRunner().invoke(cli, ["calibration", "moe-groups", "--sglang-dir", str(pkg), "--sglang-version",
@@ -71,6 +77,9 @@ def test_the_command_writes_the_table_keeps_other_versions_and_names_a_bad_direc
     assert set(doc) == {"0.5.17", "0.5.23"} and doc["0.5.17"]["triton_version"] == "3.6.0"
     assert doc["0.5.17"]["devices"]["NVIDIA_H100_80GB_HBM3"]["E=128,N=768"]["groups"] == [[1, 8], [64]]
     assert doc["0.5.17"]["devices"]["NVIDIA_H200"] == {}  # every catalog GPU is recorded, with or without files
+    # the block-fp8 linear kernel's files, grouped the same way, per device and weight shape
+    assert doc["0.5.17"]["block_fp8_linear"]["NVIDIA_H100_80GB_HBM3"] == {"N=7168,K=2048": [[1, 8], [64]]}
+    assert doc["0.5.17"]["block_fp8_linear"]["NVIDIA_H200"] == {}
     bad = subprocess.run([sys.executable, "-m", "tuner", "calibration", "moe-groups", "--sglang-dir",
                           str(tmp_path / "sglang" / "srt"), "--sglang-version", "0.5.17", "--triton-version", "3.6.0",
                           "--out", str(tmp_path / "other.yaml")], capture_output=True, text=True)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tuner.catalog import get_gpu, get_model
 from tuner.cli import cli
 from tuner.planner import parse_layout, plan_memory
-from tuner.planner.memory import default_mem_fraction_static, prefill_capture_sizes
+from tuner.planner.memory import captured_token_counts, default_mem_fraction_static, prefill_capture_sizes
 from tuner.planner.startup import startup_memory, triton_max_kv_splits
 
 GIB = 2**30
@@ -63,6 +63,21 @@ def test_the_24_gib_bucket_differs_between_versions():
     # 0.5.17: chunk 2048, decode max bs 24; 0.5.23: 4096 and 48
     assert default_mem_fraction_static(m, g, lay, {"tp-size": 1}, "0.5.17") == (0.833, 4096.0, 2048, 24)
     assert default_mem_fraction_static(m, g, lay, {"tp-size": 1}, "0.5.23") == (0.704, 7280.0, 4096, 48)
+
+
+def test_the_batch_sizes_a_server_runs_while_it_starts():
+    qwen, h200 = get_model("qwen3-30b-a3b"), get_gpu("h200")
+    eager = {"disable-prefill-cuda-graph": True, "cuda-graph-max-bs-decode": 64}
+    plan = plan_memory(qwen, h200, 1, eager, sglang_version="0.5.17")
+    # the decode graphs' batch sizes only, up to 64
+    assert captured_token_counts(qwen, eager, plan) == [1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64]
+    # no decode graphs: nothing runs before traffic
+    off = {**eager, "disable-cuda-graph": True}
+    assert captured_token_counts(qwen, off, plan_memory(qwen, h200, 1, off, sglang_version="0.5.17")) == []
+    # prefill graphs (0.5.17's default here) add their token counts up to the chunk
+    graphs = {"cuda-graph-max-bs-decode": 64, "chunked-prefill-size": 2048}
+    with_prefill = captured_token_counts(qwen, graphs, plan_memory(qwen, h200, 1, graphs, sglang_version="0.5.17"))
+    assert with_prefill[-1] == 2048 and 1280 in with_prefill and 64 in with_prefill
 
 
 def test_prefill_capture_sizes_are_sglangs_list():

@@ -14,8 +14,9 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, default_split_m, fit_decay_s, kernel_warmup,
-                               moe_config_key, moe_variant, shipped_groups, stall_schedule, triton_moe_shape)
+from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, block_fp8_linear_shapes, default_split_m,
+                               fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant, shipped_groups,
+                               shipped_linear_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
@@ -314,6 +315,44 @@ def test_an_h100_server_compiles_the_variants_of_its_own_file():
     assert shipped_groups("NVIDIA H100 80GB HBM3", "0.5.23", BF16_KEY) is None
     assert shipped_groups("NVIDIA A100", "0.5.17", BF16_KEY) is None
     assert shipped_groups("NVIDIA H200", "0.5.17.post1", BF16_KEY) == BF16_GROUPS
+
+
+def test_a_block_fp8_servers_linears_add_variants_from_sglangs_files():
+    dsv3, qwen = get_model("deepseek-v3"), get_model(QWEN)
+    fp8 = {"quantization": "fp8"}
+    shapes = block_fp8_linear_shapes(dsv3, "fp8_block", 1, 1, fp8)
+    # the MLA projections, the dense layers' MLP (the shared expert is fused into the MoE)
+    assert shapes == ["N=2112,K=7168", "N=24576,K=1536", "N=32768,K=512", "N=7168,K=16384", "N=36864,K=7168",
+                      "N=7168,K=18432"]
+    groups = {k: shipped_linear_groups("NVIDIA H200", "0.5.17", k) for k in shapes}
+    assert groups["N=2112,K=7168"] == [] and len(groups["N=7168,K=16384"]) == 11  # no file / a file
+    assert shipped_linear_groups("NVIDIA A100", "0.5.17", shapes[0]) is None  # not in the table
+    assert block_fp8_linear_shapes(dsv3, "bf16", 1, 1, fp8) == [] and \
+        all(shipped_linear_groups("NVIDIA H200", "0.5.17", k) == [] for k in block_fp8_linear_shapes(qwen, "fp8_block",
+                                                                                                    1, 1, fp8))
+    # a linear variant: the nearest key's group, M divisible by 16, M = 1
+    g = groups["N=7168,K=16384"]
+    assert linear_variant(40, g)[0] == linear_variant(32, g)[0]  # 40: between 32 and 48, ties to the smaller
+    assert linear_variant(48, g) == linear_variant(64, g) or linear_variant(48, g)[0] != linear_variant(64, g)[0]
+    assert linear_variant(33, g) != linear_variant(32, g)  # the same config, M no longer divisible by 16
+    assert linear_variant(1, []) == (-1, False, True) and linear_variant(4096, []) == (-1, True, False)
+    # DeepSeek's MoE runs one config, so after its two parities only new linear groups stall; the
+    # batch sizes the decode graphs captured at start-up are compiled already
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
+    k = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17", precompiled_tokens=(1, 2, 4, 8))
+    assert k.linears and k.topk == 9
+    # 8: the MoE's first variant (the capture does not count for it); 1024: new linear groups; 1024 again:
+    # nothing new; 3000 (key 3072): new groups; 1000 (key 1024, not divisible by 16): new specialisations.
+    # Each step stalls once, however many of its kernels are new.
+    assert [k.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [0.5, 0.5, 0.0, 0.5, 0.5]
+    # without the linears (no device given) DeepSeek's single MoE config has only its two parities
+    lone = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8)
+    assert [lone.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [0.5, 0.5, 0.0, 0.0, 0.0]
+    # Qwen3 fp8: no file for its linears, and the captured sizes cover their default config's variants
+    q = kernel_warmup(cal, True, qwen, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17",
+                      precompiled_tokens=(1, 2, 4, 8, 16, 24, 32))
+    moe_only = kernel_warmup(cal, True, qwen, "fp8_block", 1, 1, fp8)  # no device: the MoE's variants alone
+    assert [q.prefill_stall(n) for n in (100, 3000, 100, 48)] == [moe_only.prefill_stall(n) for n in (100, 3000, 100, 48)]
 
 
 def test_sglangs_default_config_changes_at_m_equal_to_the_experts_without_block_quantization():

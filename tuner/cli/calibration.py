@@ -61,12 +61,19 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
     from tuner import safewrite, safeyaml
     from tuner.catalog import gpus
     from tuner.errors import ConfigError
-    from tuner.kernels.config_groups import config_root_of, groups_table
+    from tuner.kernels.config_groups import config_root_of, groups_table, linear_configs_of, linear_groups
+    from tuner.kernels.configfile import device_file_name
     from tuner.sim.warmup import SHIPPED_GROUPS_FILE
 
     root = config_root_of(Path(sglang_dir))
     out = Path(out_path) if out_path else SHIPPED_GROUPS_FILE
-    table = groups_table(root, sorted({g.torch_name for g in gpus().values()}), triton_version)
+    devices = sorted({g.torch_name for g in gpus().values()})
+    table = groups_table(root, devices, triton_version)
+    linear_dir = linear_configs_of(Path(sglang_dir))
+    if linear_dir is None:
+        raise ConfigError(f"{sglang_dir} holds no block-fp8 linear configs (looked in "
+                          "kernels/ops/quantization/configs/ and srt/layers/quantization/configs/)", key="--sglang-dir")
+    linear = {device_file_name(d): linear_groups(linear_dir, d) for d in devices}
     current = {}
     if out.is_file():
         current = safeyaml.load_file(out) or {}
@@ -76,15 +83,18 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
         "triton_version": str(triton_version),
         "source": f"tuner calibration moe-groups --sglang-version {sglang_version} --triton-version "
                   f"{triton_version} on {date.today().isoformat()}, from SGLang's configs/",
-        "devices": table}
+        "devices": table,
+        "block_fp8_linear": linear}
     header = ("# Which keys of SGLang's shipped fused-MoE config files share one tile config, per SGLang\n"
               "# version, device and shape selector; a selector not listed runs SGLang's default config.\n"
+              "# block_fp8_linear: the same for its block-fp8 linear kernel's files, per device and weight shape.\n"
               "# Written by `tuner calibration moe-groups` (tuner/kernels/config_groups.py); read by\n"
               "# tuner/sim/warmup.py for the fresh-server stalls of GPUs without a fit of their own.\n")
     safewrite.write_text(out, header + yaml.safe_dump(current, sort_keys=True, width=120, default_flow_style=None))
     for dev, shapes in table.items():
         click.echo(f"{dev}: {len(shapes)} shapes with a shipped file "
-                   f"({sum(1 for s in shapes.values() if not s['exact_triton'])} from another Triton's directory)")
+                   f"({sum(1 for s in shapes.values() if not s['exact_triton'])} from another Triton's directory), "
+                   f"{len(linear.get(dev) or {})} block-fp8 linear shapes")
     click.echo(f"wrote {out}")
 
 
@@ -463,8 +473,10 @@ def _format_fit(doc: dict) -> str:
                      f"of traffic, {ws['stall_s']} s each ({len(ws['stalls'])} over {ws['servers']} starts; "
                      f"{ws['later_per_min']:.2f} per minute later), at a rate decaying with a time constant of "
                      f"{ws['decay_s']} s; simulated in a deployment's first load point as fresh_server_stalls "
-                     + (f"{c['per_new_kernel_s']:g} s per fused-MoE variant new to the server "
-                        f"({len(c['moe_config_groups'])} tile-config groups)" if "per_new_kernel_s" in c else
+                     + (f"{c['per_new_kernel_s']:g} s per prefill step that runs a kernel variant new to the "
+                        f"server (fused MoE: {len(c['moe_config_groups'])} config files' groups; block-fp8 "
+                        f"linears: SGLang's files) over {ws['new_kernel_windows']} windows holding one"
+                        if "per_new_kernel_s" in c else
                         f"{c['per_start']:g} per start x {c['stall_s']:g} s, decay {c['decay_s']:g} s"))
     if doc.get("whole_steps"):
         lines.append("\nwhole forward steps (calibrated model against the one-batch benchmark), mean |error|:")

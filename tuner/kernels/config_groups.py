@@ -108,9 +108,46 @@ def config_root_of(sglang_dir: Path) -> Path:
                       "directory", key="--sglang-dir")
 
 
+# SGLang's block-fp8 linear kernel (``w8a8_block_fp8_matmul_triton``) reads a config file per weight
+# shape and device the same way: the entry whose key is nearest to M (17:
+# ``kernels/ops/quantization/fp8_kernel.py::get_w8a8_block_fp8_configs``; without a file one default)
+_LINEAR_FILE = re.compile(r"^N=(\d+),K=(\d+),device_name=([^,]+),dtype=fp8_w8a8,block_shape=\[(\d+), (\d+)\]\.json$")
+LINEAR_CONFIG_DIRS = ("kernels/ops/quantization/configs", "srt/layers/quantization/configs",
+                      "sglang/kernels/ops/quantization/configs", "sglang/srt/layers/quantization/configs")
+
+
+def linear_configs_of(sglang_dir: Path) -> Path | None:
+    """The directory of SGLang's block-fp8 linear config files (it moved between releases), or None."""
+    base = Path(sglang_dir)
+    for rel in LINEAR_CONFIG_DIRS:
+        cand = base / rel
+        if cand.is_dir() and any(cand.glob("N=*,K=*.json")):
+            return cand
+    return None
+
+
+def linear_groups(config_dir: Path, device_name: str) -> dict[str, list[list[int]]]:
+    """Per block-fp8 linear weight shape ``N=..,K=..`` (128 x 128 blocks) with a file for
+    ``device_name``: its batch-size keys grouped by the tile config SGLang runs at them."""
+    dev = device_file_name(device_name)
+    out = {}
+    for path in sorted(Path(config_dir).glob("N=*,K=*.json")):
+        m = _LINEAR_FILE.match(path.name)
+        if not m or m.group(3) != dev or (m.group(4), m.group(5)) != ("128", "128"):
+            continue
+        try:
+            raw = json.loads(path.read_text())
+            configs = {int(k): v for k, v in raw.items()}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"unreadable block-fp8 config file: {exc}", file=str(path)) from None
+        out[f"N={m.group(1)},K={m.group(2)}"] = key_groups(configs)
+    return out
+
+
 def groups_table(config_root: Path, device_names: list[str], triton_version: str) -> dict[str, dict]:
     """``device_groups`` for each device, keyed by its file name (spaces as ``_``)."""
     return {device_file_name(d): device_groups(config_root, d, triton_version) for d in device_names}
 
 
-__all__ = ["config_root_of", "device_groups", "groups_table", "key_groups", "selector_of", "selectors_for"]
+__all__ = ["config_root_of", "device_groups", "groups_table", "key_groups", "linear_configs_of", "linear_groups",
+           "selector_of", "selectors_for"]

@@ -150,6 +150,18 @@ def prefill_capture_sizes(max_bs: int) -> list[int]:
     return [s for s in sizes if s <= max_bs]
 
 
+def captured_token_counts(model: ModelDescription, flags: dict[str, Any], plan: "MemoryPlan") -> list[int]:
+    """The batch sizes (tokens) a server's CUDA graphs run while it starts: the decode capture sizes,
+    and with prefill graphs their token counts up to the chunk. Their kernels compile before any traffic."""
+    out: list[int] = []
+    if not (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-decode-cuda-graph")
+            or flags.get("cuda-graph-backend-decode") == "disabled"):
+        out += decode_capture_sizes(plan.cuda_graph_max_bs_decode)
+    if prefill_graph_enabled(model, flags, rules_version(plan.sglang_version)):
+        out += prefill_capture_sizes(plan.chunked_prefill_size if plan.chunked_prefill_size > 0 else 8192)
+    return sorted(set(out))
+
+
 def prefill_graph_enabled(model: ModelDescription, flags: dict[str, Any], version: tuple[int, int, int]) -> bool:
     if (flag_bool(flags, "disable-cuda-graph") or flag_bool(flags, "disable-prefill-cuda-graph")
             or flags.get("cuda-graph-backend-prefill") == "disabled"):

@@ -24,7 +24,7 @@ from tuner.catalog import GPUDescription, ModelDescription, get_gpu, get_model
 from tuner.errors import ConfigError, TrialError
 from tuner.lifecycle import FailureClass
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
-from tuner.planner.memory import speculative_draft_layers
+from tuner.planner.memory import captured_token_counts, speculative_draft_layers
 from tuner.planner.parallel import flag_bool
 from tuner.workload.metrics import LoadPointMetrics, RequestRecord, aggregate, counted_in_window
 from tuner.workload.session import Session, WorkloadProfile, generate_session
@@ -249,7 +249,8 @@ def simulate_load_point(
         replicas.append(ReplicaEngine(ranks, step_model, rules, stats=stats, on_finish=on_finish, window=window,
                                       computed_len=computed_len, stalls=stalls,  # each replica compiles its own
                                       kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp,
-                                                            layout.ep, flags, gpu.device_name, version)))
+                                                            layout.ep, flags, gpu.device_name, version,
+                                                            captured_token_counts(model, flags, plan))))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)

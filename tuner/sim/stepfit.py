@@ -48,7 +48,7 @@ from tuner.catalog import get_gpu, get_model
 from tuner.config.load import results_study
 from tuner.errors import ConfigError
 from tuner.planner import parse_layout, plan_memory, resolve_checkpoint
-from tuner.planner.memory import prefill_graph_enabled
+from tuner.planner.memory import captured_token_counts, prefill_graph_enabled
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
 
@@ -61,8 +61,8 @@ from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
-from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, default_split_m, groups_for, fit_decay_s, moe_config_key,
-                     moe_variant, triton_moe_shape)
+from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, KernelWarmup, block_fp8_linear_shapes, default_split_m,
+                     groups_for, fit_decay_s, moe_config_key, shipped_linear_groups, triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -632,18 +632,24 @@ def _is_stall(excess: float, predicted: float) -> bool:
 
 def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, topk: int,
                       default_split_m: int | None = None) -> list[float]:
-    """Times of the prefill lines of a server log that ran a fused-MoE variant first on it (the
-    whole log where it exists, with the prefills of windows left out; else its windows')."""
-    seen, out = set(), []
+    """Times of the prefill lines of a server log that ran a per-M kernel variant first on it, of
+    its fused MoE (``topk`` > 0) or of its block-fp8 linears (``tuner.sim.warmup.KernelWarmup``: the
+    key groups of SGLang's files, the batch sizes its CUDA graphs ran at start-up), from the whole
+    log where it exists, else from its windows' prefills."""
+    layout = parse_layout(t.model, t.flags, t.gpus * t.nodes)
+    shapes = block_fp8_linear_shapes(t.model, t.weight_format, layout.tp, layout.ep, t.flags)
+    linears = tuple((k, g) for k in shapes
+                    if (g := shipped_linear_groups(t.gpu.device_name, t.sglang_version, k)) is not None)
+    captured = ()
+    if linears:
+        plan = plan_memory(t.model, t.gpu, t.gpus, t.flags, nodes=t.nodes, host_memory_gb=t.host_memory_gb,
+                           sglang_version=t.sglang_version)
+        captured = tuple(captured_token_counts(t.model, t.flags, plan))
+    variants = KernelWarmup(1.0, groups, topk, default_split_m=default_split_m, linears=linears,
+                            precompiled_tokens=captured)
     events = read_step_lines(log) if Path(log).is_file() else \
         [p for w in t.windows if w.source == log for p in w.prefills]
-    for ev in events:
-        if isinstance(ev, PrefillLine):
-            v = moe_variant(ev.new_tokens, groups, topk, default_split_m)
-            if v not in seen:
-                seen.add(v)
-                out.append(ev.t)
-    return out
+    return [ev.t for ev in events if isinstance(ev, PrefillLine) and variants.reaches_new(ev.new_tokens)]
 
 
 def warmup_stalls(trials: list[TrialSteps], calibration: dict,
@@ -676,7 +682,7 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
         for log, rows in by_log.items():
             servers += 1
             t0 = rows[0][0].t_start
-            fresh = np.array(new_variant_times(t, log, shape_groups, shape.topk, split) if shape is not None else [])
+            fresh = np.array(new_variant_times(t, log, shape_groups, shape.topk if shape is not None else 0, split))
             for w, p in rows:
                 excess = w.wall_s - p
                 if _is_stall(excess, p):

@@ -42,6 +42,16 @@ H200's groups read from its servers' logs are the same as its files'). Decode st
 replay captured CUDA graphs and do not compile. Triton's on-disk cache can outlive a server (a
 server started after one that ran the same kernels in the same device call stalled less), which
 the model does not know: it takes every fresh server's cache as cold.
+
+Block-fp8 weights add a second family of per-M kernels: SGLang's Triton linear kernel
+(``kernels/ops/quantization/fp8_kernel.py::w8a8_block_fp8_matmul_triton``) picks its tile config per
+weight shape from the entry of the device's file nearest to M (one default config without a file)
+and takes M as an integer argument, so each (shape, config group, M divisible by 16, M = 1) is a
+variant of its own. The batch sizes SGLang's CUDA graphs capture at start-up have run already. A
+DeepSeek-V3 server's fused MoE runs one config, yet its first-minute stalls fall where a prefill
+reaches a new batch-size bucket (``results/h200-sglang/stall_buckets.py``): its linears' variants.
+A prefill step that runs any new variant, of the fused MoE or of a linear, stalls once by
+``per_new_kernel_s``; the fit measures it over the windows of both (``stepfit.warmup_stalls``).
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable
 
 import yaml
 
@@ -201,36 +212,110 @@ def moe_variant(tokens: int, groups: list[list[int]] | None, topk: int,
     return group, divisible
 
 
+def shipped_linear_groups(device_name: str | None, sglang_version: str | None, key: str) -> list[list[int]] | None:
+    """The key groups of SGLang's block-fp8 linear config file for weight shape ``key``
+    (``N=..,K=..``) on ``device_name`` (``[]``: no file, one default config; None: the table does
+    not cover that version or device)."""
+    if not device_name or not sglang_version:
+        return None
+    release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))
+    version = _shipped_table().get(release.group(0) if release else str(sglang_version)) or {}
+    shapes = (version.get("block_fp8_linear") or {}).get(device_file_name(device_name))
+    if shapes is None:
+        return None
+    groups = shapes.get(key)
+    if groups is None:
+        return []
+    if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
+                                               for g in groups):
+        raise ConfigError("needs a list of lists of batch-size keys (rewrite it with `tuner calibration "
+                          "moe-groups`)", file=str(SHIPPED_GROUPS_FILE),
+                          key=f"{sglang_version}.block_fp8_linear.{device_file_name(device_name)}.{key}")
+    return [list(g) for g in groups]
+
+
+def linear_variant(tokens: int, groups: list[list[int]]) -> tuple[int, bool, bool]:
+    """The block-fp8 linear kernel a batch of ``tokens`` runs for one weight shape: (tile-config
+    group of the nearest key, ties to the smaller; M divisible by 16; M = 1), Triton's
+    specialisations of an integer argument. ``[]``: one default config."""
+    group = -1
+    if groups:
+        keys = sorted(k for g in groups for k in g)
+        key = min(keys, key=lambda k: abs(k - tokens))
+        group = next(i for i, g in enumerate(groups) if key in g)
+    return group, tokens % 16 == 0, tokens == 1
+
+
+def block_fp8_linear_shapes(model, weight_format: str, tp: int, ep: int, flags: dict | None = None) -> list[str]:
+    """The weight shapes (``N=..,K=..``) one GPU runs through SGLang's block-fp8 linear kernel: the
+    model's non-expert linears in block fp8 (``tuner.sim.opshapes.gemms``), without the shared
+    experts where SGLang fuses them into the MoE."""
+    if weight_format != "fp8_block":
+        return []
+    from tuner.planner.memory import resolve_checkpoint  # the planner imports this package's calibration
+    from tuner.planner.parallel import parse_layout
+    from tuner.sim.opshapes import gemms
+
+    flags = dict(flags or {})
+    layout = parse_layout(model, {**flags, "tp-size": tp, "ep-size": ep}, tp)
+    moe = triton_moe_shape(model, weight_format, tp, ep, flags)
+    fused = bool(moe is not None and getattr(moe, "fused_shared_experts", 0))
+    out = []
+    for g in gemms(model, resolve_checkpoint(model, flags.get("quantization")), layout):
+        if g.dtype != "fp8_block" or g.per != "token" or (fused and g.name.startswith("shared_")):
+            continue
+        key = f"N={g.n},K={g.k}"
+        if key not in out:
+            out.append(key)
+    return out
+
+
 @dataclass
 class KernelWarmup:
-    """A fresh server's fused-MoE kernel variants: a prefill step that runs one for the first time
-    costs ``per_new_kernel_s`` more (the whole server waits, as for any step)."""
+    """A fresh server's per-M kernel variants (its fused MoE's, ``topk`` > 0, and its block-fp8
+    linears'): a prefill step that runs any of them for the first time costs ``per_new_kernel_s``
+    more (the whole server waits, as for any step)."""
 
     per_new_kernel_s: float
     groups: list[list[int]] | None
-    topk: int
+    topk: int  # 0: no Triton fused MoE
     seen: set = None  # variants run so far
     default_split_m: int | None = None  # with groups [] (SGLang's default config): see moe_variant
+    linears: tuple = ()  # (weight shape, its key groups) of each block-fp8 linear
+    precompiled_tokens: tuple = ()  # batch sizes its CUDA graphs ran at start-up (their linears compiled)
 
     def __post_init__(self):
         self.seen = set() if self.seen is None else self.seen
+        for m in self.precompiled_tokens:
+            self.seen.update((key, linear_variant(m, groups)) for key, groups in self.linears)
+
+    def reaches_new(self, tokens: int) -> bool:
+        """Whether a batch of ``tokens`` runs a variant this server has not run (and marks them run)."""
+        new = [v for v in self._variants(tokens) if v not in self.seen]
+        self.seen.update(new)
+        return bool(new)
+
+    def _variants(self, tokens: int) -> list:
+        out = [(key, linear_variant(tokens, groups)) for key, groups in self.linears]
+        if self.topk > 0:
+            out.append(moe_variant(tokens, self.groups, self.topk, self.default_split_m))
+        return out
 
     def prefill_stall(self, tokens: int) -> float:
-        v = moe_variant(tokens, self.groups, self.topk, self.default_split_m)
-        if v in self.seen:
-            return 0.0
-        self.seen.add(v)
-        return self.per_new_kernel_s
+        return self.per_new_kernel_s if self.reaches_new(tokens) else 0.0
 
     @classmethod
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
-                         sglang_version: str | None = None) -> "KernelWarmup | None":
+                         sglang_version: str | None = None, linear_shapes: Iterable[str] = (),
+                         precompiled_tokens: Iterable[int] = ()) -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
-        (``triton_moe_shape``; None: no Triton fused MoE, no stalls). The key groups are the
-        calibration's own (read from its servers' logs) where it has them for this shape, else
-        those of the file SGLang ships for the device (``shipped_groups``)."""
+        (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears have
+        ``linear_shapes`` (``block_fp8_linear_shapes``, with the key groups of SGLang's files for
+        the device where the table covers it); None where neither can stall. The MoE's key groups
+        are the calibration's own (read from its servers' logs) where it has them for this shape,
+        else those of the file SGLang ships for the device (``shipped_groups``)."""
         doc = cal.get(KEY)
-        if not is_kernel_model(cal) or shape is None:
+        if not is_kernel_model(cal):
             return None
         try:
             s = float(doc["per_new_kernel_s"])
@@ -238,8 +323,14 @@ class KernelWarmup:
             raise ConfigError("per_new_kernel_s must be a number", key=KEY) from None
         if s < 0:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
-        groups = groups_for(shape, cal, device_name, sglang_version)
-        return cls(s, groups, shape.topk, default_split_m=default_split_m(shape, groups)) if s > 0 else None
+        linears = tuple((k, g) for k in linear_shapes
+                        if (g := shipped_linear_groups(device_name, sglang_version, k)) is not None)
+        if s == 0 or (shape is None and not linears):
+            return None
+        groups = groups_for(shape, cal, device_name, sglang_version) if shape is not None else None
+        return cls(s, groups, shape.topk if shape is not None else 0,
+                   default_split_m=default_split_m(shape, groups) if shape is not None else None,
+                   linears=linears, precompiled_tokens=tuple(precompiled_tokens))
 
 
 def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
@@ -262,12 +353,16 @@ def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version:
 
 def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: int, ep: int,
                   flags: dict | None = None, device_name: str | None = None,
-                  sglang_version: str | None = None) -> KernelWarmup | None:
-    """A fresh server's kernel-variant stalls (None for a warm server, a dense model or the time model)."""
+                  sglang_version: str | None = None, precompiled_tokens: Iterable[int] = ()) -> KernelWarmup | None:
+    """A fresh server's kernel-variant stalls (None for a warm server, the time model, or a model
+    with neither a Triton fused MoE nor block-fp8 linears). ``precompiled_tokens``: the batch sizes
+    its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``)."""
     if not fresh_server or not is_kernel_model(cal):
         return None
+    # the linears' groups come from SGLang's files for a device and version (shipped_linear_groups)
+    linears = block_fp8_linear_shapes(model, weight_format, tp, ep, flags) if device_name and sglang_version else []
     return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags),
-                                         device_name, sglang_version)
+                                         device_name, sglang_version, linears, precompiled_tokens)
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -294,6 +389,7 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "fit_decay_s",
-           "default_split_m", "groups_for", "is_kernel_model", "kernel_warmup", "moe_config_key", "moe_variant", "shipped_groups",
-           "stall_schedule", "triton_moe_shape"]
+__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "block_fp8_linear_shapes",
+           "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model", "kernel_warmup", "linear_variant",
+           "moe_config_key", "moe_variant", "shipped_groups", "shipped_linear_groups", "stall_schedule",
+           "triton_moe_shape"]
