@@ -145,28 +145,37 @@ def _shipped_table() -> dict:
     return data
 
 
+def _shipped_section(device_name: str | None, sglang_version: str | None, section: str) -> dict | None:
+    """One device's entries of the table's ``section`` (``devices``: fused-MoE selectors;
+    ``block_fp8_linear``: linear weight shapes) for SGLang ``sglang_version``; None where the table
+    does not cover that version or device."""
+    if not device_name or not sglang_version:
+        return None
+    release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))  # "0.5.17.post1" ships 0.5.17's files
+    version = _shipped_table().get(release.group(0) if release else str(sglang_version)) or {}
+    return (version.get(section) or {}).get(device_file_name(device_name))
+
+
+def _checked_groups(groups, where: str, what: str) -> list[list[int]]:
+    if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
+                                               for g in groups):
+        raise ConfigError(f"needs {what}a list of lists of batch-size keys (rewrite it with "
+                          "`tuner calibration moe-groups`)", file=str(SHIPPED_GROUPS_FILE), key=where)
+    return [list(g) for g in groups]
+
+
 def shipped_groups(device_name: str | None, sglang_version: str | None, key: str) -> list[list[int]] | None:
     """The key groups of the config file SGLang ``sglang_version`` loads for selector ``key`` on
     ``device_name`` (``[]``: it ships none and runs its default config; None: the table does not
     cover that version or device, and every key counts as a config of its own)."""
-    if not device_name or not sglang_version:
-        return None
-    release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))  # "0.5.17.post1" ships 0.5.17's files
-    version = _shipped_table().get(release.group(0) if release else str(sglang_version))
-    devices = (version or {}).get("devices") or {}
-    device = devices.get(device_file_name(device_name))
+    device = _shipped_section(device_name, sglang_version, "devices")
     if device is None:
         return None
     entry = device.get(key)
     if entry is None:
         return []
-    groups = entry.get("groups") if isinstance(entry, dict) else None
-    if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
-                                               for g in groups):
-        raise ConfigError("needs 'groups': a list of lists of batch-size keys (rewrite it with "
-                          "`tuner calibration moe-groups`)", file=str(SHIPPED_GROUPS_FILE),
-                          key=f"{sglang_version}.devices.{device_file_name(device_name)}.{key}")
-    return [list(g) for g in groups]
+    return _checked_groups(entry.get("groups") if isinstance(entry, dict) else None,
+                           f"{sglang_version}.devices.{device_file_name(device_name)}.{key}", "'groups': ")
 
 
 def triton_moe_shape(model, weight_format: str, tp: int, ep: int, flags: dict | None = None):
@@ -216,22 +225,13 @@ def shipped_linear_groups(device_name: str | None, sglang_version: str | None, k
     """The key groups of SGLang's block-fp8 linear config file for weight shape ``key``
     (``N=..,K=..``) on ``device_name`` (``[]``: no file, one default config; None: the table does
     not cover that version or device)."""
-    if not device_name or not sglang_version:
-        return None
-    release = re.match(r"\d+\.\d+\.\d+", str(sglang_version))
-    version = _shipped_table().get(release.group(0) if release else str(sglang_version)) or {}
-    shapes = (version.get("block_fp8_linear") or {}).get(device_file_name(device_name))
+    shapes = _shipped_section(device_name, sglang_version, "block_fp8_linear")
     if shapes is None:
         return None
     groups = shapes.get(key)
     if groups is None:
         return []
-    if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
-                                               for g in groups):
-        raise ConfigError("needs a list of lists of batch-size keys (rewrite it with `tuner calibration "
-                          "moe-groups`)", file=str(SHIPPED_GROUPS_FILE),
-                          key=f"{sglang_version}.block_fp8_linear.{device_file_name(device_name)}.{key}")
-    return [list(g) for g in groups]
+    return _checked_groups(groups, f"{sglang_version}.block_fp8_linear.{device_file_name(device_name)}.{key}", "")
 
 
 def linear_variant(tokens: int, groups: list[list[int]]) -> tuple[int, bool, bool]:
