@@ -61,8 +61,8 @@ from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
-from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, KernelWarmup, block_fp8_linear_shapes, default_split_m,
-                     groups_for, fit_decay_s, moe_config_key, shipped_linear_groups, triton_moe_shape)
+from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, KernelWarmup, default_split_m, groups_for, fit_decay_s,
+                     moe_config_key, server_linears, triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -637,9 +637,8 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
     key groups of SGLang's files, the batch sizes its CUDA graphs ran at start-up), from the whole
     log where it exists, else from its windows' prefills."""
     layout = parse_layout(t.model, t.flags, t.gpus * t.nodes)
-    shapes = block_fp8_linear_shapes(t.model, t.weight_format, layout.tp, layout.ep, t.flags)
-    linears = tuple((k, g) for k in shapes
-                    if (g := shipped_linear_groups(t.gpu.device_name, t.sglang_version, k)) is not None)
+    linears = server_linears(t.model, t.weight_format, layout.tp, layout.ep, t.flags, t.gpu.device_name,
+                             t.sglang_version)
     captured = ()
     if linears:
         plan = plan_memory(t.model, t.gpu, t.gpus, t.flags, nodes=t.nodes, host_memory_gb=t.host_memory_gb,

@@ -270,6 +270,16 @@ def block_fp8_linear_shapes(model, weight_format: str, tp: int, ep: int, flags: 
     return out
 
 
+def server_linears(model, weight_format: str, tp: int, ep: int, flags: dict | None, device_name: str | None,
+                   sglang_version: str | None) -> tuple:
+    """(weight shape, key groups) of each block-fp8 linear one GPU runs, where SGLang's files for
+    the device and version are known (``shipped_linear_groups``); () elsewhere."""
+    if not device_name or not sglang_version:
+        return ()
+    return tuple((k, g) for k in block_fp8_linear_shapes(model, weight_format, tp, ep, flags)
+                 if (g := shipped_linear_groups(device_name, sglang_version, k)) is not None)
+
+
 @dataclass
 class KernelWarmup:
     """A fresh server's per-M kernel variants (its fused MoE's, ``topk`` > 0, and its block-fp8
@@ -306,14 +316,13 @@ class KernelWarmup:
 
     @classmethod
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
-                         sglang_version: str | None = None, linear_shapes: Iterable[str] = (),
+                         sglang_version: str | None = None, linears: tuple = (),
                          precompiled_tokens: Iterable[int] = ()) -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
-        (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears have
-        ``linear_shapes`` (``block_fp8_linear_shapes``, with the key groups of SGLang's files for
-        the device where the table covers it); None where neither can stall. The MoE's key groups
-        are the calibration's own (read from its servers' logs) where it has them for this shape,
-        else those of the file SGLang ships for the device (``shipped_groups``)."""
+        (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears are
+        ``linears`` (``server_linears``); None where neither can stall. The MoE's key groups are the
+        calibration's own (read from its servers' logs) where it has them for this shape, else
+        those of the file SGLang ships for the device (``shipped_groups``)."""
         doc = cal.get(KEY)
         if not is_kernel_model(cal):
             return None
@@ -323,8 +332,6 @@ class KernelWarmup:
             raise ConfigError("per_new_kernel_s must be a number", key=KEY) from None
         if s < 0:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
-        linears = tuple((k, g) for k in linear_shapes
-                        if (g := shipped_linear_groups(device_name, sglang_version, k)) is not None)
         if s == 0 or (shape is None and not linears):
             return None
         groups = groups_for(shape, cal, device_name, sglang_version) if shape is not None else None
@@ -359,10 +366,10 @@ def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: 
     its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``)."""
     if not fresh_server or not is_kernel_model(cal):
         return None
-    # the linears' groups come from SGLang's files for a device and version (shipped_linear_groups)
-    linears = block_fp8_linear_shapes(model, weight_format, tp, ep, flags) if device_name and sglang_version else []
-    return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags),
-                                         device_name, sglang_version, linears, precompiled_tokens)
+    return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags), device_name,
+                                         sglang_version,
+                                         server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
+                                         precompiled_tokens)
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -391,5 +398,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 __all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "block_fp8_linear_shapes",
            "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model", "kernel_warmup", "linear_variant",
-           "moe_config_key", "moe_variant", "shipped_groups", "shipped_linear_groups", "stall_schedule",
-           "triton_moe_shape"]
+           "moe_config_key", "moe_variant", "server_linears", "shipped_groups", "shipped_linear_groups",
+           "stall_schedule", "triton_moe_shape"]
