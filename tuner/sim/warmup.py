@@ -69,6 +69,10 @@ from tuner.errors import ConfigError
 from tuner.kernels.configfile import device_file_name
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 from tuner.kernels.targets import SGLANG_BATCH_SIZES
+from tuner.planner.memory import resolve_checkpoint
+from tuner.planner.parallel import parse_layout
+
+from .opshapes import gemms
 
 KEY = "fresh_server_stalls"
 
@@ -252,10 +256,6 @@ def block_fp8_linear_shapes(model, weight_format: str, tp: int, ep: int, flags: 
     experts where SGLang fuses them into the MoE."""
     if weight_format != "fp8_block":
         return []
-    from tuner.planner.memory import resolve_checkpoint  # the planner imports this package's calibration
-    from tuner.planner.parallel import parse_layout
-    from tuner.sim.opshapes import gemms
-
     flags = dict(flags or {})
     layout = parse_layout(model, {**flags, "tp-size": tp, "ep-size": ep}, tp)
     moe = triton_moe_shape(model, weight_format, tp, ep, flags)
