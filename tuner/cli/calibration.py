@@ -50,10 +50,11 @@ def refit(summary, gpu, compares):
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Table to update (default: the simulator's, tuner/sim/calibration/sglang-moe-config-groups.yaml).")
 def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
-    """Record which batch-size keys of SGLang's shipped fused-MoE config files share one tile
-    config, for every GPU of the catalog. A fresh server compiles one kernel per tile config it
-    runs, so the simulator's fresh-server stalls follow these groups on GPUs whose servers were
-    never measured. Other SGLang versions in the table are kept."""
+    """Record which batch-size keys of SGLang's shipped fused-MoE config files, and of its block-fp8
+    linear kernel's files, share one tile config, for every GPU of the catalog. A fresh server
+    compiles one kernel per tile config it runs, so the simulator's fresh-server stalls follow
+    these groups (the linears' everywhere, the fused MoE's on GPUs whose servers were never
+    measured). Other SGLang versions in the table are kept."""
     from pathlib import Path
 
     import yaml
