@@ -177,12 +177,16 @@ class TrialSteps:
     def step_model_prefill_graph(self) -> bool:
         return prefill_graph_enabled(self.model, self.flags, version_tuple(self.sglang_version))
 
-    def step_model(self, calibration: dict) -> StepTimeModel:
+    def planned(self) -> tuple:
+        """(memory plan, parallel layout) of its server, planned once."""
         if self._plan is None:
             plan = plan_memory(self.model, self.gpu, self.gpus, self.flags, nodes=self.nodes,
                                host_memory_gb=self.host_memory_gb, sglang_version=self.sglang_version)
             self._plan = (plan, parse_layout(self.model, self.flags, self.gpus * self.nodes))
-        plan, layout = self._plan
+        return self._plan
+
+    def step_model(self, calibration: dict) -> StepTimeModel:
+        plan, layout = self.planned()
         return build_step_model(self.model, self.gpu, plan, layout, self.flags, self.knobs, calibration,
                                 self.gpus, self.sglang_version)
 
@@ -636,14 +640,10 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
     its fused MoE (``topk`` > 0) or of its block-fp8 linears (``tuner.sim.warmup.KernelWarmup``: the
     key groups of SGLang's files, the batch sizes its CUDA graphs ran at start-up), from the whole
     log where it exists, else from its windows' prefills."""
-    layout = parse_layout(t.model, t.flags, t.gpus * t.nodes)
+    plan, layout = t.planned()
     linears = server_linears(t.model, t.weight_format, layout.tp, layout.ep, t.flags, t.gpu.device_name,
                              t.sglang_version)
-    captured = ()
-    if linears:
-        plan = plan_memory(t.model, t.gpu, t.gpus, t.flags, nodes=t.nodes, host_memory_gb=t.host_memory_gb,
-                           sglang_version=t.sglang_version)
-        captured = tuple(captured_token_counts(t.model, t.flags, plan))
+    captured = tuple(captured_token_counts(t.model, t.flags, plan)) if linears else ()
     variants = KernelWarmup(1.0, groups, topk, default_split_m=default_split_m, linears=linears,
                             precompiled_tokens=captured)
     events = read_step_lines(log) if Path(log).is_file() else \

@@ -219,10 +219,15 @@ def moe_variant(tokens: int, groups: list[list[int]] | None, topk: int,
     divisible = (tokens * topk) % 16 == 0
     if groups == []:
         return (-1 if default_split_m is None or tokens <= default_split_m else -2), divisible
+    return nearest_key_group(tokens, groups), divisible
+
+
+def nearest_key_group(tokens: int, groups: list[list[int]] | None) -> int:
+    """The tile-config group of the config key nearest to ``tokens`` (ties to the smaller key, as
+    SGLang's ``min`` over a file's keys); without groups every key is a group of its own."""
     keys = sorted({k for g in groups for k in g}) if groups else MOE_CONFIG_KEYS
     key = min(keys, key=lambda k: abs(k - tokens))
-    group = next((i for i, g in enumerate(groups or []) if key in g), MOE_CONFIG_KEYS.index(key) + 1000)
-    return group, divisible
+    return next((i for i, g in enumerate(groups or []) if key in g), MOE_CONFIG_KEYS.index(key) + 1000)
 
 
 def shipped_linear_groups(device_name: str | None, sglang_version: str | None, key: str) -> list[list[int]] | None:
@@ -242,12 +247,7 @@ def linear_variant(tokens: int, groups: list[list[int]]) -> tuple[int, bool, boo
     """The block-fp8 linear kernel a batch of ``tokens`` runs for one weight shape: (tile-config
     group of the nearest key, ties to the smaller; M divisible by 16; M = 1), Triton's
     specialisations of an integer argument. ``[]``: one default config."""
-    group = -1
-    if groups:
-        keys = sorted(k for g in groups for k in g)
-        key = min(keys, key=lambda k: abs(k - tokens))
-        group = next(i for i, g in enumerate(groups) if key in g)
-    return group, tokens % 16 == 0, tokens == 1
+    return (nearest_key_group(tokens, groups) if groups else -1), tokens % 16 == 0, tokens == 1
 
 
 def block_fp8_linear_shapes(model, weight_format: str, tp: int, ep: int, flags: dict | None = None) -> list[str]:
@@ -398,5 +398,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 __all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "block_fp8_linear_shapes",
            "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model", "kernel_warmup", "linear_variant",
-           "moe_config_key", "moe_variant", "server_linears", "shipped_groups", "shipped_linear_groups",
+           "moe_config_key", "moe_variant", "nearest_key_group", "server_linears", "shipped_groups", "shipped_linear_groups",
            "stall_schedule", "triton_moe_shape"]
