@@ -1,0 +1,236 @@
+"""What does a fresh server stall on, and does a warm kernel cache remove it? A direct probe.
+
+A fresh SGLang 0.5.17 server of DeepSeek-V3's shapes stalls for most of a second the first time a
+prefill batch reaches a new batch-size bucket, also after the study's kernel warm-up, and also when
+the server before it on the same machine had compiled the same kernels (results/h100-sglang/README.md,
+"A fresh server's first traffic"). This probe asks the server directly which request shapes stall
+and which kernels each one built.
+
+One server of the H100 DeepSeek-5L study's baseline (fp8 weights and KV, Triton attention, chunked
+prefill 2,048, decode CUDA graphs to 64, prefill eager), then a second one on the same machine with
+the kernel caches the first one left. Each gets the same steps, each step sent twice with fresh
+random ids (nothing cached but what the step caches itself):
+
+* ``lone-N``: one prompt of N tokens, for every length the study's kernel warm-up sends
+  (tuner.workload.kernel_warmup.prompt_lengths), in its order: the warm-up itself;
+* ``extend-P+N``: a prompt of P tokens, then the same P plus N new ones (a multi-turn extend);
+* ``burst-KxN``: K prompts of N tokens sent at once (a prefill batch of several requests);
+* ``burst-extend-KxP+N``: K prompts of P tokens, then all K extended by N at once;
+* ``decode-KxN``: K prompts of N tokens with 64 output tokens each (decode batches of up to K);
+* ``join-N``: a prompt of N tokens sent while 8 requests decode.
+
+For each send it records every request's client TTFT and end-to-end time, and the files that
+appeared in the kernel caches meanwhile (Triton's ``~/.triton/cache`` and Inductor's
+``/tmp/torchinductor_<user>/triton``, where Triton's cache moves once a torch.compile kernel
+loads). The first send minus the repeat is the step's stall. The server runs with
+``TORCH_LOGS=recompiles`` so its log also says when torch.compile recompiled.
+
+On a GPU machine with the SGLang kit (results/h100-sglang/stall_probe.sh runs it):
+
+    python results/h100-sglang/stall_probe.py --out DIR [--servers cold,warm]
+
+``--report DIR`` prints each step's stall for each server and the kernels it built (CPU only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gate_probe import VOCAB_LO, VOCAB_HI, serving, sglang_command  # noqa: E402
+from prefill_probe import PROBES, write_model  # noqa: E402
+from tuner.catalog import get_model  # noqa: E402
+from tuner.kernels.targets import SGLANG_BATCH_SIZES  # noqa: E402
+from tuner.workload.kernel_warmup import prompt_lengths  # noqa: E402
+
+# the H100 DeepSeek-5L study's baseline (studies/h100-sglang-dsv3-5l-fresh*.yaml), as its servers ran
+FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "attention-backend": "triton",
+         "sampling-backend": "pytorch", "schedule-policy": "fcfs", "chunked-prefill-size": 2048,
+         "max-running-requests": 32, "cuda-graph-max-bs-decode": 64, "disable-prefill-cuda-graph": True,
+         "enable-metrics": True}
+CHUNK = 2048
+PREFIX = 1024
+
+
+def steps() -> list[tuple[str, str, tuple]]:
+    """(name, kind, arguments) in the order each server gets them."""
+    out = [(f"lone-{n}", "lone", (n,)) for n in prompt_lengths(SGLANG_BATCH_SIZES, SGLANG_BATCH_SIZES[-1] + 1)]
+    out += [(f"extend-{PREFIX}+{n}", "extend", (1, PREFIX, n)) for n in (1, 3, 16, 17, 100, 300, 700, 1500)]
+    out += [(f"extend-3000+{n}", "extend", (1, 3000, n)) for n in (50, 1200)]
+    out += [(f"burst-{k}x{n}", "burst", (k, n)) for k, n in ((2, 150), (3, 150), (4, 301), (8, 100), (16, 60))]
+    out += [(f"burst-extend-{k}x{PREFIX}+{n}", "extend", (k, PREFIX, n)) for k, n in ((2, 80), (4, 80), (8, 33))]
+    out += [(f"decode-{k}x200", "decode", (k, 200)) for k in (8, 32)]
+    out += [(f"join-{n}", "join", (n,)) for n in (400, 1500)]
+    return out
+
+
+def cache_dirs() -> list[str]:
+    home = os.path.expanduser("~/.triton/cache")
+    return [home, *sorted(glob.glob("/tmp/torchinductor_*/triton"))]
+
+
+def cache_files() -> dict[str, float]:
+    """Every file under the kernel caches: path -> mtime."""
+    out = {}
+    for d in cache_dirs():
+        for root, _dirs, files in os.walk(d):
+            for f in files:
+                p = os.path.join(root, f)
+                try:
+                    out[p] = os.stat(p).st_mtime
+                except OSError:
+                    pass
+    return out
+
+
+def kernel_names(paths) -> list[str]:
+    """The kernels among new cache files (one per compiled kernel: its .json metadata, not the group file)."""
+    return sorted(Path(p).stem for p in paths if p.endswith(".json") and not Path(p).name.startswith("__grp__"))
+
+
+class Sender:
+    def __init__(self, session, base: str, rng: random.Random, vocab_hi: int):
+        self.session, self.base, self.rng, self.vocab_hi = session, base, rng, vocab_hi
+
+    def ids(self, n: int) -> list[int]:
+        return [self.rng.randrange(VOCAB_LO, self.vocab_hi) for _ in range(n)]
+
+    async def generate(self, ids: list[int], out_tokens: int = 2) -> dict:
+        body = {"input_ids": ids, "stream": True,
+                "sampling_params": {"max_new_tokens": out_tokens, "ignore_eos": True, "temperature": 0.0}}
+        t0 = time.perf_counter()
+        first = None
+        async with self.session.post(self.base + "/generate", json=body) as r:
+            r.raise_for_status()
+            async for line in r.content:
+                if line.startswith(b"data:") and b"[DONE]" not in line and first is None:
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        return {"tokens": len(ids), "sent_unix_s": time.time() - (end - t0),
+                "ttft_s": None if first is None else first - t0, "e2e_s": end - t0}
+
+    async def step(self, kind: str, args: tuple) -> list[dict]:
+        """The step's measured requests (setup requests, e.g. a prefix's first send, are not returned)."""
+        if kind == "lone":
+            return [await self.generate(self.ids(args[0]))]
+        if kind == "burst":
+            k, n = args
+            return list(await asyncio.gather(*(self.generate(self.ids(n)) for _ in range(k))))
+        if kind == "extend":
+            k, p, n = args
+            prefixes = [self.ids(p) for _ in range(k)]
+            for ids in prefixes:  # one at a time: each prefix a lone prompt of a length already run
+                await self.generate(ids)
+            await asyncio.sleep(0.2)
+            return list(await asyncio.gather(*(self.generate(ids + self.ids(n)) for ids in prefixes)))
+        if kind == "decode":
+            k, n = args
+            return list(await asyncio.gather(*(self.generate(self.ids(n), 64) for _ in range(k))))
+        if kind == "join":
+            running = [asyncio.create_task(self.generate(self.ids(200), 200)) for _ in range(8)]
+            await asyncio.sleep(0.5)
+            got = await self.generate(self.ids(args[0]))
+            await asyncio.gather(*running)
+            return [got]
+        raise ValueError(kind)
+
+
+async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int) -> list[dict]:
+    rows = []
+    env_before = dict(os.environ)
+    os.environ["TORCH_LOGS"] = "recompiles"  # the server's log says when torch.compile recompiles
+    try:
+        async with serving(sglang_command(model_dir, port, FLAGS), out / f"server-{label}.log", port,
+                           label) as (session, base):
+            os.environ.clear()
+            os.environ.update(env_before)
+            sender = Sender(session, base, random.Random(seed), vocab_hi)
+            for name, kind, args in steps():
+                for send in ("first", "repeat"):
+                    before = cache_files()
+                    t0 = time.time()
+                    got = await sender.step(kind, args)
+                    new = sorted(set(cache_files()) - set(before))
+                    rows.append({"server": label, "step": name, "kind": kind, "send": send, "t_unix_s": t0,
+                                 "requests": got, "new_files": len(new), "new_kernels": kernel_names(new)})
+                    await asyncio.sleep(0.3)  # each send starts on an idle server
+            print(f"{label}: {len(rows)} sends", flush=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    return rows
+
+
+def stall_s(rows: list[dict], server: str, step: str) -> tuple[float, float, float] | None:
+    """(first send's slowest TTFT, the repeat's, their difference) in s."""
+    got = {r["send"]: max((q["ttft_s"] or 0.0) for q in r["requests"]) for r in rows
+           if r["server"] == server and r["step"] == step}
+    if set(got) != {"first", "repeat"}:
+        return None
+    return got["first"], got["repeat"], got["first"] - got["repeat"]
+
+
+def report(out: Path) -> None:
+    doc = json.loads((out / "stall-probe.json").read_text())
+    rows = doc["rows"]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    print("slowest TTFT of each step's first send and of its repeat (ms), and the kernels the first send built")
+    print(f"{'step':26s}" + "".join(f" {s + ' first':>11s} {'repeat':>7s} {'stall':>7s}" for s in servers) + "  kernels built")
+    for name in dict.fromkeys(r["step"] for r in rows):
+        line = f"{name:26s}"
+        for s in servers:
+            got = stall_s(rows, s, name)
+            line += "".join(f" {x * 1e3:11.0f}" if i == 0 else f" {x * 1e3:7.0f}" for i, x in enumerate(got)) \
+                if got else f" {'-':>11s} {'-':>7s} {'-':>7s}"
+        built = {s: [k for r in rows if r["server"] == s and r["step"] == name and r["send"] == "first"
+                     for k in r["new_kernels"]] for s in servers}
+        print(line + "  " + "; ".join(f"{s}: {', '.join(v)}" for s, v in built.items() if v))
+    for s in servers:
+        stalls = [got[2] for name in dict.fromkeys(r["step"] for r in rows)
+                  if (got := stall_s(rows, s, name)) and got[2] > 0.25]
+        print(f"{s}: {len(stalls)} steps stalled more than 0.25 s, {sum(stalls):.1f} s in all")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--servers", default="cold,warm",
+                    help="servers in order: cold (kernel caches emptied first) or warm (as the last one left them)")
+    ap.add_argument("--port", type=int, default=31300)
+    ap.add_argument("--report", action="store_true", help="print the committed result (CPU)")
+    args = ap.parse_args()
+    if args.report:
+        report(args.out)
+        return
+    servers = args.servers.split(",")
+    bad = [s for s in servers if s not in ("cold", "warm")]
+    if bad:
+        ap.error(f"--servers: unknown {', '.join(bad)}; valid: cold, warm")
+    args.out.mkdir(parents=True, exist_ok=True)
+    model_dir = "/tmp/model-stall-probe"
+    write_model(model_dir, "dsv3-5l")
+    vocab_hi = min(VOCAB_HI, get_model(PROBES["dsv3-5l"][0]).vocab_size - 1)
+    rows, listing = [], {}
+    for i, server in enumerate(servers):
+        if server == "cold":
+            for d in cache_dirs():
+                shutil.rmtree(d, ignore_errors=True)
+        label = f"{server}{i}"
+        rows += asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi))
+        listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
+        (args.out / "stall-probe.json").write_text(json.dumps({
+            "model": PROBES["dsv3-5l"][0], "flags": FLAGS, "servers": servers, "cache_dirs": cache_dirs(),
+            "steps": [s[0] for s in steps()], "rows": rows, "cache_after": listing}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
