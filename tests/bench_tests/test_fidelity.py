@@ -335,3 +335,29 @@ def test_hicache_points_compare_the_load_back_sglang_counted_with_the_simulators
     assert never["measured"]["load_back_tokens"] == 0 == never["predicted"]["load_back_tokens"]
     text = format_report(doc)
     assert "HiCache load-back over the whole load point" in text and "385,334" in text
+
+
+def test_repeats_pair_only_measurements_of_one_configuration_and_count_their_verdicts(tmp_path):
+    import tuner.bench.fidelity as fid
+    from tuner.sim.measured import points_from_database
+
+    results, _ = make_db(tmp_path)
+    p2, p6 = points_from_database(next(results.glob("*.db")))  # one trial at 2 and 6 users: no repeat
+    assert run_fidelity([results])["repeats"] is None
+
+    def result(p, measured_meets, predicted_meets, **over):
+        return fid.PointResult(point=replace(p, **over), measured_meets=measured_meets,
+                               predicted_meets=predicted_meets)
+
+    rs = [result(p6, True, True, label="a@6"), result(p6, False, True, label="b@6", trial=1),
+          result(p6, False, True, label="c@6", trial=2, flags={**p6.flags, "enable-metrics": True}),
+          result(p6, True, True, label="fresh@6", fresh_server=True),  # not a repeat of the warm ones
+          result(p6, True, True, label="other@6", flags={**p6.flags, "chunked-prefill-size": 4096}),
+          result(p2, True, True, label="x@2"), result(p2, True, False, label="y@2", seed=p2.seed + 1)]
+    doc = fid.repeats(rs)
+    assert [g["points"] for g in doc["groups"]] == [["a@6", "b@6", "c@6"], ["x@2", "y@2"]]
+    # pairs a-b, a-c, b-c (1 of 3 agree) and x-y (agrees); the simulator is right on a, x: 2 of 5
+    assert doc["pairs"] == 4 and doc["measured_pairs_agreement"] == pytest.approx(0.5)
+    assert doc["points"] == 5 and doc["simulator_agreement"] == pytest.approx(2 / 5)
+    text = format_report({**run_fidelity([results]), "repeats": doc})
+    assert "two real servers' SLO verdicts agree on 50.0% of 4 pairs" in text

@@ -245,6 +245,7 @@ def run_fidelity(dirs: Iterable[str | Path], *, backends: tuple[str, ...] = REAL
         "by_server": by_server(point_docs),
         "by_gpu": by_gpu(point_docs),
         "unseen_by_fit": unseen_by_fit(point_docs),
+        "repeats": repeats(results),
         "window_noise": None if priors_only else window_noise(
             points, noise_seeds, sglang_version=sglang_version, calibration=calibration, first=results),
         "priors_only": priors_only,
@@ -286,6 +287,43 @@ def unseen_by_fit(point_docs: list[dict]) -> dict | None:
         return None
     return {**_subset_figures(sel), "trials": sorted({trial_label(p["study"], p["trial"]) if p.get("study") is not None
                                                       else p["label"].rsplit("@", 1)[0] for p in sel})}
+
+
+# flags that change what a server reports, not what it does: repeats may differ in them
+OBSERVATION_FLAGS = frozenset({"enable-metrics"})
+
+
+def repeat_key(p: LoadPoint) -> tuple:
+    """What makes two load points measurements of the same thing: one configuration on one kind of
+    machine, at one user count, window and SLO, and both first points of fresh servers or both not."""
+    flags = {k: v for k, v in p.flags.items() if k not in OBSERVATION_FLAGS}
+    canon = lambda d: tuple(sorted((str(k), repr(v)) for k, v in (d or {}).items()))
+    model = (p.model.name, canon(p.model.overrides)) if hasattr(p.model, "overrides") else (str(p.model), ())
+    return (*model, p.gpu, p.gpus, p.nodes, canon(flags), canon(p.knobs),
+            p.workload.model_dump_json(), p.users, p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server)
+
+
+def repeats(results: list[PointResult]) -> dict | None:
+    """How often two real servers of one configuration call the SLO the same way: the load points
+    measured more than once (``repeat_key``), every pair of their measured verdicts, beside the
+    simulator's agreement on the same points. The former bounds what any one prediction per
+    configuration can reach on them (not a target); None where nothing was measured twice."""
+    groups: dict[tuple, list[PointResult]] = {}
+    for r in results:
+        if r.measured_meets is not None:
+            groups.setdefault(repeat_key(r.point), []).append(r)
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return None
+    pairs = [(a.measured_meets == b.measured_meets) for v in groups.values() for a, b in itertools.combinations(v, 2)]
+    sim = [r.verdict_agrees for v in groups.values() for r in v if r.verdict_agrees is not None]
+    return {"groups": [{"points": [r.point.label for r in v], "measured_meets": [r.measured_meets for r in v],
+                        "predicted_meets": [r.predicted_meets for r in v]} for v in groups.values()],
+            "points": sum(len(v) for v in groups.values()), "pairs": len(pairs),
+            "measured_pairs_agreement": sum(pairs) / len(pairs),
+            "simulator_agreement": sum(sim) / len(sim) if sim else None,
+            "method": "load points of one configuration, machine kind, user count, window, SLO and server "
+                      "freshness; every unordered pair of their measured SLO verdicts"}
 
 
 def by_gpu(point_docs: list[dict]) -> dict:
@@ -417,6 +455,11 @@ def format_report(doc: dict) -> str:
             else:
                 fit = "priors only, no fit on it"
             lines.append(subset(f"{gpu} ({b['load_points']}, {fit})", b))
+    rep = doc.get("repeats")
+    if rep:
+        lines.append(f"repeats of one configuration ({len(rep['groups'])} groups, {rep['points']} points): two real "
+                     f"servers' SLO verdicts agree on {pct(rep['measured_pairs_agreement'])} of {rep['pairs']} pairs; "
+                     f"the simulator's agree with theirs on {pct(rep['simulator_agreement'])} of these points")
     noise = doc.get("window_noise")
     if noise:
         ap = noise["pairwise_ape"]
@@ -469,5 +512,5 @@ def _section(lines: list[str], title: str, header: str, rows: list[str], footer:
 
 
 __all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
-           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "format_report", "held_out", "repeat_key", "repeats", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
            "summarize", "summarize_points"]
