@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import glob
+import gzip
 import json
 import os
 import random
@@ -179,6 +181,37 @@ def stall_s(rows: list[dict], server: str, step: str) -> tuple[float, float, flo
     return got["first"], got["repeat"], got["first"] - got["repeat"]
 
 
+def recompiles(out: Path, server: str, year: int) -> list[tuple[float, str]]:
+    """(unix time, function) of each torch.compile recompile the server's log shows (TORCH_LOGS's
+    glog lines, e.g. ``V1207 01:50:12.345000 123 .../guards.py:2790] [0/1] [__recompiles]
+    Recompiling function biased_grouped_topk_impl in ...``; UTC, as the machine's clock)."""
+    path = next((p for p in (out / f"server-{server}.log", out / f"server-{server}.log.gz") if p.exists()), None)
+    if path is None:
+        return []
+    text = (gzip.open(path, "rt", errors="replace") if path.suffix == ".gz" else open(path, errors="replace")).read()
+    found = []
+    for line in text.splitlines():
+        if "Recompiling function" not in line or len(line) < 21:
+            continue
+        try:
+            t = dt.datetime.strptime(f"{year}{line[1:5]} {line[6:21]}", "%Y%m%d %H:%M:%S.%f")
+        except ValueError:
+            continue
+        fn = line.split("Recompiling function", 1)[1].split()[0]
+        found.append((t.replace(tzinfo=dt.timezone.utc).timestamp(), fn))
+    return found
+
+
+def step_of(rows: list[dict], server: str, t: float) -> tuple[str, str] | None:
+    """The (step, send) of ``server`` running at unix time ``t``."""
+    sends = [r for r in rows if r["server"] == server]
+    hit = None
+    for r in sends:
+        if r["t_unix_s"] <= t:
+            hit = (r["step"], r["send"])
+    return hit
+
+
 def report(out: Path) -> None:
     doc = json.loads((out / "stall-probe.json").read_text())
     rows = doc["rows"]
@@ -194,6 +227,10 @@ def report(out: Path) -> None:
         built = {s: [k for r in rows if r["server"] == s and r["step"] == name and r["send"] == "first"
                      for k in r["new_kernels"]] for s in servers}
         print(line + "  " + "; ".join(f"{s}: {', '.join(v)}" for s, v in built.items() if v))
+    for s in servers:
+        year = dt.datetime.fromtimestamp(rows[0]["t_unix_s"], dt.timezone.utc).year
+        for t, fn in recompiles(out, s, year):
+            print(f"{s}: torch.compile recompiled {fn} during {step_of(rows, s, t) or 'start-up'}")
     for s in servers:
         stalls = [got[2] for name in dict.fromkeys(r["step"] for r in rows)
                   if (got := stall_s(rows, s, name)) and got[2] > 0.25]
