@@ -42,6 +42,7 @@ import gzip
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -61,10 +62,13 @@ FLAGS = {"tp-size": 1, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "att
          "enable-metrics": True}
 CHUNK = 2048
 PREFIX = 1024
+# a glog line's time (TORCH_LOGS), after any prefix such as "[rank0]:": V1207 01:50:12.345000
+GLOG_TIME = re.compile(r"[IWEV](\d{4}) (\d\d:\d\d:\d\d\.\d+) ")
+KINDS = ("lone", "extend", "burst", "decode", "join")
 
 
-def steps() -> list[tuple[str, str, tuple]]:
-    """(name, kind, arguments) in the order each server gets them."""
+def steps(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, tuple]]:
+    """(name, kind, arguments) in the order each server gets them (only those of ``kinds``)."""
     out = [(f"lone-{n}", "lone", (n,)) for n in prompt_lengths(SGLANG_BATCH_SIZES, SGLANG_BATCH_SIZES[-1] + 1)]
     out += [(f"extend-{PREFIX}+{n}", "extend", (1, PREFIX, n)) for n in (1, 3, 16, 17, 100, 300, 700, 1500)]
     out += [(f"extend-3000+{n}", "extend", (1, 3000, n)) for n in (50, 1200)]
@@ -72,7 +76,7 @@ def steps() -> list[tuple[str, str, tuple]]:
     out += [(f"burst-extend-{k}x{PREFIX}+{n}", "extend", (k, PREFIX, n)) for k, n in ((2, 80), (4, 80), (8, 33))]
     out += [(f"decode-{k}x200", "decode", (k, 200)) for k in (8, 32)]
     out += [(f"join-{n}", "join", (n,)) for n in (400, 1500)]
-    return out
+    return [s for s in out if s[1] in kinds]
 
 
 def cache_dirs() -> list[str]:
@@ -146,7 +150,8 @@ class Sender:
         raise ValueError(kind)
 
 
-async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int) -> list[dict]:
+async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int,
+                       kinds: tuple[str, ...] = KINDS) -> list[dict]:
     rows = []
     env_before = dict(os.environ)
     os.environ["TORCH_LOGS"] = "recompiles"  # the server's log says when torch.compile recompiles
@@ -156,7 +161,7 @@ async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: i
             os.environ.clear()
             os.environ.update(env_before)
             sender = Sender(session, base, random.Random(seed), vocab_hi)
-            for name, kind, args in steps():
+            for name, kind, args in steps(kinds):
                 for send in ("first", "repeat"):
                     before = cache_files()
                     t0 = time.time()
@@ -191,12 +196,9 @@ def recompiles(out: Path, server: str, year: int) -> list[tuple[float, str]]:
     text = (gzip.open(path, "rt", errors="replace") if path.suffix == ".gz" else open(path, errors="replace")).read()
     found = []
     for line in text.splitlines():
-        if "Recompiling function" not in line or len(line) < 21:
+        if "Recompiling function" not in line or not (m := GLOG_TIME.search(line)):
             continue
-        try:
-            t = dt.datetime.strptime(f"{year}{line[1:5]} {line[6:21]}", "%Y%m%d %H:%M:%S.%f")
-        except ValueError:
-            continue
+        t = dt.datetime.strptime(f"{year}{m.group(1)} {m.group(2)}", "%Y%m%d %H:%M:%S.%f")
         fn = line.split("Recompiling function", 1)[1].split()[0]
         found.append((t.replace(tzinfo=dt.timezone.utc).timestamp(), fn))
     return found
@@ -242,6 +244,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--servers", default="cold,warm",
                     help="servers in order: cold (kernel caches emptied first) or warm (as the last one left them)")
+    ap.add_argument("--steps", default=",".join(KINDS), help=f"which kinds of step to send, of {', '.join(KINDS)}")
     ap.add_argument("--port", type=int, default=31300)
     ap.add_argument("--report", action="store_true", help="print the committed result (CPU)")
     args = ap.parse_args()
@@ -252,6 +255,9 @@ def main() -> None:
     bad = [s for s in servers if s not in ("cold", "warm")]
     if bad:
         ap.error(f"--servers: unknown {', '.join(bad)}; valid: cold, warm")
+    kinds = tuple(args.steps.split(","))
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--steps: unknown {', '.join(sorted(set(kinds) - set(KINDS)))}; valid: {', '.join(KINDS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = "/tmp/model-stall-probe"
     write_model(model_dir, "dsv3-5l")
@@ -262,11 +268,12 @@ def main() -> None:
             for d in cache_dirs():
                 shutil.rmtree(d, ignore_errors=True)
         label = f"{server}{i}"
-        rows += asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi))
+        rows += asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi,
+                                         kinds=kinds))
         listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
         (args.out / "stall-probe.json").write_text(json.dumps({
             "model": PROBES["dsv3-5l"][0], "flags": FLAGS, "servers": servers, "cache_dirs": cache_dirs(),
-            "steps": [s[0] for s in steps()], "rows": rows, "cache_after": listing}, indent=1))
+            "steps": [s[0] for s in steps(kinds)], "rows": rows, "cache_after": listing}, indent=1))
 
 
 if __name__ == "__main__":
