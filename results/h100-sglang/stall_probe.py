@@ -79,9 +79,13 @@ def steps(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, tuple]]:
     return [s for s in out if s[1] in kinds]
 
 
+#: the servers' TRITON_CACHE_DIR (--triton-cache-dir), where set: Inductor then leaves it as it is
+TRITON_CACHE_DIR: str | None = None
+
+
 def cache_dirs() -> list[str]:
     home = os.path.expanduser("~/.triton/cache")
-    return [home, *sorted(glob.glob("/tmp/torchinductor_*/triton"))]
+    return [*([TRITON_CACHE_DIR] if TRITON_CACHE_DIR else []), home, *sorted(glob.glob("/tmp/torchinductor_*/triton"))]
 
 
 def cache_files() -> dict[str, float]:
@@ -155,6 +159,8 @@ async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: i
     rows = []
     env_before = dict(os.environ)
     os.environ["TORCH_LOGS"] = "recompiles"  # the server's log says when torch.compile recompiles
+    if TRITON_CACHE_DIR:
+        os.environ["TRITON_CACHE_DIR"] = TRITON_CACHE_DIR
     try:
         async with serving(sglang_command(model_dir, port, FLAGS), out / f"server-{label}.log", port,
                            label) as (session, base):
@@ -245,12 +251,16 @@ def main() -> None:
     ap.add_argument("--servers", default="cold,warm",
                     help="servers in order: cold (kernel caches emptied first) or warm (as the last one left them)")
     ap.add_argument("--steps", default=",".join(KINDS), help=f"which kinds of step to send, of {', '.join(KINDS)}")
+    ap.add_argument("--triton-cache-dir", default=None,
+                    help="the servers' TRITON_CACHE_DIR (default: unset, as SGLang runs by default)")
     ap.add_argument("--port", type=int, default=31300)
     ap.add_argument("--report", action="store_true", help="print the committed result (CPU)")
     args = ap.parse_args()
     if args.report:
         report(args.out)
         return
+    global TRITON_CACHE_DIR
+    TRITON_CACHE_DIR = args.triton_cache_dir
     servers = args.servers.split(",")
     bad = [s for s in servers if s not in ("cold", "warm")]
     if bad:
@@ -272,7 +282,7 @@ def main() -> None:
                                          kinds=kinds))
         listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
         (args.out / "stall-probe.json").write_text(json.dumps({
-            "model": PROBES["dsv3-5l"][0], "flags": FLAGS, "servers": servers, "cache_dirs": cache_dirs(),
+            "model": PROBES["dsv3-5l"][0], "flags": FLAGS, "triton_cache_dir": TRITON_CACHE_DIR, "servers": servers, "cache_dirs": cache_dirs(),
             "steps": [s[0] for s in steps(kinds)], "rows": rows, "cache_after": listing}, indent=1))
 
 

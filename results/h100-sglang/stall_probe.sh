@@ -5,8 +5,9 @@
 #
 #   OUT=$OUT LIMIT=540 bash results/h100-sglang/stall_probe.sh      # timeout_s 580
 #
-# STEPS=lone sends only the lone prompts; CACHES=1 also packs both kernel caches (Triton's and
-# Inductor's, every kernel's IR and metadata) into $OUT/kernel-caches.tgz. A call brings back at most
+# STEPS=lone sends only the lone prompts; TRITON_DIR=DIR sets the servers' TRITON_CACHE_DIR (an
+# absolute path); CACHES=1 also packs the kernel caches (Triton's and Inductor's, every kernel's IR
+# and metadata) into $OUT/kernel-caches.tgz. A call brings back at most
 # 8 files: the small logs travel in $OUT/logs.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -18,12 +19,12 @@ probe_call_setup /tmp/call-logs-stall || exit $?
 trap 'cp "$OUT"/gpu.csv "$LOGS"/ 2>/dev/null; rm -f "$OUT"/gpu.csv; tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 timeout -s INT $(( $(left) - 25 )) python3 results/h100-sglang/stall_probe.py --out "$OUT" \
-  --servers "${SERVERS:-cold,warm}" --steps "${STEPS:-lone,extend,burst,decode,join}" 2>&1 \
+  --servers "${SERVERS:-cold,warm}" ${TRITON_DIR:+--triton-cache-dir "$TRITON_DIR"} --steps "${STEPS:-lone,extend,burst,decode,join}" 2>&1 \
   | tee "$LOGS/stall-probe.log" | grep -v "^\[" | tail -20
 python3 results/h100-sglang/stall_probe.py --out "$OUT" --report 2>&1 | tee "$LOGS/report.log"
 gzip -f "$OUT"/server-*.log 2>/dev/null
 if [ -n "${CACHES:-}" ]; then
-  (cd / && tar -czf "$OUT/kernel-caches.tgz" root/.triton/cache $(ls -d tmp/torchinductor_*/triton 2>/dev/null)) \
+  (cd / && tar -czf "$OUT/kernel-caches.tgz" root/.triton/cache ${TRITON_DIR:+${TRITON_DIR#/}} $(ls -d tmp/torchinductor_*/triton 2>/dev/null)) \
     && echo "kernel caches packed: $(stat -c %s "$OUT/kernel-caches.tgz") bytes" | tee -a "$LOGS/steps.log"
 fi
 echo "call took $(( $(date +%s) - t0 )) s" | tee -a "$LOGS/steps.log"
