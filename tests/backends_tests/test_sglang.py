@@ -131,18 +131,43 @@ def test_kernel_cache_state_counts_what_the_server_will_find(tmp_path, monkeypat
     # a TRITON_CACHE_DIR of the user's is the only one: Inductor leaves a set one alone
     assert SGLangBackend().kernel_cache_state(plan) == {
         "triton": {"dir": str(cache), "kernels": 2, "files": 4, "bytes": 154}}
-    # without it: Triton's default until Inductor's first kernel, then <inductor cache>/triton/<device>
+    # without it tuner pins Triton's default, so that Inductor leaves it there
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    kernels(tmp_path / "inductor" / "triton" / "0", (("C3", 10),))
+    kernels(tmp_path / "home" / ".triton" / "cache", (("C3", 10),))
     plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}), tmp_path / "t2")
+    assert plan.servers[0].env["TRITON_CACHE_DIR"] == str(tmp_path / "home" / ".triton" / "cache")
+    assert SGLangBackend().kernel_cache_state(plan) == {
+        "triton": {"dir": str(tmp_path / "home" / ".triton" / "cache"), "kernels": 1, "files": 2, "bytes": 12}}
+    # unset by the user (None): Triton's default until Inductor's first kernel, then
+    # <inductor cache>/triton/<device>, both counted
+    kernels(tmp_path / "inductor" / "triton" / "0", (("D4", 7),))
+    plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}, env={"TRITON_CACHE_DIR": None}),
+                                      tmp_path / "t3")
     state = SGLangBackend().kernel_cache_state(plan)
-    assert state["triton"] == {"dir": str(tmp_path / "home" / ".triton" / "cache"), "kernels": 0, "files": 0,
-                               "bytes": 0}
-    assert state["inductor_triton"]["kernels"] == 1 and state["inductor_triton"]["bytes"] == 12
+    assert state["triton"]["kernels"] == 1 and state["inductor_triton"]["kernels"] == 1
+    assert state["inductor_triton"]["bytes"] == 9
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     assert triton_cache_dirs({})["inductor_triton"].parent.name.startswith("torchinductor_")
+
+
+def test_every_server_gets_one_pinned_triton_cache_unless_the_user_sets_one(tmp_path, monkeypatch):
+    from tuner.backends.sglang import pinned_triton_cache
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "h"))
+    assert pinned_triton_cache({}) == {"TRITON_CACHE_DIR": str(tmp_path / "h" / ".triton" / "cache")}
+    assert pinned_triton_cache({"TRITON_HOME": "/x"}) == {"TRITON_CACHE_DIR": "/x/.triton/cache"}
+    assert pinned_triton_cache({"TRITON_CACHE_DIR": "/mine"}) == {}
+    assert pinned_triton_cache({"TRITON_CACHE_DIR": None}) == {}  # the user unsets it: left unset
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/inherited")
+    assert pinned_triton_cache({}) == {}  # the process's own value reaches the server as it is
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    plan = SGLangBackend().build_plan(
+        request(tmp_path, {"tp-size": 4, "dp-size": 2}, {"router-policy": "cache_aware"}), tmp_path / "t")
+    assert len(plan.servers) == 2  # every replica shares the one cache
+    assert [s.env["TRITON_CACHE_DIR"] for s in plan.servers] == [str(tmp_path / "h" / ".triton" / "cache")] * 2
 
 
 def test_plan_refuses_infeasible_topologies(tmp_path):

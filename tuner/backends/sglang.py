@@ -248,6 +248,20 @@ def triton_cache_dirs(env: Mapping[str, str]) -> dict[str, Path]:
     return {"triton": home / ".triton" / "cache", "inductor_triton": Path(inductor) / "triton"}
 
 
+def pinned_triton_cache(user_env: Mapping[str, str | None]) -> dict[str, str]:
+    """``TRITON_CACHE_DIR`` for a server, set to Triton's own default where neither the user's
+    ``backend_options.env`` nor this process's environment sets (or, with None, unsets) it. Unset,
+    the first server on a machine that compiles its torch.compile ops caches every later kernel in
+    Inductor's directory, and the next server, which finds those ops compiled and so keeps Triton's
+    default, looks in the other one and compiles them all again: measured on SGLang 0.5.17, the same
+    40 block-fp8 GEMM builds under the same keys, with the same 0.3-1.3 s stalls
+    (results/h100-sglang/README.md, "What a fresh server stalls on"). Set, Inductor leaves it."""
+    if "TRITON_CACHE_DIR" in user_env or os.environ.get("TRITON_CACHE_DIR"):
+        return {}
+    home = user_env.get("TRITON_HOME") or os.environ.get("TRITON_HOME") or os.path.expanduser("~")
+    return {"TRITON_CACHE_DIR": str(Path(home) / ".triton" / "cache")}
+
+
 def triton_cache_state(cache_dir: Path) -> dict[str, Any]:
     """How many compiled kernels (a ``.cubin`` or ``.hsaco`` each) and bytes ``cache_dir`` holds."""
     state: dict[str, Any] = {"dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
@@ -538,7 +552,8 @@ def _launches(options, topo, flags, gpu_ids: tuple, need: int, trial_dir: Path, 
         port = free_port(host, avoid=used_ports)
         used_ports.append(port)
         ids = gpu_ids[i * per:(i + 1) * per] if replicas > 1 else gpu_ids[:need]
-        env = {**cuda_visible_devices(ids), **user_env, **moe_env}  # moe_env last: it may extend PYTHONPATH
+        # the user's env over the pinned kernel cache; moe_env last: it may extend PYTHONPATH
+        env = {**cuda_visible_devices(ids), **pinned_triton_cache(user_env), **user_env, **moe_env}
         overrides = {"nccl-port": free_port(host, avoid=used_ports)} if replicas > 1 else {}  # own dist-init port
         used_ports.extend(overrides.values())
         servers.append(ServerLaunch(
