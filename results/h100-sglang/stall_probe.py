@@ -220,6 +220,33 @@ def step_of(rows: list[dict], server: str, t: float) -> tuple[str, str] | None:
     return hit
 
 
+def model_check(rows: list[dict], gpu_device_name: str = "NVIDIA H100 80GB HBM3") -> tuple[int, int, str]:
+    """The simulator's kernel-variant model (``tuner.sim.warmup.KernelWarmup``, SGLang 0.5.17's files
+    for the device, the server's captured decode sizes) over the lone prompts in their order, each as
+    the chunks the server ran: (steps it calls as the first server did, steps, one line per step:
+    model, first server, second server; S stalled more than 0.25 s)."""
+    from tuner.planner.memory import decode_capture_sizes
+    from tuner.sim.warmup import KernelWarmup, default_split_m, groups_for, server_linears, triton_moe_shape
+
+    model = get_model(PROBES["dsv3-5l"][0])
+    flags = {"quantization": FLAGS["quantization"]}
+    shape = triton_moe_shape(model, "fp8_block", 1, 1, flags)
+    groups = groups_for(shape, {}, gpu_device_name, "0.5.17")
+    kw = KernelWarmup(0.5, groups, shape.topk, default_split_m=default_split_m(shape, groups),
+                      linears=server_linears(model, "fp8_block", 1, 1, flags, gpu_device_name, "0.5.17"),
+                      precompiled_tokens=decode_capture_sizes(FLAGS["max-running-requests"]))
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    agree, n, cells = 0, 0, []
+    for name in dict.fromkeys(r["step"] for r in rows if r["kind"] == "lone"):
+        m = int(name.split("-")[1])
+        chunks = [CHUNK] * (m // CHUNK) + ([m % CHUNK] if m % CHUNK else [])
+        pred = any([kw.reaches_new(c) for c in chunks])  # every chunk marks its variants run
+        got = [(g := stall_s(rows, s, name)) is not None and g[2] > 0.25 for s in servers]
+        n, agree = n + 1, agree + (pred == got[0])
+        cells.append(f"{name}:{'S' if pred else '-'}" + "".join("S" if x else "-" for x in got))
+    return agree, n, " ".join(cells)
+
+
 def report(out: Path) -> None:
     doc = json.loads((out / "stall-probe.json").read_text())
     rows = doc["rows"]
@@ -243,6 +270,9 @@ def report(out: Path) -> None:
         stalls = [got[2] for name in dict.fromkeys(r["step"] for r in rows)
                   if (got := stall_s(rows, s, name)) and got[2] > 0.25]
         print(f"{s}: {len(stalls)} steps stalled more than 0.25 s, {sum(stalls):.1f} s in all")
+    agree, n, cells = model_check(rows)
+    print(f"the simulator's kernel-variant model calls {agree} of {n} lone prompts as the first server did "
+          f"(model, then each server; S: stalled):\n  {cells}")
 
 
 def main() -> None:
