@@ -67,9 +67,11 @@ GLOG_TIME = re.compile(r"[IWEV](\d{4}) (\d\d:\d\d:\d\d\.\d+) ")
 KINDS = ("lone", "extend", "burst", "decode", "join")
 
 
-def steps(kinds: tuple[str, ...] = KINDS) -> list[tuple[str, str, tuple]]:
-    """(name, kind, arguments) in the order each server gets them (only those of ``kinds``)."""
-    out = [(f"lone-{n}", "lone", (n,)) for n in prompt_lengths(SGLANG_BATCH_SIZES, SGLANG_BATCH_SIZES[-1] + 1)]
+def steps(kinds: tuple[str, ...] = KINDS, lone: tuple[int, ...] | None = None) -> list[tuple[str, str, tuple]]:
+    """(name, kind, arguments) in the order each server gets them (only those of ``kinds``; ``lone``:
+    the lone prompts' lengths, default the kernel warm-up's)."""
+    lone = lone or prompt_lengths(SGLANG_BATCH_SIZES, SGLANG_BATCH_SIZES[-1] + 1)
+    out = [(f"lone-{n}", "lone", (n,)) for n in lone]
     out += [(f"extend-{PREFIX}+{n}", "extend", (1, PREFIX, n)) for n in (1, 3, 16, 17, 100, 300, 700, 1500)]
     out += [(f"extend-3000+{n}", "extend", (1, 3000, n)) for n in (50, 1200)]
     out += [(f"burst-{k}x{n}", "burst", (k, n)) for k, n in ((2, 150), (3, 150), (4, 301), (8, 100), (16, 60))]
@@ -155,19 +157,20 @@ class Sender:
 
 
 async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int,
-                       kinds: tuple[str, ...] = KINDS) -> list[dict]:
+                       kinds: tuple[str, ...] = KINDS, lone: tuple[int, ...] | None = None,
+                       flags: dict | None = None) -> list[dict]:
     rows = []
     env_before = dict(os.environ)
     os.environ["TORCH_LOGS"] = "recompiles"  # the server's log says when torch.compile recompiles
     if TRITON_CACHE_DIR:
         os.environ["TRITON_CACHE_DIR"] = TRITON_CACHE_DIR
     try:
-        async with serving(sglang_command(model_dir, port, FLAGS), out / f"server-{label}.log", port,
+        async with serving(sglang_command(model_dir, port, flags or FLAGS), out / f"server-{label}.log", port,
                            label) as (session, base):
             os.environ.clear()
             os.environ.update(env_before)
             sender = Sender(session, base, random.Random(seed), vocab_hi)
-            for name, kind, args in steps(kinds):
+            for name, kind, args in steps(kinds, lone):
                 for send in ("first", "repeat"):
                     before = cache_files()
                     t0 = time.time()
@@ -220,7 +223,8 @@ def step_of(rows: list[dict], server: str, t: float) -> tuple[str, str] | None:
     return hit
 
 
-def model_check(rows: list[dict], gpu_device_name: str = "NVIDIA H100 80GB HBM3") -> tuple[int, int, str]:
+def model_check(rows: list[dict], flags: dict | None = None,
+                gpu_device_name: str = "NVIDIA H100 80GB HBM3") -> tuple[int, int, str]:
     """The simulator's kernel-variant model (``tuner.sim.warmup.KernelWarmup``, SGLang 0.5.17's files
     for the device, the server's captured decode sizes) over the lone prompts in their order, each as
     the chunks the server ran: (steps it calls as the first server did, steps, one line per step:
@@ -234,7 +238,8 @@ def model_check(rows: list[dict], gpu_device_name: str = "NVIDIA H100 80GB HBM3"
     groups = groups_for(shape, {}, gpu_device_name, "0.5.17")
     kw = KernelWarmup(0.5, groups, shape.topk, default_split_m=default_split_m(shape, groups),
                       linears=server_linears(model, "fp8_block", 1, 1, flags, gpu_device_name, "0.5.17"),
-                      precompiled_tokens=decode_capture_sizes(FLAGS["max-running-requests"]))
+                      precompiled_tokens=() if (flags or FLAGS).get("disable-cuda-graph")
+                      else decode_capture_sizes(FLAGS["max-running-requests"]))
     servers = list(dict.fromkeys(r["server"] for r in rows))
     agree, n, cells = 0, 0, []
     for name in dict.fromkeys(r["step"] for r in rows if r["kind"] == "lone"):
@@ -270,7 +275,7 @@ def report(out: Path) -> None:
         stalls = [got[2] for name in dict.fromkeys(r["step"] for r in rows)
                   if (got := stall_s(rows, s, name)) and got[2] > 0.25]
         print(f"{s}: {len(stalls)} steps stalled more than 0.25 s, {sum(stalls):.1f} s in all")
-    agree, n, cells = model_check(rows)
+    agree, n, cells = model_check(rows, doc.get("flags"))
     print(f"the simulator's kernel-variant model calls {agree} of {n} lone prompts as the first server did "
           f"(model, then each server; S: stalled):\n  {cells}")
 
@@ -281,6 +286,9 @@ def main() -> None:
     ap.add_argument("--servers", default="cold,warm",
                     help="servers in order: cold (kernel caches emptied first) or warm (as the last one left them)")
     ap.add_argument("--steps", default=",".join(KINDS), help=f"which kinds of step to send, of {', '.join(KINDS)}")
+    ap.add_argument("--lone", default=None, help="the lone prompts' lengths, comma-separated (default: the warm-up's)")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="start without CUDA graphs (a faster start; torch.compile then compiles at first traffic)")
     ap.add_argument("--triton-cache-dir", default=None,
                     help="the servers' TRITON_CACHE_DIR (default: unset, as SGLang runs by default)")
     ap.add_argument("--port", type=int, default=31300)
@@ -298,6 +306,8 @@ def main() -> None:
     kinds = tuple(args.steps.split(","))
     if not kinds or set(kinds) - set(KINDS):
         ap.error(f"--steps: unknown {', '.join(sorted(set(kinds) - set(KINDS)))}; valid: {', '.join(KINDS)}")
+    lone = tuple(int(x) for x in args.lone.split(",")) if args.lone else None
+    flags = {**FLAGS, **({"disable-cuda-graph": True} if args.no_cuda_graph else {})}
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = "/tmp/model-stall-probe"
     write_model(model_dir, "dsv3-5l")
@@ -309,11 +319,11 @@ def main() -> None:
                 shutil.rmtree(d, ignore_errors=True)
         label = f"{server}{i}"
         rows += asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi,
-                                         kinds=kinds))
+                                         kinds=kinds, lone=lone, flags=flags))
         listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
         (args.out / "stall-probe.json").write_text(json.dumps({
-            "model": PROBES["dsv3-5l"][0], "flags": FLAGS, "triton_cache_dir": TRITON_CACHE_DIR, "servers": servers, "cache_dirs": cache_dirs(),
-            "steps": [s[0] for s in steps(kinds)], "rows": rows, "cache_after": listing}, indent=1))
+            "model": PROBES["dsv3-5l"][0], "flags": flags, "triton_cache_dir": TRITON_CACHE_DIR, "servers": servers, "cache_dirs": cache_dirs(),
+            "steps": [s[0] for s in steps(kinds, lone)], "rows": rows, "cache_after": listing}, indent=1))
 
 
 if __name__ == "__main__":

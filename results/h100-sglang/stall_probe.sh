@@ -7,7 +7,8 @@
 #
 # STEPS=lone sends only the lone prompts; TRITON_DIR=DIR sets the servers' TRITON_CACHE_DIR (an
 # absolute path); CACHES=1 also packs the kernel caches (Triton's and Inductor's, every kernel's IR
-# and metadata) into $OUT/kernel-caches.tgz. A call brings back at most
+# and metadata) into $OUT/kernel-caches.tgz; LONE=1,4,16 picks the lone prompts' lengths; NO_GRAPH=1
+# starts the servers without CUDA graphs. A call brings back at most
 # 8 files: the small logs travel in $OUT/logs.tgz.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -19,7 +20,7 @@ probe_call_setup /tmp/call-logs-stall || exit $?
 trap 'cp "$OUT"/gpu.csv "$LOGS"/ 2>/dev/null; rm -f "$OUT"/gpu.csv; tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
 timeout -s INT $(( $(left) - 25 )) python3 results/h100-sglang/stall_probe.py --out "$OUT" \
-  --servers "${SERVERS:-cold,warm}" ${TRITON_DIR:+--triton-cache-dir "$TRITON_DIR"} --steps "${STEPS:-lone,extend,burst,decode,join}" 2>&1 \
+  --servers "${SERVERS:-cold,warm}" ${TRITON_DIR:+--triton-cache-dir "$TRITON_DIR"} ${LONE:+--lone "$LONE"} ${NO_GRAPH:+--no-cuda-graph} --steps "${STEPS:-lone,extend,burst,decode,join}" 2>&1 \
   | tee "$LOGS/stall-probe.log" | grep -v "^\[" | tail -20
 python3 results/h100-sglang/stall_probe.py --out "$OUT" --report 2>&1 | tee "$LOGS/report.log"
 gzip -f "$OUT"/server-*.log 2>/dev/null
