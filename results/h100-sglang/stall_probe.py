@@ -156,10 +156,10 @@ class Sender:
         raise ValueError(kind)
 
 
-async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int,
+async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: int, vocab_hi: int, rows: list[dict],
                        kinds: tuple[str, ...] = KINDS, lone: tuple[int, ...] | None = None,
-                       flags: dict | None = None) -> list[dict]:
-    rows = []
+                       flags: dict | None = None) -> None:
+    """Each send's record appended to ``rows`` as it ends (a run cut off keeps what it measured)."""
     env_before = dict(os.environ)
     os.environ["TORCH_LOGS"] = "recompiles"  # the server's log says when torch.compile recompiles
     if TRITON_CACHE_DIR:
@@ -179,11 +179,10 @@ async def probe_server(label: str, model_dir: str, out: Path, port: int, seed: i
                     rows.append({"server": label, "step": name, "kind": kind, "send": send, "t_unix_s": t0,
                                  "requests": got, "new_files": len(new), "new_kernels": kernel_names(new)})
                     await asyncio.sleep(0.3)  # each send starts on an idle server
-            print(f"{label}: {len(rows)} sends", flush=True)
+            print(f"{label}: {sum(r['server'] == label for r in rows)} sends", flush=True)
     finally:
         os.environ.clear()
         os.environ.update(env_before)
-    return rows
 
 
 def stall_s(rows: list[dict], server: str, step: str) -> tuple[float, float, float] | None:
@@ -313,17 +312,24 @@ def main() -> None:
     write_model(model_dir, "dsv3-5l")
     vocab_hi = min(VOCAB_HI, get_model(PROBES["dsv3-5l"][0]).vocab_size - 1)
     rows, listing = [], {}
-    for i, server in enumerate(servers):
-        if server == "cold":
-            for d in cache_dirs():
-                shutil.rmtree(d, ignore_errors=True)
-        label = f"{server}{i}"
-        rows += asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi,
-                                         kinds=kinds, lone=lone, flags=flags))
-        listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
+
+    def write() -> None:
         (args.out / "stall-probe.json").write_text(json.dumps({
-            "model": PROBES["dsv3-5l"][0], "flags": flags, "triton_cache_dir": TRITON_CACHE_DIR, "servers": servers, "cache_dirs": cache_dirs(),
-            "steps": [s[0] for s in steps(kinds, lone)], "rows": rows, "cache_after": listing}, indent=1))
+            "model": PROBES["dsv3-5l"][0], "flags": flags, "triton_cache_dir": TRITON_CACHE_DIR, "servers": servers,
+            "cache_dirs": cache_dirs(), "steps": [s[0] for s in steps(kinds, lone)], "rows": rows,
+            "cache_after": listing}, indent=1))
+
+    try:
+        for i, server in enumerate(servers):
+            if server == "cold":
+                for d in cache_dirs():
+                    shutil.rmtree(d, ignore_errors=True)
+            label = f"{server}{i}"
+            asyncio.run(probe_server(label, model_dir, args.out, args.port + i, seed=23 + i, vocab_hi=vocab_hi,
+                                     rows=rows, kinds=kinds, lone=lone, flags=flags))
+            listing[label] = {p: round(m, 3) for p, m in sorted(cache_files().items())}
+    finally:  # also when the call's limit interrupts it: the sends measured so far
+        write()
 
 
 if __name__ == "__main__":
