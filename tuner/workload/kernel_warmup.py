@@ -1,18 +1,22 @@
 """Compile a fresh server's lazily built kernels before anything is measured.
 
-SGLang builds its Triton fused-MoE kernel on first use per *variant*: the tile config of the
-config-file entry whose batch-size key is nearest the step's token count M, and whether M x top-k
-is divisible by 16 (Triton specialises integer arguments on it). A fresh server therefore stalls,
-for most of a second, the first time a prefill step reaches a new variant: measured on real
-SGLang 0.5.17 servers, where those stalls fell into the first load point's window even after a
-45 s warm-up (`docs/calibration.md`, fresh-server stalls).
+SGLang builds its Triton fused-MoE and block-fp8 GEMM kernels on first use per *variant*: the tile
+config of the config-file entry whose batch-size key is nearest the step's token count M, and
+whether M (x top-k for the MoE) is divisible by 16 (Triton specialises integer arguments on it). A
+fresh server therefore stalls, 0.3-0.6 s a kernel, the first time a prefill step reaches a new
+variant: measured on real SGLang 0.5.17 servers, where those stalls fell into the first load
+point's window even after a 45 s warm-up (`docs/calibration.md`, fresh-server stalls), and where a
+second server built them again (its Triton cache was another directory than the first one's).
 
 The kernel warm-up sends one prompt per (key, parity) pair, one at a time with one output token,
 so each prefill step's M is exactly the prompt's length and every variant the traffic can reach
 (up to SGLang's largest key; longer prefills use its config) is compiled before the window.
-Prompts are fresh random token ids (no prefix shared with each other or with the workload).
-Decode batches beyond the captured CUDA graphs are not covered: they run eagerly only above the
-largest graph batch size.
+Prompts are fresh random token ids (no prefix shared with each other or with the workload); those
+longer than the chunk also build the extend-attention kernel over a cached prefix. Checked on an
+H100 DeepSeek-V3-shaped server: after these prompts, extends over cached prefixes, bursts of
+prompts and of extends, decode batches and prompts joining a decoding batch built nothing more
+(`results/h100-sglang/stall_probe.py`). Decode batches beyond the captured CUDA graphs are not
+covered: they run eagerly only above the largest graph batch size.
 """
 
 from __future__ import annotations
