@@ -39,6 +39,10 @@ def fidelity(results_dirs, backend_kinds, sglang_version, calibration, only_tria
 
     Exits 1 when a target is missed (P90 TTFT MAPE <= 20%, P90 TPOT MAPE <= 10%, verdicts agree
     on >= 95% of points) or a point cannot be predicted; the points off target are marked with !.
+
+    Beside the targets it reports, not as targets: the figures for warm and fresh servers, per GPU,
+    and for the trials no fit saw; the verdicts on the points clear of their SLO; and, where a load
+    was measured more than once, how often two real servers' verdicts agree with each other.
     """
     from tuner.bench.fidelity import TrialSelection, format_report, run_fidelity
 
