@@ -251,7 +251,57 @@ def model_check(rows: list[dict], flags: dict | None = None,
     return agree, n, " ".join(cells)
 
 
-def report(out: Path) -> None:
+def gemm_builds_check(rows: list[dict], sglang_dir: Path,
+                      device_file: str = "NVIDIA_H100_80GB_HBM3") -> tuple[int, int, list[tuple[str, int, int]]]:
+    """How many block-fp8 GEMM kernels each lone prompt of the first server built, against a rule
+    read off SGLang's launch (``fp8_kernel.py::w8a8_block_fp8_matmul_triton``) and Triton's
+    specialisation of integer arguments: a build per new (tile config of the key nearest M in the
+    weight shape's file, or SGLang's default; M divisible by 16; M = 1; the scale tensors' row stride
+    K/128 divisible by 16), shared by every weight shape; the decode capture's batch sizes built
+    theirs, except for ``kv_b_proj``, which MLA's absorbed decode does not run; the first prompt ran
+    beside SGLang's own 3-token warm-up request. Returns (prompts whose count it gets exactly, prompts,
+    [(prompt, rule's count, server's count)])."""
+    from tuner.planner.memory import decode_capture_sizes
+    from tuner.sim.warmup import block_fp8_linear_shapes
+
+    model = get_model(PROBES["dsv3-5l"][0])
+    shapes = block_fp8_linear_shapes(model, "fp8_block", 1, 1, {"quantization": FLAGS["quantization"]})
+    configs = {}
+    for shape in shapes:
+        f = Path(sglang_dir) / "kernels" / "ops" / "quantization" / "configs" / (
+            f"{shape},device_name={device_file},dtype=fp8_w8a8,block_shape=[128, 128].json")
+        configs[shape] = {int(k): v for k, v in json.loads(f.read_text()).items()} if f.is_file() else None
+    default = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32, "num_warps": 4,
+               "num_stages": 3}
+
+    def kernels(m: int, which) -> set:
+        out = set()
+        for shape in which:
+            c = configs[shape]
+            cfg = default if not c else c[min(c, key=lambda k: abs(k - m))]
+            k = int(shape.split("K=")[1])
+            out.add((json.dumps(cfg, sort_keys=True), m % 16 == 0, m == 1, (k // 128) % 16 == 0))
+        return out
+
+    decode_shapes = [s for s in shapes if s != "N=32768,K=512"]  # kv_b_proj: prefill (MHA) only
+    seen = set()
+    for m in decode_capture_sizes(FLAGS["max-running-requests"]):
+        seen |= kernels(m, decode_shapes)
+    out = []
+    for r in rows:
+        if r["server"] != rows[0]["server"] or r["send"] != "first" or r["kind"] != "lone":
+            continue
+        m = int(r["step"].split("-")[1])
+        ms = [1, 3] if m == 1 else [CHUNK] * (m // CHUNK) + ([m % CHUNK] if m % CHUNK else [])
+        new = set()
+        for x in ms:
+            new |= kernels(x, shapes) - seen
+        seen |= new
+        out.append((r["step"], len(new), sum(k == "_w8a8_block_fp8_matmul" for k in r["new_kernels"])))
+    return sum(a == b for _, a, b in out), len(out), out
+
+
+def report(out: Path, sglang_dir: Path | None = None) -> None:
     doc = json.loads((out / "stall-probe.json").read_text())
     rows = doc["rows"]
     servers = list(dict.fromkeys(r["server"] for r in rows))
@@ -277,6 +327,10 @@ def report(out: Path) -> None:
     agree, n, cells = model_check(rows, doc.get("flags"))
     print(f"the simulator's kernel-variant model calls {agree} of {n} lone prompts as the first server did "
           f"(model, then each server; S: stalled):\n  {cells}")
+    if sglang_dir is not None:
+        exact, n, counts = gemm_builds_check(rows, sglang_dir)
+        print(f"block-fp8 GEMM builds per lone prompt, SGLang's launch rule against the first server: {exact} of {n} "
+              f"exact\n  " + " ".join(f"{name}:{a}/{b}" for name, a, b in counts if a or b))
 
 
 def main() -> None:
@@ -292,9 +346,12 @@ def main() -> None:
                     help="the servers' TRITON_CACHE_DIR (default: unset, as SGLang runs by default)")
     ap.add_argument("--port", type=int, default=31300)
     ap.add_argument("--report", action="store_true", help="print the committed result (CPU)")
+    ap.add_argument("--sglang-dir", type=Path, default=None,
+                    help="with --report: SGLang's package directory (its block-fp8 config files), to check the "
+                         "GEMM builds against SGLang's launch rule")
     args = ap.parse_args()
     if args.report:
-        report(args.out)
+        report(args.out, args.sglang_dir)
         return
     global TRITON_CACHE_DIR
     TRITON_CACHE_DIR = args.triton_cache_dir
