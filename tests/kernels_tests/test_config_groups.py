@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tuner.cli import cli
 from tuner.errors import ConfigError
-from tuner.kernels.config_groups import config_root_of, device_groups, key_groups, selector_of
+from tuner.kernels.config_groups import config_id, config_root_of, device_groups, key_groups, selector_of
 
 A = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
 B = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8}
@@ -68,6 +68,8 @@ def test_the_command_writes_the_table_keeps_other_versions_and_names_a_bad_direc
         json.dumps({"1": A, "8": A, "64": B}))
     (linear / "N=7168,K=2048,device_name=NVIDIA_H100_80GB_HBM3,dtype=int8_w8a8,block_shape=[128, 128].json").write_text(
         json.dumps({"1": A}))  # another dtype: not the fp8 kernel's
+    (linear / "N=512,K=7168,device_name=NVIDIA_H100_80GB_HBM3,dtype=fp8_w8a8,block_shape=[128, 128].json").write_text(
+        json.dumps({"1": B, "16": A}))  # A and B again, in another weight shape's file
     out = tmp_path / "table.yaml"
     out.write_text(yaml.safe_dump({"0.5.23": {"devices": {}}}))
     res = CliRunner().invoke(cli, ["calibration", "moe-groups", "--sglang-dir", str(pkg), "--sglang-version",
@@ -78,7 +80,12 @@ def test_the_command_writes_the_table_keeps_other_versions_and_names_a_bad_direc
     assert doc["0.5.17"]["devices"]["NVIDIA_H100_80GB_HBM3"]["E=128,N=768"]["groups"] == [[1, 8], [64]]
     assert doc["0.5.17"]["devices"]["NVIDIA_H200"] == {}  # every catalog GPU is recorded, with or without files
     # the block-fp8 linear kernel's files, grouped the same way, per device and weight shape
-    assert doc["0.5.17"]["block_fp8_linear"]["NVIDIA_H100_80GB_HBM3"] == {"N=7168,K=2048": [[1, 8], [64]]}
+    assert doc["0.5.17"]["block_fp8_linear"]["NVIDIA_H100_80GB_HBM3"] == {"N=7168,K=2048": [[1, 8], [64]],
+                                                                          "N=512,K=7168": [[1], [16]]}
+    # which config each group runs: equal configs in two files share one id (Triton builds one kernel)
+    ids = doc["0.5.17"]["block_fp8_linear_configs"]["NVIDIA_H100_80GB_HBM3"]
+    assert ids["N=7168,K=2048"] == [config_id(A), config_id(B)] and ids["N=512,K=7168"] == [config_id(B), config_id(A)]
+    assert config_id(A) != config_id(B) and config_id(dict(reversed(list(A.items())))) == config_id(A)
     assert doc["0.5.17"]["block_fp8_linear"]["NVIDIA_H200"] == {}
     bad = subprocess.run([sys.executable, "-m", "tuner", "calibration", "moe-groups", "--sglang-dir",
                           str(tmp_path / "sglang" / "srt"), "--sglang-version", "0.5.17", "--triton-version", "3.6.0",

@@ -15,8 +15,9 @@ from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
 from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, block_fp8_linear_shapes, default_split_m,
-                               fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant, shipped_groups,
-                               shipped_linear_groups, stall_schedule, triton_moe_shape)
+                               ServerLinear, fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant,
+                               server_linears, shipped_groups, shipped_linear_configs, shipped_linear_groups,
+                               stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
@@ -373,5 +374,46 @@ def test_a_broken_groups_table_is_named(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match="groups") as exc:
             shipped_groups("NVIDIA H200", "0.5.17", BF16_KEY)
         assert "groups.yaml" in str(exc.value) and "E=128,N=768" in str(exc.value)
+    finally:
+        warmup._shipped_table.cache_clear()
+
+
+def test_one_gemm_kernel_serves_every_weight_shape_with_its_config_and_specialisations():
+    # SGLang launches _w8a8_block_fp8_matmul with the tile config as constexprs; Triton specialises M
+    # and the scale tensors' row stride K/128 on divisibility by 16
+    a = ServerLinear("N=7168,K=16384", [[1, 2], [4]], ("cfgA", "cfgB"), True)
+    b = ServerLinear("N=36864,K=18432", [[1], [2, 4]], ("cfgA", "cfgB"), True)  # K/128 = 144: divisible
+    c = ServerLinear("N=2112,K=7168", [[1, 2], [4]], ("cfgA", "cfgB"), True)  # K/128 = 56: not
+    assert a.variant(1) == b.variant(1)  # one config in both files: one kernel for both shapes
+    assert a.variant(3) != b.variant(3)  # 3: key 2, config A in a's file, B in b's
+    assert a.variant(5) != c.variant(5)  # the same config, the scale stride specialised otherwise
+    assert a.variant(16) != a.variant(17) and a.variant(1) != a.variant(2)  # M: by 16, and M = 1
+    unknown = ServerLinear("N=7168,K=16384", [[1, 2], [4]], None, True)  # an older table: its own variants
+    assert unknown.variant(3)[0] == "N=7168,K=16384"
+    # the table's ids for DeepSeek-V3's H100 linears; no file: SGLang's default config
+    dsv3, fp8 = get_model("deepseek-v3"), {"quantization": "fp8"}
+    lins = {lin.key: lin for lin in server_linears(dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H100 80GB HBM3", "0.5.17")}
+    assert lins["N=2112,K=7168"].configs == lins["N=24576,K=1536"].configs and len(lins["N=2112,K=7168"].configs) == 1
+    assert len(lins["N=7168,K=16384"].configs) == len(lins["N=7168,K=16384"].groups) > 1
+    # MLA's kv_b_proj runs only in prefill: the decode capture does not build its variants
+    assert [k for k, lin in lins.items() if not lin.runs_in_decode] == ["N=32768,K=512"]
+    k = KernelWarmup(0.5, None, 0, linears=tuple(lins.values()), precompiled_tokens=(1, 2, 4, 8, 12, 16, 24, 32))
+    assert k.prefill_stall(4) == 0.5 and k.prefill_stall(4) == 0.0  # kv_b_proj's variant at 4, then built
+    assert shipped_linear_configs("NVIDIA H100 80GB HBM3", "0.5.17", "N=7168,K=16384",
+                                  lins["N=7168,K=16384"].groups) == lins["N=7168,K=16384"].configs
+
+
+def test_a_groups_table_whose_config_ids_do_not_match_its_groups_is_named(tmp_path, monkeypatch):
+    import tuner.sim.warmup as warmup
+
+    bad = tmp_path / "groups.yaml"
+    bad.write_text("0.5.17:\n  block_fp8_linear_configs:\n    NVIDIA_H200:\n      N=1,K=128: [a]\n")
+    monkeypatch.setattr(warmup, "SHIPPED_GROUPS_FILE", bad)
+    warmup._shipped_table.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="one config id per key group") as exc:
+            shipped_linear_configs("NVIDIA H200", "0.5.17", "N=1,K=128", [[1], [2]])
+        assert "groups.yaml" in str(exc.value) and "N=1,K=128" in str(exc.value)
+        assert shipped_linear_configs("NVIDIA H200", "0.5.17", "N=2,K=128", [[1]]) is None  # not listed
     finally:
         warmup._shipped_table.cache_clear()

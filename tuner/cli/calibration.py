@@ -62,7 +62,8 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
     from tuner import safewrite, safeyaml
     from tuner.catalog import gpus
     from tuner.errors import ConfigError
-    from tuner.kernels.config_groups import config_root_of, groups_table, linear_configs_of, linear_groups
+    from tuner.kernels.config_groups import (config_root_of, groups_table, linear_config_ids, linear_configs_of,
+                                             linear_groups)
     from tuner.kernels.configfile import device_file_name
     from tuner.sim.warmup import SHIPPED_GROUPS_FILE
 
@@ -75,6 +76,7 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
         raise ConfigError(f"{sglang_dir} holds no block-fp8 linear configs (looked in "
                           "kernels/ops/quantization/configs/ and srt/layers/quantization/configs/)", key="--sglang-dir")
     linear = {device_file_name(d): linear_groups(linear_dir, d) for d in devices}
+    linear_ids = {device_file_name(d): linear_config_ids(linear_dir, d) for d in devices}
     current = {}
     if out.is_file():
         current = safeyaml.load_file(out) or {}
@@ -85,10 +87,12 @@ def moe_groups(sglang_dir, sglang_version, triton_version, out_path):
         "source": f"tuner calibration moe-groups --sglang-version {sglang_version} --triton-version "
                   f"{triton_version} on {date.today().isoformat()}, from SGLang's configs/",
         "devices": table,
-        "block_fp8_linear": linear}
+        "block_fp8_linear": linear,
+        "block_fp8_linear_configs": linear_ids}
     header = ("# Which keys of SGLang's shipped fused-MoE config files share one tile config, per SGLang\n"
               "# version, device and shape selector; a selector not listed runs SGLang's default config.\n"
-              "# block_fp8_linear: the same for its block-fp8 linear kernel's files, per device and weight shape.\n"
+              "# block_fp8_linear: the same for its block-fp8 linear kernel's files, per device and weight shape;\n"
+              "# block_fp8_linear_configs: which config each of those groups runs (equal ids: one kernel).\n"
               "# Written by `tuner calibration moe-groups` (tuner/kernels/config_groups.py); read by\n"
               "# tuner/sim/warmup.py for the fresh-server stalls of GPUs without a fit of their own.\n")
     safewrite.write_text(out, header + yaml.safe_dump(current, sort_keys=True, width=120, default_flow_style=None))

@@ -14,6 +14,7 @@ simulator reads (``tuner/sim/calibration/sglang-moe-config-groups.yaml``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -126,21 +127,49 @@ def linear_configs_of(sglang_dir: Path) -> Path | None:
     return None
 
 
+def _linear_files(config_dir: Path, device_name: str) -> list[tuple[str, Path]]:
+    """(weight shape ``N=..,K=..``, file) of each block-fp8 linear file (128 x 128 blocks) for ``device_name``."""
+    dev = device_file_name(device_name)
+    out = []
+    for path in sorted(Path(config_dir).glob("N=*,K=*.json")):
+        m = _LINEAR_FILE.match(path.name)
+        if m and m.group(3) == dev and (m.group(4), m.group(5)) == ("128", "128"):
+            out.append((f"N={m.group(1)},K={m.group(2)}", path))
+    return out
+
+
+def _read_linear(path: Path) -> dict[int, dict]:
+    try:
+        return {int(k): v for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"unreadable block-fp8 config file: {exc}", file=str(path)) from None
+
+
 def linear_groups(config_dir: Path, device_name: str) -> dict[str, list[list[int]]]:
     """Per block-fp8 linear weight shape ``N=..,K=..`` (128 x 128 blocks) with a file for
     ``device_name``: its batch-size keys grouped by the tile config SGLang runs at them."""
-    dev = device_file_name(device_name)
+    return {key: key_groups(_read_linear(path)) for key, path in _linear_files(config_dir, device_name)}
+
+
+# SGLang's block-fp8 linear config where no file covers a weight shape (128 x 128 blocks;
+# fp8_kernel.py::w8a8_block_fp8_matmul_triton)
+BLOCK_FP8_DEFAULT_CONFIG = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32,
+                            "num_warps": 4, "num_stages": 3}
+
+
+def config_id(config: dict) -> str:
+    """A short name for one tile config, equal for equal configs (in any file): Triton builds one
+    kernel per config it is launched with, whichever weight shape's file it came from."""
+    return hashlib.sha1(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def linear_config_ids(config_dir: Path, device_name: str) -> dict[str, list[str]]:
+    """Per block-fp8 linear weight shape with a file for ``device_name``: the ``config_id`` of each
+    of its key groups (``linear_groups``' order)."""
     out = {}
-    for path in sorted(Path(config_dir).glob("N=*,K=*.json")):
-        m = _LINEAR_FILE.match(path.name)
-        if not m or m.group(3) != dev or (m.group(4), m.group(5)) != ("128", "128"):
-            continue
-        try:
-            raw = json.loads(path.read_text())
-            configs = {int(k): v for k, v in raw.items()}
-        except (OSError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"unreadable block-fp8 config file: {exc}", file=str(path)) from None
-        out[f"N={m.group(1)},K={m.group(2)}"] = key_groups(configs)
+    for key, path in _linear_files(config_dir, device_name):
+        configs = _read_linear(path)
+        out[key] = [config_id(nearest_config(configs, g[0])) for g in key_groups(configs)]
     return out
 
 
@@ -149,5 +178,6 @@ def groups_table(config_root: Path, device_names: list[str], triton_version: str
     return {device_file_name(d): device_groups(config_root, d, triton_version) for d in device_names}
 
 
-__all__ = ["config_root_of", "device_groups", "groups_table", "key_groups", "linear_configs_of", "linear_groups",
+__all__ = ["BLOCK_FP8_DEFAULT_CONFIG", "config_id", "config_root_of", "device_groups", "groups_table", "key_groups",
+           "linear_config_ids", "linear_configs_of", "linear_groups",
            "selector_of", "selectors_for"]

@@ -66,6 +66,7 @@ from typing import Iterable
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.kernels.config_groups import BLOCK_FP8_DEFAULT_CONFIG, config_id
 from tuner.kernels.configfile import device_file_name
 from tuner.kernels.shapes import TRITON_MOE_DTYPES, moe_shape
 from tuner.kernels.targets import SGLANG_BATCH_SIZES
@@ -243,6 +244,45 @@ def shipped_linear_groups(device_name: str | None, sglang_version: str | None, k
     return _checked_groups(groups, f"{sglang_version}.block_fp8_linear.{device_file_name(device_name)}.{key}", "")
 
 
+def shipped_linear_configs(device_name: str | None, sglang_version: str | None, key: str,
+                           groups: list[list[int]]) -> tuple[str, ...] | None:
+    """The tile config (``config_groups.config_id``) each of ``groups`` of weight shape ``key`` runs
+    (one, SGLang's default, where it has no file); None where the table does not say (an older
+    table), and the shape's variants are its own."""
+    if not groups:
+        return (config_id(BLOCK_FP8_DEFAULT_CONFIG),)
+    ids = (_shipped_section(device_name, sglang_version, "block_fp8_linear_configs") or {}).get(key)
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or len(ids) != len(groups) or not all(isinstance(i, str) for i in ids):
+        raise ConfigError("needs one config id per key group (rewrite it with `tuner calibration moe-groups`)",
+                          file=str(SHIPPED_GROUPS_FILE),
+                          key=f"{sglang_version}.block_fp8_linear_configs.{device_file_name(device_name)}.{key}")
+    return tuple(ids)
+
+
+@dataclass(frozen=True)
+class ServerLinear:
+    """One block-fp8 linear weight shape a server runs through SGLang's Triton GEMM."""
+
+    key: str  # N=..,K=..
+    groups: list  # its file's key groups ([]: no file, SGLang's default config)
+    configs: tuple | None  # the config each group runs (None: unknown, the shape's variants its own)
+    runs_in_decode: bool  # False for MLA's kv_b_proj: the absorbed decode runs it as a batched matmul
+
+    def variant(self, tokens: int) -> tuple:
+        """The kernel a batch of ``tokens`` builds for it. SGLang launches ``_w8a8_block_fp8_matmul``
+        with the tile config as constexprs and M, N, K and the strides as integers, which Triton
+        specialises on divisibility by 16 and on 1: so one kernel per (config, M's specialisation,
+        the scale tensors' row stride K/128's), whichever weight shape it serves (measured exactly on
+        an H100 server's 35 prompt sizes: results/h100-sglang, stall probe)."""
+        group, div16, one = linear_variant(tokens, self.groups)
+        if self.configs is None:
+            return self.key, (group, div16, one)
+        k_blocks = int(self.key.split("K=")[1]) // 128
+        return "fp8_gemm", self.configs[max(group, 0)], div16, one, k_blocks % 16 == 0
+
+
 def linear_variant(tokens: int, groups: list[list[int]]) -> tuple[int, bool, bool]:
     """The block-fp8 linear kernel a batch of ``tokens`` runs for one weight shape: (tile-config
     group of the nearest key, ties to the smaller; M divisible by 16; M = 1), Triton's
@@ -254,30 +294,40 @@ def block_fp8_linear_shapes(model, weight_format: str, tp: int, ep: int, flags: 
     """The weight shapes (``N=..,K=..``) one GPU runs through SGLang's block-fp8 linear kernel: the
     model's non-expert linears in block fp8 (``tuner.sim.opshapes.gemms``), without the shared
     experts where SGLang fuses them into the MoE."""
+    return list(_block_fp8_linears(model, weight_format, tp, ep, flags))
+
+
+def _block_fp8_linears(model, weight_format: str, tp: int, ep: int, flags: dict | None) -> dict[str, bool]:
+    """``block_fp8_linear_shapes`` with whether a decode step runs each (MLA's ``kv_b_proj`` runs only
+    in a prefill without a cached prefix: the absorbed decode multiplies by its halves directly)."""
     if weight_format != "fp8_block":
-        return []
+        return {}
     flags = dict(flags or {})
     layout = parse_layout(model, {**flags, "tp-size": tp, "ep-size": ep}, tp)
     moe = triton_moe_shape(model, weight_format, tp, ep, flags)
     fused = bool(moe is not None and getattr(moe, "fused_shared_experts", 0))
-    out = []
+    out: dict[str, bool] = {}
     for g in gemms(model, resolve_checkpoint(model, flags.get("quantization")), layout):
         if g.dtype != "fp8_block" or g.per != "token" or (fused and g.name.startswith("shared_")):
             continue
         key = f"N={g.n},K={g.k}"
-        if key not in out:
-            out.append(key)
+        out[key] = out.get(key, False) or not (getattr(model, "is_mla", False) and g.name == "kv_b_proj")
     return out
 
 
 def server_linears(model, weight_format: str, tp: int, ep: int, flags: dict | None, device_name: str | None,
-                   sglang_version: str | None) -> tuple:
-    """(weight shape, key groups) of each block-fp8 linear one GPU runs, where SGLang's files for
-    the device and version are known (``shipped_linear_groups``); () elsewhere."""
+                   sglang_version: str | None) -> tuple[ServerLinear, ...]:
+    """Each block-fp8 linear one GPU runs, where SGLang's files for the device and version are known
+    (``shipped_linear_groups``); () elsewhere."""
     if not device_name or not sglang_version:
         return ()
-    return tuple((k, g) for k in block_fp8_linear_shapes(model, weight_format, tp, ep, flags)
-                 if (g := shipped_linear_groups(device_name, sglang_version, k)) is not None)
+    out = []
+    for key, in_decode in _block_fp8_linears(model, weight_format, tp, ep, flags).items():
+        groups = shipped_linear_groups(device_name, sglang_version, key)
+        if groups is not None:
+            out.append(ServerLinear(key, groups, shipped_linear_configs(device_name, sglang_version, key, groups),
+                                    in_decode))
+    return tuple(out)
 
 
 @dataclass
@@ -291,13 +341,13 @@ class KernelWarmup:
     topk: int  # 0: no Triton fused MoE
     seen: set = None  # variants run so far
     default_split_m: int | None = None  # with groups [] (SGLang's default config): see moe_variant
-    linears: tuple = ()  # (weight shape, its key groups) of each block-fp8 linear
+    linears: tuple = ()  # ServerLinear of each block-fp8 linear
     precompiled_tokens: tuple = ()  # batch sizes its CUDA graphs ran at start-up (their linears compiled)
 
     def __post_init__(self):
         self.seen = set() if self.seen is None else self.seen
         for m in self.precompiled_tokens:
-            self.seen.update((key, linear_variant(m, groups)) for key, groups in self.linears)
+            self.seen.update(lin.variant(m) for lin in self.linears if lin.runs_in_decode)
 
     def reaches_new(self, tokens: int) -> bool:
         """Whether a batch of ``tokens`` runs a variant this server has not run (and marks them run)."""
@@ -306,7 +356,7 @@ class KernelWarmup:
         return bool(new)
 
     def _variants(self, tokens: int) -> list:
-        out = [(key, linear_variant(tokens, groups)) for key, groups in self.linears]
+        out = [lin.variant(tokens) for lin in self.linears]
         if self.topk > 0:
             out.append(moe_variant(tokens, self.groups, self.topk, self.default_split_m))
         return out
@@ -396,7 +446,7 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "StallModel", "block_fp8_linear_shapes",
-           "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model", "kernel_warmup", "linear_variant",
-           "moe_config_key", "moe_variant", "nearest_key_group", "server_linears", "shipped_groups", "shipped_linear_groups",
-           "stall_schedule", "triton_moe_shape"]
+__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear", "StallModel",
+           "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
+           "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
+           "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
