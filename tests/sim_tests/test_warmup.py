@@ -198,7 +198,7 @@ def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
     assert k.groups == H200_LOGGED_GROUPS[key] and len(k.groups) == 1  # one default config
     # M x top-k counts the fused shared expert: 9 per token, so only M divisible by 16 is "divisible"
     assert k.topk == 9
-    assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [0.5, 0.0, 0.5, 0.0]
+    assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [1.0, 0.0, 1.0, 0.0]  # two kernels a variant
     # without the fusion the file is another (E=256) and so are the groups: none known
     assert moe_config_key(triton_moe_shape(small, "fp8_block", 1, 1, {"disable-shared-experts-fusion": True})) \
         == "E=256,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"
@@ -215,8 +215,8 @@ def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
 
 
 def test_only_the_first_step_of_each_variant_pays_the_compile():
-    k = KernelWarmup(0.5, BF16_GROUPS, 8)
-    assert [k.prefill_stall(n) for n in (1800, 2500, 1801, 300, 1802)] == [0.5, 0.0, 0.5, 0.5, 0.0]
+    k = KernelWarmup(0.5, BF16_GROUPS, 8)  # a fused-MoE variant builds two kernels, its up and down GEMMs
+    assert [k.prefill_stall(n) for n in (1800, 2500, 1801, 300, 1802)] == [1.0, 0.0, 1.0, 1.0, 0.0]
     assert KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": 0.0}}, QWEN_BF16_SHAPE) is None
     with pytest.raises(ConfigError):
         KernelWarmup.from_calibration({"fresh_server_stalls": {"per_new_kernel_s": "slow"}}, QWEN_BF16_SHAPE)
@@ -242,8 +242,9 @@ def test_the_engine_stalls_a_prefill_step_that_runs_a_new_variant():
     base, _ = first_tokens(None, [1500, 1500, 1501, 300])
     cold, stats = first_tokens(KernelWarmup(0.7, BF16_GROUPS, 8), [1500, 1500, 1501, 300])
     # 1500 (new), 1500 (seen), 1501 (odd: new), 300 (key 256: new)
-    assert [c - b for c, b in zip(cold, base)] == pytest.approx([0.7, 0.0, 0.7, 0.7], abs=1e-6)
-    assert stats.stalls == 3 and stats.stall_s == pytest.approx(2.1)
+    # (two kernels each: the variant's up and down GEMMs)
+    assert [c - b for c, b in zip(cold, base)] == pytest.approx([1.4, 0.0, 1.4, 1.4], abs=1e-6)
+    assert stats.stalls == 3 and stats.stall_s == pytest.approx(4.2)
 
 
 def test_a_fresh_load_point_under_the_kernel_model_is_slower_in_prefill_and_a_warm_one_is_not():
@@ -305,13 +306,13 @@ def test_an_h100_server_compiles_the_variants_of_its_own_file():
                                                                "0.5.17"))
     k = kernel_warmup(cal, True, get_model(QWEN), "bf16", 1, 1, TRITON_EAGER, "NVIDIA H100 80GB HBM3", "0.5.17")
     assert k.groups == h100 and k.per_new_kernel_s == cal["fresh_server_stalls"]["per_new_kernel_s"] > 0
-    assert [k.prefill_stall(n) for n in (8, 16, 4, 32)] == [k.per_new_kernel_s, 0.0, k.per_new_kernel_s,
-                                                            k.per_new_kernel_s]
+    two = 2 * k.per_new_kernel_s  # a variant's up and down GEMMs
+    assert [k.prefill_stall(n) for n in (8, 16, 4, 32)] == [two, 0.0, two, two]
     # fp8 block weights: no H100 file at all, so the default config (one variant per divisibility)
     fp8 = kernel_warmup(cal, True, get_model(QWEN), "fp8_block", 1, 1, TRITON_EAGER, "NVIDIA H100 80GB HBM3",
                         "0.5.17")
     assert fp8.groups == [] and fp8.default_split_m is None
-    assert [fp8.prefill_stall(n) for n in (2, 4000, 3, 4001)] == [fp8.per_new_kernel_s, 0.0, fp8.per_new_kernel_s, 0.0]
+    assert [fp8.prefill_stall(n) for n in (2, 4000, 3, 4001)] == [two, 0.0, two, 0.0]
     # a version or device the table does not cover: every key its own config, as before
     assert shipped_groups("NVIDIA H100 80GB HBM3", "0.5.23", BF16_KEY) is None
     assert shipped_groups("NVIDIA A100", "0.5.17", BF16_KEY) is None
@@ -342,13 +343,14 @@ def test_a_block_fp8_servers_linears_add_variants_from_sglangs_files():
     cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
     k = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17", precompiled_tokens=(1, 2, 4, 8))
     assert k.linears and k.topk == 9
-    # 8: the MoE's first variant (the capture does not count for it); 1024: new linear groups; 1024 again:
-    # nothing new; 3000 (key 3072): new groups; 1000 (key 1024, not divisible by 16): new specialisations.
-    # Each step stalls once, however many of its kernels are new.
-    assert [k.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [0.5, 0.5, 0.0, 0.5, 0.5]
+    # 8: the MoE's first variant (two kernels; the capture does not count for it) and kv_b_proj's GEMM (the
+    # absorbed decode does not run it); 1024: new GEMM configs; 1024 again: nothing new; 3000 (key 3072):
+    # new configs; 1000 (key 1024, not divisible by 16): new specialisations. A step waits for each kernel.
+    stalls = [k.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)]
+    assert stalls[0] == 1.5 and stalls[2] == 0.0 and all(s >= 0.5 and s % 0.5 == 0 for s in stalls[1:2] + stalls[3:])
     # without the linears (no device given) DeepSeek's single MoE config has only its two parities
     lone = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8)
-    assert [lone.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [0.5, 0.5, 0.0, 0.0, 0.0]
+    assert [lone.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [1.0, 1.0, 0.0, 0.0, 0.0]
     # Qwen3 fp8: no file for its linears, and the captured sizes cover their default config's variants
     q = kernel_warmup(cal, True, qwen, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17",
                       precompiled_tokens=(1, 2, 4, 8, 16, 24, 32))

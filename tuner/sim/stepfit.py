@@ -636,7 +636,8 @@ def _is_stall(excess: float, predicted: float) -> bool:
 
 def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, topk: int,
                       default_split_m: int | None = None) -> list[float]:
-    """Times of the prefill lines of a server log that ran a per-M kernel variant first on it, of
+    """Times of the prefill lines of a server log that ran a per-M kernel variant first on it, once per
+    kernel the line built (``KernelWarmup.new_kernels``), of
     its fused MoE (``topk`` > 0) or of its block-fp8 linears (``tuner.sim.warmup.KernelWarmup``: the
     key groups of SGLang's files, the batch sizes its CUDA graphs ran at start-up), from the whole
     log where it exists, else from its windows' prefills."""
@@ -648,7 +649,8 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
                             precompiled_tokens=captured)
     events = read_step_lines(log) if Path(log).is_file() else \
         [p for w in t.windows if w.source == log for p in w.prefills]
-    return [ev.t for ev in events if isinstance(ev, PrefillLine) and variants.reaches_new(ev.new_tokens)]
+    # a time per kernel built: the fit measures the cost of one
+    return [ev.t for ev in events if isinstance(ev, PrefillLine) for _ in range(variants.new_kernels(ev.new_tokens))]
 
 
 def warmup_stalls(trials: list[TrialSteps], calibration: dict,

@@ -134,6 +134,8 @@ MOE_CONFIG_KEYS: tuple[int, ...] = SGLANG_BATCH_SIZES
 # ``tuner.kernels.config_groups``): per SGLang version, device file name and shape selector, the keys
 # that share one tile config. A selector the table lists no file for runs SGLang's default config.
 SHIPPED_GROUPS_FILE = Path(__file__).parent / "calibration" / "sglang-moe-config-groups.yaml"
+#: a fused-MoE variant builds two kernels: the up and the down GEMM (the stall probe's builds)
+MOE_KERNELS_PER_VARIANT = 2
 
 
 @lru_cache(maxsize=1)
@@ -333,8 +335,8 @@ def server_linears(model, weight_format: str, tp: int, ep: int, flags: dict | No
 @dataclass
 class KernelWarmup:
     """A fresh server's per-M kernel variants (its fused MoE's, ``topk`` > 0, and its block-fp8
-    linears'): a prefill step that runs any of them for the first time costs ``per_new_kernel_s``
-    more (the whole server waits, as for any step)."""
+    linears'): a prefill step that runs some for the first time waits ``per_new_kernel_s`` for each
+    kernel they build (the whole server waits, as for any step)."""
 
     per_new_kernel_s: float
     groups: list[list[int]] | None
@@ -349,20 +351,27 @@ class KernelWarmup:
         for m in self.precompiled_tokens:
             self.seen.update(lin.variant(m) for lin in self.linears if lin.runs_in_decode)
 
-    def reaches_new(self, tokens: int) -> bool:
-        """Whether a batch of ``tokens`` runs a variant this server has not run (and marks them run)."""
+    def new_kernels(self, tokens: int) -> int:
+        """How many kernels a batch of ``tokens`` builds (marking its variants run): one per new
+        block-fp8 GEMM variant, two per new fused-MoE variant (its up and down GEMMs)."""
         new = [v for v in self._variants(tokens) if v not in self.seen]
         self.seen.update(new)
-        return bool(new)
+        return sum(MOE_KERNELS_PER_VARIANT if v[0] == "moe" else 1 for v in new)
+
+    def reaches_new(self, tokens: int) -> bool:
+        """Whether a batch of ``tokens`` runs a variant this server has not run (and marks them run)."""
+        return self.new_kernels(tokens) > 0
 
     def _variants(self, tokens: int) -> list:
         out = [lin.variant(tokens) for lin in self.linears]
         if self.topk > 0:
-            out.append(moe_variant(tokens, self.groups, self.topk, self.default_split_m))
+            out.append(("moe", *moe_variant(tokens, self.groups, self.topk, self.default_split_m)))
         return out
 
     def prefill_stall(self, tokens: int) -> float:
-        return self.per_new_kernel_s if self.reaches_new(tokens) else 0.0
+        """The step's wait for the kernels it builds: Triton builds them one after another, each
+        ``per_new_kernel_s`` (the stall probe: one GEMM 0.33-0.58 s, two 0.68-1.26 s)."""
+        return self.per_new_kernel_s * self.new_kernels(tokens)
 
     @classmethod
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
