@@ -1,6 +1,7 @@
 """Fresh-server stalls: their schedule from the measured statistics, where the engine puts them,
 and that only a deployment's first load point whose window overlaps them is changed."""
 
+import contextlib
 import copy
 import math
 
@@ -365,19 +366,27 @@ def test_sglangs_default_config_changes_at_m_equal_to_the_experts_without_block_
     assert moe_variant(129, [], 8, None)[0] == moe_variant(1, [], 8, None)[0]  # block fp8: one config
 
 
-def test_a_broken_groups_table_is_named(tmp_path, monkeypatch):
+@contextlib.contextmanager
+def _groups_table(tmp_path, monkeypatch, text: str):
+    """The simulator reading ``text`` as its table of SGLang's config groups."""
     import tuner.sim.warmup as warmup
 
-    bad = tmp_path / "groups.yaml"
-    bad.write_text("0.5.17:\n  devices:\n    NVIDIA_H200:\n      E=128,N=768: {groups: [[1], two]}\n")
-    monkeypatch.setattr(warmup, "SHIPPED_GROUPS_FILE", bad)
+    path = tmp_path / "groups.yaml"
+    path.write_text(text)
+    monkeypatch.setattr(warmup, "SHIPPED_GROUPS_FILE", path)
     warmup._shipped_table.cache_clear()
     try:
+        yield path
+    finally:
+        warmup._shipped_table.cache_clear()
+
+
+def test_a_broken_groups_table_is_named(tmp_path, monkeypatch):
+    with _groups_table(tmp_path, monkeypatch,
+                       "0.5.17:\n  devices:\n    NVIDIA_H200:\n      E=128,N=768: {groups: [[1], two]}\n"):
         with pytest.raises(ConfigError, match="groups") as exc:
             shipped_groups("NVIDIA H200", "0.5.17", BF16_KEY)
         assert "groups.yaml" in str(exc.value) and "E=128,N=768" in str(exc.value)
-    finally:
-        warmup._shipped_table.cache_clear()
 
 
 def test_one_gemm_kernel_serves_every_weight_shape_with_its_config_and_specialisations():
@@ -406,16 +415,9 @@ def test_one_gemm_kernel_serves_every_weight_shape_with_its_config_and_specialis
 
 
 def test_a_groups_table_whose_config_ids_do_not_match_its_groups_is_named(tmp_path, monkeypatch):
-    import tuner.sim.warmup as warmup
-
-    bad = tmp_path / "groups.yaml"
-    bad.write_text("0.5.17:\n  block_fp8_linear_configs:\n    NVIDIA_H200:\n      N=1,K=128: [a]\n")
-    monkeypatch.setattr(warmup, "SHIPPED_GROUPS_FILE", bad)
-    warmup._shipped_table.cache_clear()
-    try:
+    with _groups_table(tmp_path, monkeypatch,
+                       "0.5.17:\n  block_fp8_linear_configs:\n    NVIDIA_H200:\n      N=1,K=128: [a]\n"):
         with pytest.raises(ConfigError, match="one config id per key group") as exc:
             shipped_linear_configs("NVIDIA H200", "0.5.17", "N=1,K=128", [[1], [2]])
         assert "groups.yaml" in str(exc.value) and "N=1,K=128" in str(exc.value)
         assert shipped_linear_configs("NVIDIA H200", "0.5.17", "N=2,K=128", [[1]]) is None  # not listed
-    finally:
-        warmup._shipped_table.cache_clear()
