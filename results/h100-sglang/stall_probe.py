@@ -262,6 +262,7 @@ def gemm_builds_check(rows: list[dict], sglang_dir: Path,
     theirs, except for ``kv_b_proj``, which MLA's absorbed decode does not run; the first prompt ran
     beside SGLang's own 3-token warm-up request. Returns (prompts whose count it gets exactly, prompts,
     [(prompt, rule's count, server's count)])."""
+    from tuner.kernels.config_groups import BLOCK_FP8_DEFAULT_CONFIG
     from tuner.planner.memory import decode_capture_sizes
     from tuner.sim.warmup import block_fp8_linear_shapes
 
@@ -272,14 +273,12 @@ def gemm_builds_check(rows: list[dict], sglang_dir: Path,
         f = Path(sglang_dir) / "kernels" / "ops" / "quantization" / "configs" / (
             f"{shape},device_name={device_file},dtype=fp8_w8a8,block_shape=[128, 128].json")
         configs[shape] = {int(k): v for k, v in json.loads(f.read_text()).items()} if f.is_file() else None
-    default = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32, "num_warps": 4,
-               "num_stages": 3}
 
     def kernels(m: int, which) -> set:
         out = set()
         for shape in which:
             c = configs[shape]
-            cfg = default if not c else c[min(c, key=lambda k: abs(k - m))]
+            cfg = BLOCK_FP8_DEFAULT_CONFIG if not c else c[min(c, key=lambda k: abs(k - m))]
             k = int(shape.split("K=")[1])
             out.add((json.dumps(cfg, sort_keys=True), m % 16 == 0, m == 1, (k // 128) % 16 == 0))
         return out

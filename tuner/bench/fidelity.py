@@ -299,8 +299,8 @@ def repeat_key(p: LoadPoint) -> tuple:
     flags = {k: v for k, v in p.flags.items() if k not in OBSERVATION_FLAGS}
     canon = lambda d: tuple(sorted((str(k), repr(v)) for k, v in (d or {}).items()))
     model = (p.model.name, canon(p.model.overrides)) if hasattr(p.model, "overrides") else (str(p.model), ())
-    return (*model, p.gpu, p.gpus, p.nodes, canon(flags), canon(p.knobs),
-            p.workload.model_dump_json(), p.users, p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server)
+    return (*model, p.gpu, p.gpus, p.nodes, canon(flags), canon(p.knobs), p.workload.model_dump_json(), p.users,
+            p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server)
 
 
 def repeats(results: list[PointResult]) -> dict | None:
@@ -512,5 +512,6 @@ def _section(lines: list[str], title: str, header: str, rows: list[str], footer:
 
 
 __all__ = ["LoadPoint", "PointResult", "PROBE_FORMAT", "TrialSelection", "extra_args_to_flags", "find_sources",
-           "format_report", "held_out", "repeat_key", "repeats", "points_from_database", "points_from_probe", "predict_point", "run_fidelity",
+           "format_report", "held_out", "points_from_database", "points_from_probe", "predict_point", "repeat_key",
+           "repeats", "run_fidelity",
            "summarize", "summarize_points"]

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
@@ -271,6 +271,10 @@ class ServerLinear:
     groups: list  # its file's key groups ([]: no file, SGLang's default config)
     configs: tuple | None  # the config each group runs (None: unknown, the shape's variants its own)
     runs_in_decode: bool  # False for MLA's kv_b_proj: the absorbed decode runs it as a batched matmul
+    scale_stride_div16: bool = field(init=False)  # the scale tensors' row stride K/128 divisible by 16
+
+    def __post_init__(self):
+        object.__setattr__(self, "scale_stride_div16", (int(self.key.split("K=")[1]) // 128) % 16 == 0)
 
     def variant(self, tokens: int) -> tuple:
         """The kernel a batch of ``tokens`` builds for it. SGLang launches ``_w8a8_block_fp8_matmul``
@@ -281,8 +285,7 @@ class ServerLinear:
         group, div16, one = linear_variant(tokens, self.groups)
         if self.configs is None:
             return self.key, (group, div16, one)
-        k_blocks = int(self.key.split("K=")[1]) // 128
-        return "fp8_gemm", self.configs[max(group, 0)], div16, one, k_blocks % 16 == 0
+        return "fp8_gemm", self.configs[max(group, 0)], div16, one, self.scale_stride_div16
 
 
 def linear_variant(tokens: int, groups: list[list[int]]) -> tuple[int, bool, bool]:
