@@ -15,8 +15,8 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (MOE_CONFIG_KEYS, KernelWarmup, StallModel, block_fp8_linear_shapes, default_split_m,
-                               ServerLinear, fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant,
+from tuner.sim.warmup import (LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, KernelWarmup, ServerLinear, StallModel,
+                               block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant,
                                server_linears, shipped_groups, shipped_linear_configs, shipped_linear_groups,
                                stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
@@ -199,7 +199,9 @@ def test_the_config_groups_are_found_by_the_expert_shape_not_the_model_name():
     assert k.groups == H200_LOGGED_GROUPS[key] and len(k.groups) == 1  # one default config
     # M x top-k counts the fused shared expert: 9 per token, so only M divisible by 16 is "divisible"
     assert k.topk == 9
-    assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [1.0, 0.0, 1.0, 0.0]  # two kernels a variant
+    # SGLang's own warm-up request (M = 3: 27) built the non-divisible variant; 32 (288) builds the
+    # other, two kernels
+    assert [k.prefill_stall(n) for n in (100, 3000, 32, 4000)] == [0.0, 0.0, 1.0, 0.0]
     # without the fusion the file is another (E=256) and so are the groups: none known
     assert moe_config_key(triton_moe_shape(small, "fp8_block", 1, 1, {"disable-shared-experts-fusion": True})) \
         == "E=256,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"
@@ -313,7 +315,8 @@ def test_an_h100_server_compiles_the_variants_of_its_own_file():
     fp8 = kernel_warmup(cal, True, get_model(QWEN), "fp8_block", 1, 1, TRITON_EAGER, "NVIDIA H100 80GB HBM3",
                         "0.5.17")
     assert fp8.groups == [] and fp8.default_split_m is None
-    assert [fp8.prefill_stall(n) for n in (2, 4000, 3, 4001)] == [two, 0.0, two, 0.0]
+    # (SGLang's own warm-up request, M = 3, built the non-divisible one)
+    assert [fp8.prefill_stall(n) for n in (2, 4000, 3, 4001)] == [two, 0.0, 0.0, 0.0]
     # a version or device the table does not cover: every key its own config, as before
     assert shipped_groups("NVIDIA H100 80GB HBM3", "0.5.23", BF16_KEY) is None
     assert shipped_groups("NVIDIA A100", "0.5.17", BF16_KEY) is None
@@ -344,14 +347,16 @@ def test_a_block_fp8_servers_linears_add_variants_from_sglangs_files():
     cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
     k = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17", precompiled_tokens=(1, 2, 4, 8))
     assert k.linears and k.topk == 9
-    # 8: the MoE's first variant (two kernels; the capture does not count for it) and kv_b_proj's GEMM (the
-    # absorbed decode does not run it); 1024: new GEMM configs; 1024 again: nothing new; 3000 (key 3072):
-    # new configs; 1000 (key 1024, not divisible by 16): new specialisations. A step waits for each kernel.
+    # 8: kv_b_proj's GEMM (the absorbed decode does not run it; 8's config is not that of 3, which SGLang's
+    # own warm-up request ran, as the MoE's non-divisible variant); 1024: new GEMM configs and the MoE's
+    # divisible variant; 1024 again: nothing new; 3000 (key 3072): new configs; 1000 (key 1024, not
+    # divisible by 16): new specialisations. A step waits for each kernel.
     stalls = [k.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)]
-    assert stalls[0] == 1.5 and stalls[2] == 0.0 and all(s >= 0.5 and s % 0.5 == 0 for s in stalls[1:2] + stalls[3:])
-    # without the linears (no device given) DeepSeek's single MoE config has only its two parities
+    assert stalls[0] == 0.5 and stalls[2] == 0.0 and all(s >= 0.5 and s % 0.5 == 0 for s in stalls[1:2] + stalls[3:])
+    # without the linears (no device given) DeepSeek's single MoE config has only its two parities, and
+    # the warm-up request ran the non-divisible one
     lone = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8)
-    assert [lone.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert [lone.prefill_stall(n) for n in (8, 1024, 1024, 3000, 1000)] == [0.0, 1.0, 0.0, 0.0, 0.0]
     # Qwen3 fp8: no file for its linears, and the captured sizes cover their default config's variants
     q = kernel_warmup(cal, True, qwen, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17",
                       precompiled_tokens=(1, 2, 4, 8, 16, 24, 32))
@@ -421,3 +426,23 @@ def test_a_groups_table_whose_config_ids_do_not_match_its_groups_is_named(tmp_pa
             shipped_linear_configs("NVIDIA H200", "0.5.17", "N=1,K=128", [[1], [2]])
         assert "groups.yaml" in str(exc.value) and "N=1,K=128" in str(exc.value)
         assert shipped_linear_configs("NVIDIA H200", "0.5.17", "N=2,K=128", [[1]]) is None  # not listed
+
+
+def test_sglangs_own_warm_up_request_builds_its_kernels_before_any_traffic():
+    # _execute_server_warmup prefills input_ids [10, 11, 12]: M = 3 runs every linear (kv_b_proj
+    # too) and the fused MoE before the first request, so a first prefill of 3 builds nothing
+    dsv3, fp8 = get_model("deepseek-v3"), {"quantization": "fp8"}
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
+    launched = kernel_warmup(cal, True, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17",
+                             precompiled_tokens=(1, 2, 4, 8))
+    assert LAUNCH_WARMUP_PROMPT_TOKENS == 3 and launched.prefilled_tokens == (3,)
+
+    def bare():  # the same server without the warm-up request
+        return KernelWarmup.from_calibration(cal, triton_moe_shape(dsv3, "fp8_block", 1, 1, fp8), "NVIDIA H200",
+                                             "0.5.17", launched.linears, (1, 2, 4, 8))
+
+    assert bare().prefill_stall(3) > 0 and launched.prefill_stall(3) == 0.0
+    # 2 runs M = 3's kernels (3's nearest key is 2; neither is 1 or divisible by 16): the fused MoE's
+    # and kv_b_proj's, which the decode capture at 2 did not build; 1024 runs others
+    assert bare().prefill_stall(2) > 0 and launched.prefill_stall(2) == 0.0
+    assert launched.prefill_stall(1024) == bare().prefill_stall(1024) > 0

@@ -61,8 +61,8 @@ from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
-from .warmup import (KEY as STALL_KEY, MOE_CONFIG_KEYS, KernelWarmup, default_split_m, groups_for, fit_decay_s,
-                     moe_config_key, server_linears, triton_moe_shape)
+from .warmup import (KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, KernelWarmup, default_split_m,
+                     fit_decay_s, groups_for, moe_config_key, server_linears, triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -646,7 +646,7 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
                              t.sglang_version)
     captured = tuple(captured_token_counts(t.model, t.flags, plan)) if linears else ()
     variants = KernelWarmup(1.0, groups, topk, default_split_m=default_split_m, linears=linears,
-                            precompiled_tokens=captured)
+                            precompiled_tokens=captured, prefilled_tokens=(LAUNCH_WARMUP_PROMPT_TOKENS,))
     events = read_step_lines(log) if Path(log).is_file() else \
         [p for w in t.windows if w.source == log for p in w.prefills]
     # a time per kernel built: the fit measures the cost of one

@@ -77,6 +77,13 @@ from .opshapes import gemms
 
 KEY = "fresh_server_stalls"
 
+#: The prompt of the request SGLang's launch sends itself once the server answers
+#: (``entrypoints/http_server.py::_execute_server_warmup``, 0.5.17): ``input_ids`` [10, 11, 12] under
+#: ``--skip-tokenizer-init``, which tuner passes with dummy weights, and 8 output tokens. Its prefill
+#: builds the kernels of M = 3 before (or beside) the first traffic. With a tokenizer it sends the
+#: sentence "The capital city of France is" instead (6-7 tokens, by tokenizer), which this does not model.
+LAUNCH_WARMUP_PROMPT_TOKENS = 3
+
 
 @dataclass(frozen=True)
 class StallModel:
@@ -348,11 +355,14 @@ class KernelWarmup:
     default_split_m: int | None = None  # with groups [] (SGLang's default config): see moe_variant
     linears: tuple = ()  # ServerLinear of each block-fp8 linear
     precompiled_tokens: tuple = ()  # batch sizes its CUDA graphs ran at start-up (their linears compiled)
+    prefilled_tokens: tuple = ()  # prefills it ran before any traffic (LAUNCH_WARMUP_PROMPT_TOKENS)
 
     def __post_init__(self):
         self.seen = set() if self.seen is None else self.seen
         for m in self.precompiled_tokens:
             self.seen.update(lin.variant(m) for lin in self.linears if lin.runs_in_decode)
+        for m in self.prefilled_tokens:
+            self.seen.update(self._variants(m))
 
     def new_kernels(self, tokens: int) -> int:
         """How many kernels a batch of ``tokens`` builds (marking its variants run): one per new
@@ -379,7 +389,8 @@ class KernelWarmup:
     @classmethod
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
                          sglang_version: str | None = None, linears: tuple = (),
-                         precompiled_tokens: Iterable[int] = ()) -> "KernelWarmup | None":
+                         precompiled_tokens: Iterable[int] = (),
+                         prefilled_tokens: Iterable[int] = ()) -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
         (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears are
         ``linears`` (``server_linears``); None where neither can stall. The MoE's key groups are the
@@ -399,7 +410,8 @@ class KernelWarmup:
         groups = groups_for(shape, cal, device_name, sglang_version) if shape is not None else None
         return cls(s, groups, shape.topk if shape is not None else 0,
                    default_split_m=default_split_m(shape, groups) if shape is not None else None,
-                   linears=linears, precompiled_tokens=tuple(precompiled_tokens))
+                   linears=linears, precompiled_tokens=tuple(precompiled_tokens),
+                   prefilled_tokens=tuple(prefilled_tokens))
 
 
 def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
@@ -425,13 +437,14 @@ def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: 
                   sglang_version: str | None = None, precompiled_tokens: Iterable[int] = ()) -> KernelWarmup | None:
     """A fresh server's kernel-variant stalls (None for a warm server, the time model, or a model
     with neither a Triton fused MoE nor block-fp8 linears). ``precompiled_tokens``: the batch sizes
-    its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``)."""
+    its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``); SGLang's
+    own warm-up request (``LAUNCH_WARMUP_PROMPT_TOKENS``) has run too."""
     if not fresh_server or not is_kernel_model(cal):
         return None
     return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags), device_name,
                                          sglang_version,
                                          server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
-                                         precompiled_tokens)
+                                         precompiled_tokens, (LAUNCH_WARMUP_PROMPT_TOKENS,))
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -458,7 +471,7 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "KernelWarmup", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear", "StallModel",
+__all__ = ["KEY", "KernelWarmup", "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear", "StallModel",
            "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
            "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
