@@ -6,7 +6,8 @@ whether M (x top-k for the MoE) is divisible by 16 (Triton specialises integer a
 fresh server therefore stalls, 0.3-0.6 s a kernel, the first time a prefill step reaches a new
 variant: measured on real SGLang 0.5.17 servers, where those stalls fell into the first load
 point's window even after a 45 s warm-up (`docs/calibration.md`, fresh-server stalls), and where a
-second server built them again (its Triton cache was another directory than the first one's).
+second server built them again (its Triton cache was another directory than the first one's; tuner
+now pins the directory, and a server started on a cache another filled skips almost all of them).
 
 The kernel warm-up sends one prompt per (key, parity) pair, one at a time with one output token,
 so each prefill step's M is exactly the prompt's length and every variant the traffic can reach
