@@ -16,9 +16,9 @@ from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
 from tuner.sim.warmup import (LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, KernelWarmup, ServerLinear, StallModel,
-                               block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup, linear_variant, moe_config_key, moe_variant,
-                               server_linears, shipped_groups, shipped_linear_configs, shipped_linear_groups,
-                               stall_schedule, triton_moe_shape)
+                               block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup, linear_variant,
+                               moe_config_key, moe_variant, server_linears, shipped_groups, shipped_linear_configs,
+                               shipped_linear_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
 QWEN = "qwen3-30b-a3b"
