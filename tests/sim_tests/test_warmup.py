@@ -132,7 +132,8 @@ def test_only_a_fresh_servers_window_that_overlaps_the_stalls_is_slower():
     cal = _cal({"per_start": 4.0, "stall_s": 2.5, "decay_s": 15.0})  # stalls at 2.0, 6.9, 14.7, 31.2 s
     warm = _point(cal, fresh=False, warmup_s=20)
     fresh = _point(cal, fresh=True, warmup_s=20)
-    assert fresh.extra["fresh_server"] == {"fresh": True, "stalls": 4, "stall_s": 10.0, "in_window": 1}
+    assert fresh.extra["fresh_server"] == {"fresh": True, "stalls": 4, "stall_s": 10.0, "in_window": 1,
+                                           "cached_prefill_sizes": 0}
     assert warm.extra["fresh_server"]["stalls"] == 0
     # a 2.5 s stall inside the window: every request in flight waits (the slowest of them take it
     # in their TPOT: 2.5 s over a few hundred tokens), and those arriving meanwhile get their first

@@ -95,6 +95,16 @@ class ProcessBackend(ABC):
         are cached skips their first-use compiles); None where the backend keeps none."""
         return None
 
+    def kernel_cache_dir(self, plan: LaunchPlan) -> Path | None:
+        """The one kernel-cache directory the plan's servers share, where it is fixed (a later
+        server finds there what earlier ones built); None where the backend keeps none."""
+        return None
+
+    def kernel_set(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        """What decides the binaries of the kernels the plan's servers build (servers with equal
+        sets share cached builds: ``tuner.evaluation.kernel_ledger``); None where none are cached."""
+        return None
+
 
 def http_get_json(url: str, timeout_s: float = 30.0) -> Any:
     """GET ``url`` and decode JSON; raises OSError / ValueError on failure."""

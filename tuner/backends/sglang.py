@@ -20,6 +20,7 @@ model's rendered ``config.json`` and SGLang starts with ``--load-format dummy --
 from __future__ import annotations
 
 import getpass
+import hashlib
 import importlib.util
 import json
 import logging
@@ -264,6 +265,37 @@ def pinned_triton_cache(user_env: Mapping[str, str | None]) -> dict[str, str]:
     return {"TRITON_CACHE_DIR": str(Path(home) / ".triton" / "cache")}
 
 
+# Flags that set only batch sizes, memory, scheduling and logging: no kernel's binary depends on
+# them (the batch sizes a server runs are recorded per server: tuner.evaluation.kernel_ledger), so
+# servers that differ only in these share their cached kernels. Every other flag names a kernel set.
+SCHEDULING_ONLY_FLAGS = frozenset({
+    "max-running-requests", "max-total-tokens", "chunked-prefill-size", "max-prefill-tokens", "mem-fraction-static",
+    "cuda-graph-max-bs", "cuda-graph-max-bs-decode", "cuda-graph-bs", "schedule-policy", "schedule-conservativeness",
+    "enable-metrics", "log-level", "decode-log-interval", "random-seed", "host", "port", "nccl-port",
+    "watchdog-timeout", "stream-interval", "served-model-name", "skip-server-warmup",
+})
+
+
+def kernel_set_parts(flags: Mapping[str, Any], *, sglang_version: str, triton_version: str | None,
+                     device_name: str, model_path: str, tile_files: Sequence[str]) -> dict[str, Any]:
+    """What decides the binaries of the Triton kernels a server builds (``tuner.evaluation.kernel_ledger``):
+    the GPU, SGLang's and Triton's versions, the model's config.json (its shapes), every flag but
+    ``SCHEDULING_ONLY_FLAGS`` (weight and KV formats, parallel layout, attention backend, ...) and
+    the contents of the tile-config files it reads."""
+    config = Path(model_path) / "config.json"
+    return {"engine": "sglang", "sglang_version": sglang_version, "triton_version": triton_version,
+            "gpu": device_name, "model": _digest(config) if config.is_file() else str(model_path),
+            "flags": {k: flags[k] for k in sorted(flags) if k not in SCHEDULING_ONLY_FLAGS},
+            "tile_files": {Path(f).name: _digest(Path(f)) for f in sorted(tile_files)}}
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 def triton_cache_state(cache_dir: Path) -> dict[str, Any]:
     """How many compiled kernels (a ``.cubin`` or ``.hsaco`` each) and bytes ``cache_dir`` holds."""
     state: dict[str, Any] = {"dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
@@ -396,6 +428,10 @@ class SGLangBackend(ProcessBackend):
             facts["command_line_flags"] = cli_flags
         if topo.note:
             facts["note"] = topo.note
+        facts["kernel_set"] = kernel_set_parts(
+            flags, sglang_version=fs.version, triton_version=options.get("triton_version") or
+            moe_configs.installed_triton_version(), device_name=get_gpu(study.hardware.gpu).device_name,
+            model_path=model_path, tile_files=facts.get("moe_config_files") or [])
 
         servers, router = _launches(options, topo, flags, tuple(request.gpu_ids), need, trial_dir, config_path,
                                     model_path, [*launch_args, *cli_flags, *extra], moe_env)
@@ -434,6 +470,17 @@ class SGLangBackend(ProcessBackend):
         env = {**os.environ, **plan.servers[0].env}
         dirs = triton_cache_dirs({k: v for k, v in env.items() if v is not None})
         return {name: triton_cache_state(d) for name, d in dirs.items()}
+
+    def kernel_cache_dir(self, plan: LaunchPlan) -> Path | None:
+        """The Triton cache directory the servers share where it is pinned (``TRITON_CACHE_DIR``
+        set, as ``pinned_triton_cache`` sets it); None where it is not, and Inductor may move it."""
+        if not plan.servers:
+            return None
+        env = {**os.environ, **plan.servers[0].env}
+        return Path(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else None
+
+    def kernel_set(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        return plan.facts.get("kernel_set")
 
     def server_facts(self, plan: LaunchPlan) -> dict[str, Any]:
         """KV capacity from every server's ``/server_info`` (domain.md §C5), and what each

@@ -101,7 +101,8 @@ def predict_point(p: LoadPoint, *, sglang_version: str | None = None, calibratio
         m = simulate_load_point(p.model, p.gpu, p.gpus, p.flags, p.knobs, p.workload, p.users,
                                 warmup_s=p.warmup_s, duration_s=p.duration_s, seed=p.seed, nodes=p.nodes,
                                 host_memory_gb=p.host_memory_gb, calibration=calibration,
-                                sglang_version=sglang_version or p.sglang_version, fresh_server=p.fresh_server)
+                                sglang_version=sglang_version or p.sglang_version, fresh_server=p.fresh_server,
+                                cached_kernels=p.cached_kernels)
     except (TrialError, ConfigError) as exc:
         res.error = str(exc)
         return res
@@ -300,7 +301,9 @@ def repeat_key(p: LoadPoint) -> tuple:
     canon = lambda d: tuple(sorted((str(k), repr(v)) for k, v in (d or {}).items()))
     model = (p.model.name, canon(p.model.overrides)) if hasattr(p.model, "overrides") else (str(p.model), ())
     return (*model, p.gpu, p.gpus, p.nodes, canon(flags), canon(p.knobs), p.workload.model_dump_json(), p.users,
-            p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server)
+            p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server,
+            # a fresh server on a cache that earlier servers filled is not a repeat of one on a cold cache
+            (p.cached_kernels.prefill_tokens, p.cached_kernels.graph_tokens) if p.cached_kernels else None)
 
 
 def repeats(results: list[PointResult]) -> dict | None:
@@ -354,6 +357,8 @@ def _point_doc(r: PointResult) -> dict:
         "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
         "off_target": r.off_target(), "error": r.error,
         "fresh_server": p.fresh_server,
+        # prefill batch sizes whose kernels that fresh server found built (tuner.evaluation.kernel_ledger)
+        "cached_prefill_sizes": len(p.cached_kernels.prefill_tokens) if p.cached_kernels else 0,
         # whether a fitted entry its prediction used was fitted on this point's trial (None: no fit applied)
         "seen_by_fit": (trial_label(p.study, p.trial) in r.calibration_fitted_trials
                         if r.calibration_applied else None),

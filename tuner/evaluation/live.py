@@ -33,13 +33,15 @@ from tuner.backends.process import ProcessStack
 from tuner import paths
 from tuner.backends.sglang import SGLangBackend
 from tuner.backends.transformers import TransformersBackend
-from tuner.errors import TrialError
+from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.base import Deployment, Evaluator, TrialRequest
+from tuner.evaluation.kernel_ledger import KernelLedger, kernel_set_key, served_token_counts
 from tuner.evaluation.prediction import PREDICTION_KEY, predict
+from tuner.sim.warmup import CachedKernels
 from tuner.lifecycle import FailureClass
 from tuner.kernels.targets import SGLANG_BATCH_SIZES
 from tuner.workload.kernel_warmup import prompt_lengths, run_kernel_warmup
-from tuner.workload.metrics import LoadPointMetrics
+from tuner.workload.metrics import KERNEL_CACHE_KEY, LoadPointMetrics
 from tuner.backends.prometheus import BREAKDOWN_LABELS, scrape, window_delta
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class LiveEvaluator(Evaluator):
             plan = self.backend.build_plan(request, trial_dir)
             before_mib = gpu.memory_used_mib(request.gpu_ids)  # what close() must return to
             kernel_cache = self.backend.kernel_cache_state(plan)
+            ledger = _LedgerView.before_start(self.backend, plan)  # what the servers will find built
             stack = ProcessStack()
             try:
                 _start(stack, plan)
@@ -95,7 +98,7 @@ class LiveEvaluator(Evaluator):
                 stack.close()
                 raise
             return LiveDeployment(self.backend, request, plan, stack, gpu_before_start_mib=before_mib,
-                                  kernel_cache_before_start=kernel_cache)
+                                  kernel_cache_before_start=kernel_cache, kernel_ledger=ledger)
         raise last  # pragma: no cover - loop always returns or raises
 
 
@@ -126,9 +129,41 @@ def _start(stack: ProcessStack, plan: LaunchPlan) -> None:
         stack.start(plan.router, wait=True)
 
 
+class _LedgerView:
+    """A deployment's view of its pinned Triton cache's ledger (``tuner.evaluation.kernel_ledger``):
+    what its kernel set had built there before its servers started, and the records it adds."""
+
+    def __init__(self, ledger: KernelLedger, key: str, parts: dict, cached: CachedKernels | None):
+        self.ledger, self.key, self.parts, self.cached = ledger, key, parts, cached
+
+    @classmethod
+    def before_start(cls, backend: ProcessBackend, plan: LaunchPlan) -> "_LedgerView | None":
+        cache_dir, parts = backend.kernel_cache_dir(plan), backend.kernel_set(plan)
+        if cache_dir is None or not parts:
+            return None
+        ledger, key = KernelLedger(cache_dir), kernel_set_key(parts)
+        try:
+            cached = ledger.cached(key)
+        except OSError as exc:  # a cache directory that cannot be read: nothing known to be built
+            log.warning("kernel ledger in %s unreadable: %s", cache_dir, exc)
+            cached = None
+        return cls(ledger, key, parts, cached)
+
+    def describe(self, cached: CachedKernels | None) -> dict[str, Any]:
+        return {"kernel_set": self.key, "cache_dir": str(self.ledger.cache_dir),
+                "cached": cached.to_dict() if cached else None}
+
+    def record(self, plan: LaunchPlan) -> None:
+        try:
+            self.ledger.record(self.key, self.parts, served_token_counts(s.log_path for s in plan.servers if s.log_path))
+        except (OSError, ConfigError) as exc:  # the record is for later trials: it never fails this one
+            log.warning("kernel ledger in %s not updated: %s", self.ledger.cache_dir, exc)
+
+
 class LiveDeployment(Deployment):
     def __init__(self, backend: ProcessBackend, request: TrialRequest, plan: LaunchPlan, stack: ProcessStack,
-                 gpu_before_start_mib: dict | None = None, kernel_cache_before_start: dict | None = None):
+                 gpu_before_start_mib: dict | None = None, kernel_cache_before_start: dict | None = None,
+                 kernel_ledger: "_LedgerView | None" = None):
         self.backend = backend
         self.request = request
         self.plan = plan
@@ -140,6 +175,7 @@ class LiveDeployment(Deployment):
         self._gpu_ids = tuple(request.gpu_ids)
         self._gpu_before_start = dict(gpu_before_start_mib or {})  # close() waits until used is back near it
         self._kernel_cache_before_start = kernel_cache_before_start  # cached kernels skip first-use compiles
+        self._ledger = kernel_ledger  # which of them, per batch size (None: the cache is not pinned)
         self._gpu_after_ready = gpu.memory_used_mib(self._gpu_ids)
         self.facts = backend.server_facts(plan)
         self._gpu_after_warmup = gpu.memory_used_mib(self._gpu_ids)  # engines that allocate at first use
@@ -179,6 +215,7 @@ class LiveDeployment(Deployment):
         profile = self.request.study.workload_profile()
         warmed = self._warm_kernels(kwargs, profile) if index == 0 and m.kernel_warmup else None
         fresh = m.fresh_kernels(index)  # the server meets kernels it has not run yet
+        cached = self._ledger.cached if fresh and self._ledger is not None else None  # ... unless cached
         metrics_before = self._scrape_metrics()
         gpu_mark = self.sampler.mark()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
@@ -228,6 +265,9 @@ class LiveDeployment(Deployment):
         extra["warmup_s"] = kwargs["warmup_s"]  # the window's start, for whoever re-simulates this point
         if warmed is not None:
             extra["kernel_warmup"] = warmed.to_dict()
+        if self._ledger is not None:
+            extra[KERNEL_CACHE_KEY] = self._ledger.describe(cached if fresh else None)
+            self._ledger.record(self.plan)  # what this server has built so far, for the next one
         utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
         if utilization is not None:
             extra["gpu_utilization"] = utilization
@@ -246,7 +286,7 @@ class LiveDeployment(Deployment):
         try:
             extra[PREDICTION_KEY] = predict(self.request.study, self.request.flags, self.request.knobs, users,
                                             warmup_s=kwargs["warmup_s"], duration_s=kwargs["duration_s"],
-                                            seed=kwargs["seed"], fresh_server=fresh)
+                                            seed=kwargs["seed"], fresh_server=fresh, cached_kernels=cached)
         except Exception as exc:  # a prediction that cannot be made never costs the real measurement
             log.warning("trial %d: no simulator prediction at %d users: %s", self.request.trial_number, users, exc)
             extra[PREDICTION_KEY] = {"error": f"prediction failed: {type(exc).__name__}: {exc}"}
@@ -341,6 +381,7 @@ class LiveDeployment(Deployment):
             "gpu_memory_used_mib": {"before_start": self._gpu_before_start, "after_ready": self._gpu_after_ready,
                                     "after_warmup": self._gpu_after_warmup},
             "kernel_cache_before_start": self._kernel_cache_before_start,
+            "kernel_ledger": self._ledger.describe(self._ledger.cached) if self._ledger is not None else None,
             "close": self._close_report,
         }
 
@@ -353,6 +394,8 @@ class LiveDeployment(Deployment):
         report: dict[str, Any] = {"gpu_summary": self.sampler.stop()}
         pids = self.stack.pids
         survivors = self.stack.close()
+        if self._ledger is not None:  # a trial that failed mid-point built kernels too
+            self._ledger.record(self.plan)
         report["processes_stopped_s"] = round(time.monotonic() - t0, 3)
         report["survivors"] = sorted(survivors)
         if self._gpu_ids:

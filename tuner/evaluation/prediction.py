@@ -11,6 +11,7 @@ from typing import Any
 from tuner.errors import ConfigError, TrialError
 from tuner.evaluation.capacity import CapacitySearch
 from tuner.sim import simulate_load_point
+from tuner.sim.warmup import CachedKernels
 from tuner.catalog.routing import random_weight_flags
 from tuner.workload.metrics import PREDICTION_KEY
 
@@ -20,9 +21,10 @@ PREDICTED_METRICS = ("p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "p50_tpot_s", "p9
 
 
 def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, duration_s: float,
-            seed: int, fresh_server: bool = False) -> dict[str, Any]:
+            seed: int, fresh_server: bool = False, cached_kernels: CachedKernels | None = None) -> dict[str, Any]:
     """What the calibrated simulator predicts for this load point (``error`` when it cannot);
-    ``fresh_server``: the deployment's first load point (its server's first traffic)."""
+    ``fresh_server``: the deployment's first load point (its server's first traffic), on a Triton
+    cache holding ``cached_kernels`` (``tuner.evaluation.kernel_ledger``)."""
     hw = study.hardware
     options = getattr(study, "backend_options", None) or {}
     t0 = time.process_time()
@@ -32,7 +34,7 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
                                 study.workload_profile(), users, warmup_s=warmup_s, duration_s=duration_s, seed=seed,
                                 nodes=hw.nodes, host_memory_gb=hw.host_memory_gb,
                                 calibration=options.get("calibration"), sglang_version=options.get("sglang_version"),
-                                fresh_server=fresh_server)
+                                fresh_server=fresh_server, cached_kernels=cached_kernels)
     except (TrialError, ConfigError) as exc:
         return {"error": str(exc), "seed": seed}
     out: dict[str, Any] = {k: getattr(m, k) for k in PREDICTED_METRICS}
@@ -40,6 +42,7 @@ def predict(study, flags: dict, knobs: dict, users: int, *, warmup_s: float, dur
     out.update({
         "meets_slo": m.meets(slo.p90_ttft_s, slo.p90_tpot_s),
         "seed": seed, "warmup_s": warmup_s, "duration_s": duration_s, "fresh_server": fresh_server,
+        "cached_prefill_sizes": len(cached_kernels.prefill_tokens) if fresh_server and cached_kernels else 0,
         "sglang_version": m.extra.get("sglang_version"),
         "step_time_source": (m.extra.get("step_time_source") or {}).get("overall"),
         "calibration": list(m.extra.get("calibration_applied") or []),

@@ -18,6 +18,7 @@ Probe format (``tuner-probe/1``)::
      "workload": "coding-agent" | {inline workload profile},
      "slo": {"p90_ttft_s": 5.0, "p90_tpot_s": 0.05},
      "points": [{"users": 16, "warmup_s": 60, "duration_s": 300, "seed": 0, "fresh_server": true,
+                 "cached_kernels": {"prefill_tokens": [3, 2048], "graph_tokens": [1, 2, 4]},  # optional
                  "measured": {"p50_ttft_s": ..., "p90_ttft_s": ..., "p90_tpot_s": ...,
                               "throughput_tokens_per_s": ..., "prefix_cache_hit_rate": ...}}],
      "provenance": {"date": "...", "command": "...", "server_info": {...}}}
@@ -37,9 +38,12 @@ from tuner.errors import ConfigError, UserError
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
 from tuner.workload.profiles import load_profile
+from tuner.workload.metrics import KERNEL_CACHE_KEY
 from tuner.workload.session import WorkloadProfile
 
 from tuner.catalog.routing import random_weight_flags
+
+from .warmup import CachedKernels
 
 PROBE_FORMAT = "tuner-probe/1"
 METRICS = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
@@ -83,6 +87,8 @@ class LoadPoint:
     trial: int | None = None
     step: int = 0  # order within the trial's capacity search
     fresh_server: bool = False  # the first load point its server measured (kernels not used before)
+    # per-M kernels that fresh server found built in its Triton cache (tuner.evaluation.kernel_ledger)
+    cached_kernels: CachedKernels | None = None
     server_metrics: dict = field(default_factory=dict)  # SGLang's /metrics over the load point
 
     def server_stage_means(self) -> dict | None:
@@ -262,8 +268,21 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 measured=measured, study=study_row.name, trial=m.trial_number, step=m.step,
                 # the server's first traffic, unless the kernel warm-up ran before it
                 fresh_server=m.step == first_step[m.trial_number] and not (m.extra or {}).get("kernel_warmup"),
+                cached_kernels=stored_cached_kernels(m.extra, f"{study_row.name}#{m.trial_number}@{m.users}"),
                 server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
     return out
+
+
+def stored_cached_kernels(extra: dict | None, where: str) -> CachedKernels | None:
+    """What a stored load point's server found in its Triton cache (``extra.kernel_cache.cached``);
+    None where nothing was recorded (a server before the ledger, or an unpinned cache)."""
+    doc = ((extra or {}).get(KERNEL_CACHE_KEY) or {}).get("cached")
+    if doc is None:
+        return None
+    try:
+        return CachedKernels.from_dict(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.detail}", key=f"extra.{KERNEL_CACHE_KEY}.{exc.key}") from None
 
 
 def warmup_of(m, spec, fidelity: float) -> float:
@@ -278,6 +297,15 @@ def _req(doc: dict, key: str, kind, path: Path, where: str = ""):
         name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise ConfigError(f"required {name}", file=str(path), key=f"{where}{key}")
     return value
+
+
+def _probe_cached_kernels(p: dict, path: Path, where: str) -> CachedKernels | None:
+    if p.get("cached_kernels") is None:
+        return None
+    try:
+        return CachedKernels.from_dict(p["cached_kernels"])
+    except ConfigError as exc:
+        raise ConfigError(exc.detail, file=str(path), key=f"{where}{exc.key}") from None
 
 
 def points_from_probe(path: Path) -> list[LoadPoint]:
@@ -332,6 +360,7 @@ def points_from_probe(path: Path) -> list[LoadPoint]:
             p90_tpot_slo_s=float(_req(slo, "p90_tpot_s", (int, float), path, "slo.")),
             sglang_version=doc.get("sglang_version"), measured={k: measured.get(k) for k in METRICS},
             step=i, fresh_server=bool(p.get("fresh_server", False)),
+            cached_kernels=_probe_cached_kernels(p, path, where),
             server_metrics=dict(p.get("server_metrics") or {})))
     return out
 

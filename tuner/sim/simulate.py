@@ -37,7 +37,7 @@ from .optable import profiles_fingerprint
 from .router import Router, SessionIndex, routing_policy
 from .scheduler import SchedulerRules, check_version
 from .steptime import StepTimeModel
-from .warmup import kernel_warmup, stall_schedule
+from .warmup import CachedKernels, kernel_warmup, stall_schedule
 
 DRAIN_LIMIT_S = 600.0
 MULTI_REPLICA_JUMP_S = 0.05
@@ -155,6 +155,7 @@ def simulate_load_point(
     calibration: dict | str | None = None,
     sglang_version: str | None = None,
     fresh_server: bool = False,
+    cached_kernels: CachedKernels | None = None,
 ) -> LoadPointMetrics:
     """Predict what a replay of ``users`` closed-loop users would measure on this configuration.
 
@@ -163,6 +164,8 @@ def simulate_load_point(
     the scheduler rules and memory defaults of that SGLang release (default 0.5.23).
     ``fresh_server``: the load point is the first traffic of a newly started server, which goes
     through the calibration's fresh-server stalls (``tuner.sim.warmup``; none where none were measured).
+    ``cached_kernels``: the per-M kernels that fresh server finds built in its Triton cache (earlier
+    servers of the same kernel set ran them: ``tuner.evaluation.kernel_ledger``); none by default.
     """
     model = get_model(model)
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -250,7 +253,8 @@ def simulate_load_point(
                                       computed_len=computed_len, stalls=stalls,  # each replica compiles its own
                                       kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp,
                                                             layout.ep, flags, gpu.device_name, version,
-                                                            captured_token_counts(model, flags, plan))))
+                                                            captured_token_counts(model, flags, plan),
+                                                            cached_kernels)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)
@@ -342,7 +346,8 @@ def simulate_load_point(
         "sim_events": stats.events,
         "kv_capacity_tokens_per_pool": capacity,
         "fresh_server": {"fresh": fresh_server, "stalls": stats.stalls, "stall_s": round(stats.stall_s, 3),
-                         "in_window": stats.window_stalls},
+                         "in_window": stats.window_stalls,
+                         "cached_prefill_sizes": len(cached_kernels.prefill_tokens) if cached_kernels else 0},
         "kv_pools": len(all_ranks),
         "router_policy": router.policy,
         # SGLang's own per-request stages over the whole load point (warm-up and drain included),

@@ -55,13 +55,14 @@ from tuner.storage.snapshot import read_snapshot
 from .calibrate import calibration_context, load_calibration
 from .scheduler import check_version, version_tuple
 from .simulate import build_step_model, simulate_load_point
-from .measured import find_sources, points_from_database
+from .measured import find_sources, points_from_database, stored_cached_kernels
 from tuner.catalog.routing import random_weight_flags
 from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
-from .warmup import (KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, KernelWarmup, default_split_m,
+from .warmup import (KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, CachedKernels, KernelWarmup,
+                     default_split_m,
                      fit_decay_s, groups_for, moe_config_key, server_linears, triton_moe_shape)
 
 
@@ -159,6 +160,8 @@ class TrialSteps:
     windows: list[StepWindow] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     context_spread: ContextSpread | None = None  # the workload's: a logged batch's longest context
+    # per-M kernels its server found built in a pinned Triton cache (tuner.evaluation.kernel_ledger)
+    cached_kernels: CachedKernels | None = None
     _plan: Any = None
 
     @property
@@ -215,6 +218,10 @@ def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sgla
             version = check_version(options.get("sglang_version"))
             model = get_model(spec.model)
             gpu = get_gpu(spec.hardware.gpu)
+            first: dict[int, Any] = {}  # each trial's first load point: what its server found cached
+            for m in repo.measurements(engine, study_row.name):
+                if m.trial_number not in first or m.step < first[m.trial_number].step:
+                    first[m.trial_number] = m
             for t in repo.trials(engine, study_row.name):
                 if t.backend_kind not in backends:
                     continue
@@ -231,7 +238,9 @@ def trials_from_database(path: str | Path, *, backends: tuple[str, ...] = ("sgla
                     flags={**random_weight_flags(options), **(t.flags or {})},
                     knobs=dict(t.knobs or {}), sglang_version=version,
                     shared_prefix_tokens=int(round(profile.system_prefix_tokens * profile.scale)),
-                    windows=windows, logs=[str(x) for x in logs], context_spread=context_spread(profile)))
+                    windows=windows, logs=[str(x) for x in logs], context_spread=context_spread(profile),
+                    cached_kernels=stored_cached_kernels(
+                        getattr(first.get(t.trial_number), "extra", None), f"{study_row.name}#{t.trial_number}")))
     return out
 
 
@@ -645,8 +654,10 @@ def new_variant_times(t: TrialSteps, log: str, groups: list[list[int]] | None, t
     linears = server_linears(t.model, t.weight_format, layout.tp, layout.ep, t.flags, t.gpu.device_name,
                              t.sglang_version)
     captured = tuple(captured_token_counts(t.model, t.flags, plan)) if linears else ()
+    cached = t.cached_kernels or CachedKernels()  # built in its cache by earlier servers: not new to it
     variants = KernelWarmup(1.0, groups, topk, default_split_m=default_split_m, linears=linears,
-                            precompiled_tokens=captured, prefilled_tokens=(LAUNCH_WARMUP_PROMPT_TOKENS,))
+                            precompiled_tokens=(*captured, *cached.graph_tokens),
+                            prefilled_tokens=(LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens))
     events = read_step_lines(log) if Path(log).is_file() else \
         [p for w in t.windows if w.source == log for p in w.prefills]
     # a time per kernel built: the fit measures the cost of one

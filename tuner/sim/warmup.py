@@ -86,6 +86,49 @@ LAUNCH_WARMUP_PROMPT_TOKENS = 3
 
 
 @dataclass(frozen=True)
+class CachedKernels:
+    """The per-M kernels a new server finds built in its Triton cache: those of every prefill batch
+    size (``prefill_tokens``) and CUDA-graph capture size (``graph_tokens``) that earlier servers of
+    the same kernel set ran on that cache (``tuner.evaluation.kernel_ledger``). Triton looks a
+    kernel up by its source, constants and specialisations before it compiles, so those variants
+    cost the new server nothing; every other variant still builds on first use."""
+
+    prefill_tokens: tuple[int, ...] = ()
+    graph_tokens: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("prefill_tokens", "graph_tokens"):
+            values = getattr(self, name)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+                raise ConfigError(f"{name} must be positive token counts, got {list(values)[:8]}",
+                                  key=f"cached_kernels.{name}")
+            object.__setattr__(self, name, tuple(sorted(set(values))))
+
+    def __bool__(self) -> bool:
+        return bool(self.prefill_tokens or self.graph_tokens)
+
+    def to_dict(self) -> dict:
+        return {"prefill_tokens": list(self.prefill_tokens), "graph_tokens": list(self.graph_tokens)}
+
+    @classmethod
+    def from_dict(cls, doc) -> "CachedKernels":
+        if not isinstance(doc, dict):
+            raise ConfigError(f"must be a mapping {{prefill_tokens, graph_tokens}}, got {type(doc).__name__}",
+                              key="cached_kernels")
+        unknown = set(doc) - {"prefill_tokens", "graph_tokens"}
+        if unknown:
+            raise ConfigError(f"unknown keys {sorted(unknown)}; valid: prefill_tokens, graph_tokens",
+                              key="cached_kernels")
+        out = {}
+        for name in ("prefill_tokens", "graph_tokens"):
+            values = doc.get(name) or []
+            if not isinstance(values, list):
+                raise ConfigError("must be a list of token counts", key=f"cached_kernels.{name}")
+            out[name] = tuple(values)
+        return cls(**out)
+
+
+@dataclass(frozen=True)
 class StallModel:
     per_start: float  # expected stalls per server start
     stall_s: float  # mean length of one stall
@@ -434,17 +477,22 @@ def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version:
 
 def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: int, ep: int,
                   flags: dict | None = None, device_name: str | None = None,
-                  sglang_version: str | None = None, precompiled_tokens: Iterable[int] = ()) -> KernelWarmup | None:
+                  sglang_version: str | None = None, precompiled_tokens: Iterable[int] = (),
+                  cached: CachedKernels | None = None) -> KernelWarmup | None:
     """A fresh server's kernel-variant stalls (None for a warm server, the time model, or a model
     with neither a Triton fused MoE nor block-fp8 linears). ``precompiled_tokens``: the batch sizes
     its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``); SGLang's
-    own warm-up request (``LAUNCH_WARMUP_PROMPT_TOKENS``) has run too."""
+    own warm-up request (``LAUNCH_WARMUP_PROMPT_TOKENS``) has run too. ``cached``: what earlier
+    servers of the same kernel set left built in its Triton cache (their graphs' kernels count as
+    its own graphs' do, their prefills' as its warm-up request's)."""
     if not fresh_server or not is_kernel_model(cal):
         return None
+    cached = cached or CachedKernels()
     return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags), device_name,
                                          sglang_version,
                                          server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
-                                         precompiled_tokens, (LAUNCH_WARMUP_PROMPT_TOKENS,))
+                                         (*precompiled_tokens, *cached.graph_tokens),
+                                         (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens))
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -471,7 +519,7 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "KernelWarmup", "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
+__all__ = ["KEY", "CachedKernels", "KernelWarmup", "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
            "StallModel", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
            "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]

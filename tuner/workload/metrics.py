@@ -14,6 +14,9 @@ import numpy as np
 
 # where a real load point's ``extra`` keeps the simulator's prediction of it (the ledger of trust)
 PREDICTION_KEY = "simulator_prediction"
+# ... and what its server found in its Triton cache (``tuner.evaluation.kernel_ledger``): the kernel set,
+# and under "cached" the token counts whose kernels earlier servers of that set had built there
+KERNEL_CACHE_KEY = "kernel_cache"
 
 
 @dataclass(frozen=True)
