@@ -14,6 +14,7 @@ from tuner.cli import cli
 from tuner.sim import simulate_load_point
 from tuner.config.load import load_study
 from tuner.storage import db, repo
+from tuner.sim.warmup import CachedKernels
 
 STUDY = """
 name: fid
@@ -54,7 +55,8 @@ def _resolved_calibration(gpu="h200"):
     return load_calibration(gpu, context=calibration_context(
         get_model("qwen3-30b-a3b"), get_gpu(gpu), {"attention-backend": "triton", **FLAGS}, "0.5.17"))
 
-def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False, gpu="h200"):
+def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kernel_warmup=False, gpu="h200",
+            kernel_cache=None):
     (tmp_path / "studies").mkdir(parents=True, exist_ok=True)
     (tmp_path / "studies" / "fid.yaml").write_text(STUDY.replace("gpu: h200", f"gpu: {gpu}"))
     study = load_study(str(tmp_path / "studies" / "fid.yaml"))
@@ -72,6 +74,9 @@ def make_db(tmp_path, *, ttft_scale=1.0, backend="sglang", name="study.db", kern
         m = replace(m, p90_ttft_s=m.p90_ttft_s * ttft_scale, p50_ttft_s=m.p50_ttft_s * ttft_scale)
         if kernel_warmup and step == 0:  # as the live evaluator records it
             m = replace(m, extra={**m.extra, "kernel_warmup": {"requests": 35, "failed": 0}})
+        if kernel_cache is not None:  # as the live evaluator records it on a pinned cache
+            m = replace(m, extra={**m.extra, "kernel_cache": {"kernel_set": "0123456789abcdef", "cache_dir": "/c",
+                                                              "cached": kernel_cache if step == 0 else None}})
         repo.add_measurement(engine, study_name="fid", trial_number=0, step=step, backend_kind=backend, metrics=m,
                              meets_slo=m.meets(2.0, 0.03), wall_time_s=1.0)
     repo.finish_trial(engine, "fid", 0, status="complete", capacity_users=USERS[-1])
@@ -200,6 +205,25 @@ def test_a_first_load_point_after_the_kernel_warmup_is_predicted_on_a_warm_serve
     first, second = run_fidelity([results], calibration=cal)["points"]
     assert not first["fresh_server"] and not second["fresh_server"]
     assert first["ape"]["p90_ttft_s"] < 1e-3  # no stalls put into it
+
+
+def test_a_first_load_point_on_a_cache_earlier_servers_filled_is_predicted_with_those_kernels_built(tmp_path):
+    cal = _resolved_calibration()
+    cal["fresh_server_stalls"] = {"per_new_kernel_s": 1.5}  # the kernel-variant model: stalls per new variant
+    cold, _ = make_db(tmp_path / "cold")  # measured as the simulator predicts a warm server
+    first = run_fidelity([cold], calibration=cal)["points"][0]
+    assert first["fresh_server"] and first["ape"]["p90_ttft_s"] > 0.05 and first["cached_prefill_sizes"] == 0
+    every_size = {"prefill_tokens": list(range(1, 8193)), "graph_tokens": []}
+    filled, _ = make_db(tmp_path / "filled", kernel_cache=every_size)
+    first = run_fidelity([filled], calibration=cal)["points"][0]
+    assert first["fresh_server"] and first["cached_prefill_sizes"] == 8192
+    assert first["ape"]["p90_ttft_s"] < 1e-3  # every variant it runs was built: no stall put into it
+    # a damaged record is named (its point and key) and its database set aside, as any unreadable one
+    broken, _ = make_db(tmp_path / "broken", kernel_cache={"prefill_tokens": [-1]})
+    doc = run_fidelity([filled, broken], calibration=cal)
+    assert len(doc["points"]) == 2 and [s["source"] for s in doc["skipped"]] == [str(broken / "study.db")]
+    assert "fid#0@2: prefill_tokens must be positive token counts" in doc["skipped"][0]["reason"]
+    assert "extra.kernel_cache.cached_kernels.prefill_tokens" in doc["skipped"][0]["reason"]
 
 
 def test_verdicts_are_also_counted_on_the_points_clear_of_the_slo(tmp_path):
@@ -352,6 +376,8 @@ def test_repeats_pair_only_measurements_of_one_configuration_and_count_their_ver
     rs = [result(p6, True, True, label="a@6"), result(p6, False, True, label="b@6", trial=1),
           result(p6, False, True, label="c@6", trial=2, flags={**p6.flags, "enable-metrics": True}),
           result(p6, True, True, label="fresh@6", fresh_server=True),  # not a repeat of the warm ones
+          # nor of a fresh server on a cold cache
+          result(p6, True, True, label="cached@6", fresh_server=True, cached_kernels=CachedKernels((3, 2048))),
           result(p6, True, True, label="other@6", flags={**p6.flags, "chunked-prefill-size": 4096}),
           result(p2, True, True, label="x@2"), result(p2, True, False, label="y@2", seed=p2.seed + 1)]
     doc = fid.repeats(rs)

@@ -2,6 +2,7 @@
 that the fit recovers known values from windows a known model produced."""
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -10,8 +11,9 @@ from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError
 from tuner.sim.calibrate import load_calibration
 from tuner.sim.steplog import DecodeLine, PrefillLine, StepWindow, decode_windows, parse_step_lines
-from tuner.sim.stepfit import (TrialSteps, _prefill_work, fit, fit_context, get_path, scale_prefill, set_path,
-                               trials_from_database, window_time)
+from tuner.sim.stepfit import (TrialSteps, _prefill_work, fit, fit_context, get_path, new_variant_times,
+                               scale_prefill, set_path, trials_from_database, window_time)
+from tuner.sim.warmup import CachedKernels
 from tests.conftest import REPO
 
 @pytest.fixture(autouse=True)
@@ -308,6 +310,10 @@ def test_the_extra_time_of_windows_running_a_new_moe_kernel_variant_is_measured_
     assert ws.per_new_kernel_s == pytest.approx(0.3, abs=0.005)
     assert ws.as_calibration()["per_new_kernel_s"] == pytest.approx(0.3, abs=0.005)
     assert ws.as_calibration()["moe_config_groups"] == {"E=128,N=768": groups}
+    # a server on a pinned cache where earlier servers ran 1800 and 300 builds only 1801's and 301's
+    built = dataclasses.replace(t, cached_kernels=CachedKernels((1800, 300)))
+    assert new_variant_times(t, "not-a-file.log", groups, 8) == [0.5, 0.5, 2.5, 2.5, 3.5, 3.5, 6.5, 6.5]
+    assert new_variant_times(built, "not-a-file.log", groups, 8) == [2.5, 2.5, 6.5, 6.5]
 
 
 CHUNKED_LOG = """\

@@ -15,9 +15,9 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, KernelWarmup, ServerLinear, StallModel,
-                               block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup, linear_variant,
-                               moe_config_key, moe_variant, server_linears, shipped_groups, shipped_linear_configs,
+from tuner.sim.warmup import (LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, CachedKernels, KernelWarmup, ServerLinear,
+                               StallModel, block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup,
+                               linear_variant, moe_config_key, moe_variant, server_linears, shipped_groups, shipped_linear_configs,
                                shipped_linear_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
@@ -447,3 +447,48 @@ def test_sglangs_own_warm_up_request_builds_its_kernels_before_any_traffic():
     # and kv_b_proj's, which the decode capture at 2 did not build; 1024 runs others
     assert bare().prefill_stall(2) > 0 and launched.prefill_stall(2) == 0.0
     assert launched.prefill_stall(1024) == bare().prefill_stall(1024) > 0
+
+
+def test_kernels_earlier_servers_left_in_the_cache_build_nothing_and_the_rest_still_do():
+    # what servers of the same kernel set ran on a pinned cache (tuner.evaluation.kernel_ledger): their
+    # prefill sizes' variants are built, their graph sizes' decode linears are too
+    dsv3, fp8 = get_model("deepseek-v3"), {"quantization": "fp8"}
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
+    args = (cal, True, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17")
+    cold = kernel_warmup(*args, precompiled_tokens=(1, 2, 4, 8))
+    cached = kernel_warmup(*args, precompiled_tokens=(1, 2, 4, 8), cached=CachedKernels((1024, 3000), (16, 24)))
+    assert cached.prefilled_tokens == (3, 1024, 3000) and cached.precompiled_tokens == (1, 2, 4, 8, 16, 24)
+    assert cold.prefill_stall(1024) > 0 and cached.prefill_stall(1024) == 0.0
+    assert cold.prefill_stall(3000) > 0 and cached.prefill_stall(3000) == 0.0
+    # 1000 (key 1024, not divisible by 16) is a specialisation no earlier server ran
+    assert cached.prefill_stall(1000) == cold.prefill_stall(1000) > 0
+    # a warm server has no first-use stalls, cached or not
+    assert kernel_warmup(cal, False, dsv3, "fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17",
+                         cached=CachedKernels((1024,))) is None
+
+
+def test_cached_kernels_are_checked_and_read_back():
+    assert CachedKernels((2048, 3, 3), (2, 1)) == CachedKernels((3, 2048), (1, 2))  # sorted, once each
+    assert not CachedKernels() and CachedKernels((3,))
+    assert CachedKernels.from_dict(CachedKernels((3, 9), (1,)).to_dict()) == CachedKernels((3, 9), (1,))
+    with pytest.raises(ConfigError, match="prefill_tokens"):
+        CachedKernels((0,))
+    with pytest.raises(ConfigError, match="graph_tokens"):
+        CachedKernels.from_dict({"graph_tokens": "1,2"})
+    with pytest.raises(ConfigError, match="valid: prefill_tokens, graph_tokens"):
+        CachedKernels.from_dict({"prefill": [3]})
+
+
+def test_a_fresh_server_on_a_cache_that_holds_its_batch_sizes_stalls_as_a_warm_one():
+    cal = _cal({"per_new_kernel_s": 0.8, "moe_config_groups": {BF16_KEY: BF16_GROUPS}})
+    cold = _point(cal, fresh=True, warmup_s=10, users=16)
+    every_size = CachedKernels(tuple(range(1, 16385)))  # every prefill size a server can run
+    filled = simulate_load_point(QWEN, "h200", 1, TRITON_EAGER, {}, load_profile("coding-agent-40k"), 16,
+                                 warmup_s=10, duration_s=40, seed=5, host_memory_gb=256, calibration=cal,
+                                 sglang_version="0.5.17", fresh_server=True, cached_kernels=every_size)
+    warm = _point(cal, fresh=False, warmup_s=10, users=16)
+    assert cold.extra["fresh_server"]["stalls"] >= 5 and cold.extra["fresh_server"]["in_window"] >= 1
+    assert filled.extra["fresh_server"]["stalls"] == 0
+    assert filled.extra["fresh_server"]["cached_prefill_sizes"] == 16384
+    assert filled.p90_ttft_s == pytest.approx(warm.p90_ttft_s) and filled.p90_tpot_s == pytest.approx(warm.p90_tpot_s)
+    assert cold.p90_ttft_s > warm.p90_ttft_s

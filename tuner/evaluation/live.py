@@ -155,7 +155,8 @@ class _LedgerView:
 
     def record(self, plan: LaunchPlan) -> None:
         try:
-            self.ledger.record(self.key, self.parts, served_token_counts(s.log_path for s in plan.servers if s.log_path))
+            served = served_token_counts(s.log_path for s in plan.servers if s.log_path)
+            self.ledger.record(self.key, self.parts, served)
         except (OSError, ConfigError) as exc:  # the record is for later trials: it never fails this one
             log.warning("kernel ledger in %s not updated: %s", self.ledger.cache_dir, exc)
 
