@@ -39,9 +39,11 @@ follow from the file SGLang loads: keys with equal tile configs. Where the calib
 measured on this device's servers, they come from SGLang's own files for the device
 (``shipped_groups``, a table ``tuner calibration moe-groups`` writes from SGLang's package; the
 H200's groups read from its servers' logs are the same as its files'). Decode steps
-replay captured CUDA graphs and do not compile. Triton's on-disk cache can outlive a server (a
-server started after one that ran the same kernels in the same device call stalled less), which
-the model does not know: it takes every fresh server's cache as cold.
+replay captured CUDA graphs and do not compile. Triton's on-disk cache outlives a server: where
+tuner pins it, a later server of the same kernel set finds built every variant the earlier ones
+ran (a second server on a filled cache stalled on none of 35 prompts). tuner records which batch
+sizes those were in the cache itself (``tuner.evaluation.kernel_ledger``), and a fresh server is
+simulated with their variants built (``CachedKernels``); without a record its cache is cold.
 
 Block-fp8 weights add a second family of per-M kernels: SGLang's Triton linear kernel
 (``kernels/ops/quantization/fp8_kernel.py::w8a8_block_fp8_matmul_triton``) picks its tile config per
