@@ -117,7 +117,8 @@ def test_later_servers_of_one_kernel_set_find_what_earlier_ones_ran(tmp_path):
     backend = SGLangBackend()
     base = {"quantization": "fp8", "kv-cache-dtype": "fp8_e4m3", "max-running-requests": 32,
             "chunked-prefill-size": 2048}
-    first = _plan(tmp_path, "t0", base, cache)
+    # the baseline names SGLang's defaults explicitly (tp-size 1, a false switch), the later trials do not
+    first = _plan(tmp_path, "t0", {**base, "tp-size": 1, "enable-mixed-chunk": False, "page-size": None}, cache)
     view = _LedgerView.before_start(backend, first)
     assert view is not None and view.cached is None  # a cold cache
     Path(first.servers[0].log_path).write_text(LOG_0517)

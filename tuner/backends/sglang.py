@@ -277,16 +277,40 @@ SCHEDULING_ONLY_FLAGS = frozenset({
 
 
 def kernel_set_parts(flags: Mapping[str, Any], *, sglang_version: str, triton_version: str | None,
-                     device_name: str, model_path: str, tile_files: Sequence[str]) -> dict[str, Any]:
+                     device_name: str, model_path: str, tile_files: Sequence[str],
+                     defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What decides the binaries of the Triton kernels a server builds (``tuner.evaluation.kernel_ledger``):
     the GPU, SGLang's and Triton's versions, the model's config.json (its shapes), every flag but
     ``SCHEDULING_ONLY_FLAGS`` (weight and KV formats, parallel layout, attention backend, ...) and
-    the contents of the tile-config files it reads."""
+    the contents of the tile-config files it reads. A flag left out, set to None or set to SGLang's
+    own default (``defaults``) is the same server: a baseline's explicit ``tp-size: 1`` names the set
+    a sampled trial without it runs."""
     config = Path(model_path) / "config.json"
     return {"engine": "sglang", "sglang_version": sglang_version, "triton_version": triton_version,
             "gpu": device_name, "model": _digest(config) if config.is_file() else str(model_path),
-            "flags": {k: flags[k] for k in sorted(flags) if k not in SCHEDULING_ONLY_FLAGS},
+            "flags": kernel_set_flags(flags, defaults),
             "tile_files": {Path(f).name: _digest(Path(f)) for f in sorted(tile_files)}}
+
+
+def kernel_set_flags(flags: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The flags that name a kernel set (``kernel_set_parts``), sorted: not scheduling-only, not None
+    and not SGLang's own default."""
+    defaults = defaults or {}
+    return {k: flags[k] for k in sorted(flags) if k not in SCHEDULING_ONLY_FLAGS and flags[k] is not None
+            and not (k in defaults and flags[k] == defaults[k])}
+
+
+def flag_defaults(flagset, names) -> dict[str, Any]:
+    """SGLang's declared default of each flag of ``names`` that the flag set knows and declares one for."""
+    out = {}
+    for name in names:
+        try:
+            default = flagset.info(name).default
+        except (KeyError, ConfigError):
+            continue
+        if default is not None:
+            out[name] = default
+    return out
 
 
 def _digest(path: Path) -> str | None:
@@ -431,7 +455,7 @@ class SGLangBackend(ProcessBackend):
         facts["kernel_set"] = kernel_set_parts(
             flags, sglang_version=fs.version, triton_version=options.get("triton_version") or
             moe_configs.installed_triton_version(), device_name=get_gpu(study.hardware.gpu).device_name,
-            model_path=model_path, tile_files=facts.get("moe_config_files") or [])
+            model_path=model_path, tile_files=facts.get("moe_config_files") or [], defaults=flag_defaults(fs, flags))
 
         servers, router = _launches(options, topo, flags, tuple(request.gpu_ids), need, trial_dir, config_path,
                                     model_path, [*launch_args, *cli_flags, *extra], moe_env)
