@@ -10,7 +10,13 @@ one cache: the machine stayed warm through the four calls, and ``kernel_cache_be
 0, 72, 78, 80, 80, 81, 81), and stores the result as ``cached``, keeping what was recorded at run
 time as ``cached_at_run_time``. The run-time predictions are left as they were.
 
-    python results/h100-sglang/rebuild_kernel_cache.py results/h100-sglang/h100-sglang-dsv3-5l-ledger.db
+``--fresh-machine-trial N`` marks trial N's server as the first on a fresh machine (``jit_cold``: SGLang's
+nvcc-built modules not there yet; tuner records this itself since these calls). Call 90's baseline
+was: its ``install.log`` unpacked the kit (a machine already used says "kit already installed"), and
+its Triton cache held no kernel before it started.
+
+    python results/h100-sglang/rebuild_kernel_cache.py results/h100-sglang/h100-sglang-dsv3-5l-ledger.db \
+        --fresh-machine-trial 0
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("db", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="print what would be stored, store nothing")
+    ap.add_argument("--fresh-machine-trial", type=int, action="append", default=[],
+                    help="a trial whose server was the first on a fresh machine (repeatable)")
     args = ap.parse_args()
     con = sqlite3.connect(args.db)
     (study,) = con.execute("select name from tuner_studies").fetchone()
@@ -48,7 +56,8 @@ def main() -> None:
         fs = load_flagset(parts.get("sglang_version"))
         parts["flags"] = kernel_set_flags(parts["flags"], flag_defaults(fs, parts["flags"]))
         key = kernel_set_key(parts)
-        found = CachedKernels(tuple(built.get(key, ())), tuple(graphs.get(key, ())))
+        found = CachedKernels(tuple(built.get(key, ())), tuple(graphs.get(key, ())),
+                              jit_cold=trial in args.fresh_machine_trial)
         first = con.execute("select id, extra from tuner_measurements where study_name = ? and trial_number = ? "
                             "order by step limit 1", (study, trial)).fetchone()
         if first is not None:
@@ -59,7 +68,8 @@ def main() -> None:
             record.update({"kernel_set": key, "cached": found.to_dict() if found else None, "rebuilt_by": SCRIPT})
             extra[KERNEL_CACHE_KEY] = record
             print(f"trial {trial}: set {key}, found {len(found.prefill_tokens)} prefill and "
-                  f"{len(found.graph_tokens)} graph sizes (recorded at run time: "
+                  f"{len(found.graph_tokens)} graph sizes{', JIT modules not built' if found.jit_cold else ''} "
+                  f"(recorded at run time: "
                   f"{len(((record['cached_at_run_time'] or {}).get('prefill_tokens')) or [])})")
             if not args.dry_run:
                 con.execute("update tuner_measurements set extra = ? where id = ?", (json.dumps(extra), mid))

@@ -126,11 +126,18 @@ def test_kernel_cache_state_counts_what_the_server_will_find(tmp_path, monkeypat
 
     cache = tmp_path / "triton"
     kernels(cache, (("A1", 100), ("B2", 50)))
+    jit = tmp_path / "tvm-ffi"  # SGLang's nvcc-built modules, one cache for the machine
+    monkeypatch.setenv("TVM_FFI_CACHE_DIR", str(jit))
     plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}, env={"TRITON_CACHE_DIR": str(cache)}),
                                       tmp_path / "t")
     # a TRITON_CACHE_DIR of the user's is the only one: Inductor leaves a set one alone
     assert SGLangBackend().kernel_cache_state(plan) == {
-        "triton": {"dir": str(cache), "kernels": 2, "files": 4, "bytes": 154}}
+        "triton": {"dir": str(cache), "kernels": 2, "files": 4, "bytes": 154},
+        "jit": {"dir": str(jit), "modules": 0}}
+    (jit / "sgl_kernel_jit_concat_mla_k_ab12").mkdir(parents=True)
+    (jit / "sgl_kernel_jit_concat_mla_k_ab12" / "sgl_kernel_jit_concat_mla_k_ab12.so").write_bytes(b"x")
+    (jit / "sgl_kernel_jit_concat_mla_k_ab12" / "build.ninja").write_text("")
+    assert SGLangBackend().kernel_cache_state(plan)["jit"] == {"dir": str(jit), "modules": 1}
     # without it tuner pins Triton's default, so that Inductor leaves it there
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
@@ -139,7 +146,8 @@ def test_kernel_cache_state_counts_what_the_server_will_find(tmp_path, monkeypat
     plan = SGLangBackend().build_plan(request(tmp_path, {"tp-size": 8}), tmp_path / "t2")
     assert plan.servers[0].env["TRITON_CACHE_DIR"] == str(tmp_path / "home" / ".triton" / "cache")
     assert SGLangBackend().kernel_cache_state(plan) == {
-        "triton": {"dir": str(tmp_path / "home" / ".triton" / "cache"), "kernels": 1, "files": 2, "bytes": 12}}
+        "triton": {"dir": str(tmp_path / "home" / ".triton" / "cache"), "kernels": 1, "files": 2, "bytes": 12},
+        "jit": {"dir": str(jit), "modules": 1}}
     # unset by the user (None): Triton's default until Inductor's first kernel, then
     # <inductor cache>/triton/<device>, both counted
     kernels(tmp_path / "inductor" / "triton" / "0", (("D4", 7),))

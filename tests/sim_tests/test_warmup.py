@@ -15,9 +15,10 @@ from tuner.sim.cache import SessionPrefixCache
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.engine import Rank, ReplicaEngine, Req, Stats
 from tuner.sim.simulate import build_step_model, scheduler_rules
-from tuner.sim.warmup import (LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS, CachedKernels, KernelWarmup, ServerLinear,
-                               StallModel, block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup,
-                               linear_variant, moe_config_key, moe_variant, server_linears, shipped_groups, shipped_linear_configs,
+from tuner.sim.warmup import (JIT_FIRST_PREFILL_TOKENS, JIT_MODULE_BUILD_S, LAUNCH_WARMUP_PROMPT_TOKENS,
+                               MOE_CONFIG_KEYS, CachedKernels, KernelWarmup, ServerLinear, StallModel,
+                               block_fp8_linear_shapes, default_split_m, fit_decay_s, kernel_warmup, linear_variant,
+                               moe_config_key, moe_variant, server_linears, shipped_groups, shipped_linear_configs,
                                shipped_linear_groups, stall_schedule, triton_moe_shape)
 from tuner.workload.profiles import load_profile
 
@@ -492,3 +493,31 @@ def test_a_fresh_server_on_a_cache_that_holds_its_batch_sizes_stalls_as_a_warm_o
     assert filled.extra["fresh_server"]["cached_prefill_sizes"] == 16384
     assert filled.p90_ttft_s == pytest.approx(warm.p90_ttft_s) and filled.p90_tpot_s == pytest.approx(warm.p90_tpot_s)
     assert cold.p90_ttft_s > warm.p90_ttft_s
+
+
+def test_a_cold_machines_first_long_prefill_waits_once_for_sglangs_jit_modules():
+    dsv3, qwen, fp8 = get_model("deepseek-v3"), get_model(QWEN), {"quantization": "fp8"}
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS}}
+    args = ("fp8_block", 1, 1, fp8, "NVIDIA H200", "0.5.17")
+
+    def stalls(model, cached, sizes):
+        k = kernel_warmup(cal, True, model, *args, precompiled_tokens=(1, 2, 4, 8), cached=cached)
+        return [k.prefill_stall(n) for n in sizes]
+
+    sizes = (513, 2048, 2048, 4096)
+    warm_machine, cold_machine = stalls(dsv3, None, sizes), stalls(dsv3, CachedKernels(jit_cold=True), sizes)
+    # 513 is below the first size that waited; 2048 waits for the modules once, on top of its Triton builds
+    assert cold_machine[0] == warm_machine[0]
+    assert cold_machine[1] == pytest.approx(warm_machine[1] + JIT_MODULE_BUILD_S)
+    assert cold_machine[2:] == warm_machine[2:]
+    assert JIT_FIRST_PREFILL_TOKENS == 1024
+    assert stalls(dsv3, CachedKernels(jit_cold=True), (1024,))[0] >= JIT_MODULE_BUILD_S
+    # measured on MLA servers only: a GQA model's first long prefill is not given the wait
+    assert stalls(qwen, CachedKernels(jit_cold=True), sizes) == stalls(qwen, None, sizes)
+    # recorded with the cache's contents, and read back
+    doc = CachedKernels((3,), jit_cold=True).to_dict()
+    assert doc == {"prefill_tokens": [3], "graph_tokens": [], "jit_cold": True}
+    assert CachedKernels.from_dict(doc).jit_cold and CachedKernels(jit_cold=True)
+    assert "jit_cold" not in CachedKernels((3,)).to_dict()
+    with pytest.raises(ConfigError, match="jit_cold"):
+        CachedKernels.from_dict({"jit_cold": "yes"})

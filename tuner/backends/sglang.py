@@ -320,6 +320,21 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+def jit_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where SGLang keeps the CUDA modules it compiles with nvcc on first use (``sglang/kernels/jit``,
+    through tvm-ffi): ``TVM_FFI_CACHE_DIR``, else ``~/.cache/tvm-ffi``, one for the whole machine."""
+    return Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tvm-ffi")).expanduser()
+
+
+def jit_cache_state(cache_dir: Path) -> dict[str, Any]:
+    """How many built JIT modules (a ``.so`` each) ``cache_dir`` holds."""
+    modules = 0
+    if cache_dir.is_dir():
+        for _root, _dirs, names in os.walk(cache_dir):
+            modules += sum(name.endswith(".so") for name in names)
+    return {"dir": str(cache_dir), "modules": modules}
+
+
 def triton_cache_state(cache_dir: Path) -> dict[str, Any]:
     """How many compiled kernels (a ``.cubin`` or ``.hsaco`` each) and bytes ``cache_dir`` holds."""
     state: dict[str, Any] = {"dir": str(cache_dir), "kernels": 0, "files": 0, "bytes": 0}
@@ -487,13 +502,15 @@ class SGLangBackend(ProcessBackend):
         return describe_death(startup_report(log_text, exited=True))
 
     def kernel_cache_state(self, plan: LaunchPlan) -> dict[str, Any] | None:
-        """Triton's on-disk cache as the first server will see it: SGLang's Triton kernels (fused
-        MoE, block-fp8 linears, attention) compile on first use unless a build is cached there."""
+        """Triton's on-disk cache as the first server will see it (SGLang's Triton kernels, fused MoE,
+        block-fp8 linears and attention, compile on first use unless a build is cached there), and
+        under ``jit`` the machine's cache of SGLang's nvcc-built CUDA modules."""
         if not plan.servers:
             return None
-        env = {**os.environ, **plan.servers[0].env}
-        dirs = triton_cache_dirs({k: v for k, v in env.items() if v is not None})
-        return {name: triton_cache_state(d) for name, d in dirs.items()}
+        env = {k: v for k, v in {**os.environ, **plan.servers[0].env}.items() if v is not None}
+        state: dict[str, Any] = {name: triton_cache_state(d) for name, d in triton_cache_dirs(env).items()}
+        state["jit"] = jit_cache_state(jit_cache_dir(env))  # SGLang's nvcc-built modules
+        return state
 
     def kernel_cache_dir(self, plan: LaunchPlan) -> Path | None:
         """The Triton cache directory the servers share where it is pinned (``TRITON_CACHE_DIR``

@@ -216,7 +216,7 @@ class LiveDeployment(Deployment):
         profile = self.request.study.workload_profile()
         warmed = self._warm_kernels(kwargs, profile) if index == 0 and m.kernel_warmup else None
         fresh = m.fresh_kernels(index)  # the server meets kernels it has not run yet
-        cached = self._ledger.cached if fresh and self._ledger is not None else None  # ... unless cached
+        cached = self._found_built() if fresh else None  # ... unless cached
         metrics_before = self._scrape_metrics()
         gpu_mark = self.sampler.mark()
         worker = _ReplayThread(replay, self.plan.base_url, profile, users, kwargs)
@@ -267,8 +267,10 @@ class LiveDeployment(Deployment):
         if warmed is not None:
             extra["kernel_warmup"] = warmed.to_dict()
         if self._ledger is not None:
-            extra[KERNEL_CACHE_KEY] = self._ledger.describe(cached if fresh else None)
+            extra[KERNEL_CACHE_KEY] = self._ledger.describe(cached)
             self._ledger.record(self.plan)  # what this server has built so far, for the next one
+        elif cached is not None:  # an unpinned cache: only what the machine's JIT cache held is known
+            extra[KERNEL_CACHE_KEY] = {"cached": cached.to_dict()}
         utilization = self.sampler.utilization_since(gpu_mark)  # NVML over this load point, warm-up included
         if utilization is not None:
             extra["gpu_utilization"] = utilization
@@ -297,6 +299,15 @@ class LiveDeployment(Deployment):
         else:
             metrics = dataclasses.replace(metrics, extra=extra)
         return metrics
+
+    def _found_built(self) -> CachedKernels | None:
+        """What the server found built when it started: its kernel set's record in the pinned Triton
+        cache, and whether the machine's JIT modules were there (None: nothing known)."""
+        found = (self._ledger.cached if self._ledger is not None else None) or CachedKernels()
+        jit = (self._kernel_cache_before_start or {}).get("jit")
+        if isinstance(jit, dict) and jit.get("modules") == 0:
+            found = dataclasses.replace(found, jit_cold=True)
+        return found or None
 
     def _save_records(self, records, index: int, users: int) -> str | None:
         """Each measured request of this load point, beside the trial's logs (one JSON line each,

@@ -86,6 +86,19 @@ KEY = "fresh_server_stalls"
 #: sentence "The capital city of France is" instead (6-7 tokens, by tokenizer), which this does not model.
 LAUNCH_WARMUP_PROMPT_TOKENS = 3
 
+#: SGLang 0.5.17 also compiles CUDA kernels of its own with nvcc the first time a process needs them
+#: (``sglang/kernels/jit``: ``load_jit`` through tvm-ffi), and keeps the built modules for the whole
+#: machine (``~/.cache/tvm-ffi``, or ``TVM_FFI_CACHE_DIR``), outside Triton's cache. On a machine where
+#: no server has built them, a DeepSeek (MLA) server's first prefill of ``JIT_FIRST_PREFILL_TOKENS``
+#: tokens or more waits ``JIT_MODULE_BUILD_S`` for them: the stall probes' first 1,024-token prompt on
+#: a cold machine, less its one Triton GEMM, 7.8 s (call 86) and 10.6 s (call 88); the same prompt on
+#: a second server of that machine, 0.5 s; a 513-token prompt before it, no such wait (results/h100-sglang
+#: README). Which modules they are is UNVERIFIED, and so is whether a GQA model's first long prefill
+#: waits too (not measured: not modelled). SGLang's own warm-up request builds the modules its first
+#: prefill needs before ``/health`` answers.
+JIT_MODULE_BUILD_S = 9.2
+JIT_FIRST_PREFILL_TOKENS = 1024
+
 
 @dataclass(frozen=True)
 class CachedKernels:
@@ -97,8 +110,13 @@ class CachedKernels:
 
     prefill_tokens: tuple[int, ...] = ()
     graph_tokens: tuple[int, ...] = ()
+    # the machine's JIT-compiled CUDA modules were not built yet (``JIT_MODULE_BUILD_S``): measured
+    # empty before the server started; False where they were there or nothing was measured
+    jit_cold: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.jit_cold, bool):
+            raise ConfigError(f"jit_cold must be true or false, got {self.jit_cold!r}", key="cached_kernels.jit_cold")
         for name in ("prefill_tokens", "graph_tokens"):
             values = getattr(self, name)
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
@@ -107,19 +125,20 @@ class CachedKernels:
             object.__setattr__(self, name, tuple(sorted(set(values))))
 
     def __bool__(self) -> bool:
-        return bool(self.prefill_tokens or self.graph_tokens)
+        return bool(self.prefill_tokens or self.graph_tokens or self.jit_cold)
 
     def to_dict(self) -> dict:
-        return {"prefill_tokens": list(self.prefill_tokens), "graph_tokens": list(self.graph_tokens)}
+        out = {"prefill_tokens": list(self.prefill_tokens), "graph_tokens": list(self.graph_tokens)}
+        return {**out, "jit_cold": True} if self.jit_cold else out
 
     @classmethod
     def from_dict(cls, doc) -> "CachedKernels":
         if not isinstance(doc, dict):
             raise ConfigError(f"must be a mapping {{prefill_tokens, graph_tokens}}, got {type(doc).__name__}",
                               key="cached_kernels")
-        unknown = set(doc) - {"prefill_tokens", "graph_tokens"}
+        unknown = set(doc) - {"prefill_tokens", "graph_tokens", "jit_cold"}
         if unknown:
-            raise ConfigError(f"unknown keys {sorted(unknown)}; valid: prefill_tokens, graph_tokens",
+            raise ConfigError(f"unknown keys {sorted(unknown)}; valid: prefill_tokens, graph_tokens, jit_cold",
                               key="cached_kernels")
         out = {}
         for name in ("prefill_tokens", "graph_tokens"):
@@ -127,7 +146,7 @@ class CachedKernels:
             if not isinstance(values, list):
                 raise ConfigError("must be a list of token counts", key=f"cached_kernels.{name}")
             out[name] = tuple(values)
-        return cls(**out)
+        return cls(**out, jit_cold=doc.get("jit_cold", False))
 
 
 @dataclass(frozen=True)
@@ -401,6 +420,7 @@ class KernelWarmup:
     linears: tuple = ()  # ServerLinear of each block-fp8 linear
     precompiled_tokens: tuple = ()  # batch sizes its CUDA graphs ran at start-up (their linears compiled)
     prefilled_tokens: tuple = ()  # prefills it ran before any traffic (LAUNCH_WARMUP_PROMPT_TOKENS)
+    jit_build_s: float = 0.0  # the machine's JIT modules still to build at its first long prefill
 
     def __post_init__(self):
         self.seen = set() if self.seen is None else self.seen
@@ -428,14 +448,18 @@ class KernelWarmup:
 
     def prefill_stall(self, tokens: int) -> float:
         """The step's wait for the kernels it builds: Triton builds them one after another, each
-        ``per_new_kernel_s`` (the stall probe: one GEMM 0.33-0.58 s, two 0.68-1.26 s)."""
-        return self.per_new_kernel_s * self.new_kernels(tokens)
+        ``per_new_kernel_s`` (the stall probe: one GEMM 0.33-0.58 s, two 0.68-1.26 s), and a cold
+        machine's first prefill of ``JIT_FIRST_PREFILL_TOKENS`` or more its JIT modules."""
+        jit = 0.0
+        if self.jit_build_s and tokens >= JIT_FIRST_PREFILL_TOKENS:
+            jit, self.jit_build_s = self.jit_build_s, 0.0
+        return self.per_new_kernel_s * self.new_kernels(tokens) + jit
 
     @classmethod
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
                          sglang_version: str | None = None, linears: tuple = (),
                          precompiled_tokens: Iterable[int] = (),
-                         prefilled_tokens: Iterable[int] = ()) -> "KernelWarmup | None":
+                         prefilled_tokens: Iterable[int] = (), jit_build_s: float = 0.0) -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
         (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears are
         ``linears`` (``server_linears``); None where neither can stall. The MoE's key groups are the
@@ -456,7 +480,7 @@ class KernelWarmup:
         return cls(s, groups, shape.topk if shape is not None else 0,
                    default_split_m=default_split_m(shape, groups) if shape is not None else None,
                    linears=linears, precompiled_tokens=tuple(precompiled_tokens),
-                   prefilled_tokens=tuple(prefilled_tokens))
+                   prefilled_tokens=tuple(prefilled_tokens), jit_build_s=jit_build_s)
 
 
 def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
@@ -490,11 +514,12 @@ def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: 
     if not fresh_server or not is_kernel_model(cal):
         return None
     cached = cached or CachedKernels()
+    jit = JIT_MODULE_BUILD_S if cached.jit_cold and getattr(model, "is_mla", False) else 0.0
     return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags), device_name,
                                          sglang_version,
                                          server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
                                          (*precompiled_tokens, *cached.graph_tokens),
-                                         (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens))
+                                         (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens), jit)
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -521,7 +546,8 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
     return math.sqrt(lo * hi)
 
 
-__all__ = ["KEY", "CachedKernels", "KernelWarmup", "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
+__all__ = ["JIT_FIRST_PREFILL_TOKENS", "JIT_MODULE_BUILD_S", "KEY", "CachedKernels", "KernelWarmup",
+           "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
            "StallModel", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
            "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
