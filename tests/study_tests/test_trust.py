@@ -144,3 +144,34 @@ def test_the_trust_line_says_when_the_fit_was_made_on_another_gpu(monkeypatch):
     assert real["checked_here"] and real["checked_here"][0]["gpu"] == "h100"
     monkeypatch.setattr(trust, "simulator_trust", lambda s: {**real, "checked_here": []})
     assert "not yet checked on h100 itself" in trust.trust_line(h100)
+
+
+def test_db_predict_reads_the_kernel_warmup_and_the_cached_kernels_of_a_first_point(tmp_path):
+    path = tmp_path / "ledger.yaml"
+    path.write_text(STUDY.replace("WORKLOAD", str(REPO / "workloads" / "coding-agent-40k.yaml")))
+    study = load_study(str(path))
+    url = f"sqlite:///{tmp_path}/t.db"
+    engine = db.get_engine(url)
+    db.ensure_schema(engine)
+    repo.create_study(engine, name="ledger", spec_yaml=yaml.safe_dump(study.model_dump(mode="json")), spec_hash="x",
+                      source_path=None, backend_kind="sglang", target_users=4, p90_ttft_slo_s=1.5,
+                      p90_tpot_slo_s=0.025, trials_budget=2, tuner_version="test")
+    flags = {"attention-backend": "triton"}
+    # trial 0: the kernel warm-up ran before its first point; trial 1: its server found sizes 3 and
+    # 2,048 built in a pinned cache, as the live evaluator records them
+    extras = ({"kernel_warmup": {"requests": 35, "failed": 0}},
+              {"kernel_cache": {"kernel_set": "0123456789abcdef", "cache_dir": "/c",
+                                "cached": {"prefill_tokens": [3, 2048], "graph_tokens": [1, 2]}}})
+    for trial, extra in enumerate(extras):
+        repo.start_trial(engine, study_name="ledger", trial_number=trial, optuna_trial_id=trial, backend_kind="sglang",
+                         params={}, flags=flags, knobs={}, is_baseline=trial == 0)
+        m = simulate_load_point(study.model, "h200", 1, flags, {}, study.workload_profile(), 2, warmup_s=5,
+                                duration_s=10, seed=7 + trial, host_memory_gb=128, sglang_version="0.5.17")
+        repo.add_measurement(engine, study_name="ledger", trial_number=trial, step=0, backend_kind="sglang",
+                             metrics=replace(m, extra={**m.extra, **extra}), meets_slo=True, wall_time_s=1.0)
+        repo.finish_trial(engine, "ledger", trial, status="complete", capacity_users=2)
+    res = CliRunner().invoke(cli, ["db", "predict", "--storage", url, "--json"])
+    assert res.exit_code == 0, res.output
+    preds = [r[trust.PREDICTION_KEY] for t in study_summary(url, "ledger")["trials"] for r in t["measurements"]]
+    assert [p["fresh_server"] for p in preds] == [False, True]
+    assert [p["cached_prefill_sizes"] for p in preds] == [0, 2]

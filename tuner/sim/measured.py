@@ -266,11 +266,16 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 p90_ttft_slo_s=spec.slo.p90_ttft_s, p90_tpot_slo_s=spec.slo.p90_tpot_s,
                 sglang_version=_version_from_trial(trial, spec.backend_options or {}),
                 measured=measured, study=study_row.name, trial=m.trial_number, step=m.step,
-                # the server's first traffic, unless the kernel warm-up ran before it
-                fresh_server=m.step == first_step[m.trial_number] and not (m.extra or {}).get("kernel_warmup"),
+                fresh_server=ran_on_fresh_server(m, first_step),
                 cached_kernels=stored_cached_kernels(m.extra, f"{study_row.name}#{m.trial_number}@{m.users}"),
                 server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
     return out
+
+
+def ran_on_fresh_server(m, first_step: dict[int, int]) -> bool:
+    """Whether stored load point ``m`` was its server's first traffic (``first_step``: each trial's
+    first step), unless the kernel warm-up ran before it."""
+    return m.step == first_step[m.trial_number] and not (m.extra or {}).get("kernel_warmup")
 
 
 def stored_cached_kernels(extra: dict | None, where: str) -> CachedKernels | None:

@@ -18,7 +18,7 @@ from tuner.catalog import get_gpu, get_model
 from tuner.config.schema import StudySpec
 from tuner.evaluation.prediction import PREDICTION_KEY, predict
 from tuner.sim.calibrate import calibration_context, load_calibration
-from tuner.sim.measured import warmup_of
+from tuner.sim.measured import ran_on_fresh_server, stored_cached_kernels, warmup_of
 from tuner.storage import repo
 from tuner.vocabulary import BackendKind
 
@@ -144,9 +144,11 @@ def backfill_predictions(engine, *, study: str | None = None, force: bool = Fals
                 counts["kept"] += 1
                 continue
             fid = max(0.05, min(1.0, m.fidelity or 1.0))
+            fresh = ran_on_fresh_server(m, first_step)
+            cached = stored_cached_kernels(m.extra, f"{row.name}#{m.trial_number}@{m.users}") if fresh else None
             pred = predict(spec, t.flags or {}, t.knobs or {}, m.users, warmup_s=warmup_of(m, spec, fid),
                            duration_s=m.duration_s, seed=spec.seed + m.trial_number + 1009 * m.step,
-                           fresh_server=m.step == first_step[m.trial_number])
+                           fresh_server=fresh, cached_kernels=cached)
             pred["backfilled"] = True
             repo.set_measurement_extra(engine, m.id, {**(m.extra or {}), PREDICTION_KEY: pred})
             counts["unpredictable" if pred.get("error") else "predicted"] += 1
