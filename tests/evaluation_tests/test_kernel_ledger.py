@@ -155,3 +155,31 @@ def test_tile_files_name_the_kernel_set(tmp_path):
     b = kernel_set_parts({"tp-size": 1}, tile_files=[str(tile)], **parts)
     assert kernel_set_key(a) != kernel_set_key(b)
     assert kernel_set_key(b) != kernel_set_key({**b, "triton_version": "3.5.1"})
+
+
+# ---- `tuner kernels ledger` ---------------------------------------------------------------------
+
+def test_the_ledger_command_lists_each_kernel_set_and_refuses_a_file(tmp_path):
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+    from tuner.errors import ConfigError
+
+    cache = tmp_path / "triton"
+    ledger = KernelLedger(cache)
+    ledger.record("a" * 16, {"gpu": "NVIDIA_H100", "sglang_version": "0.5.17", "flags": {"quantization": "fp8"}},
+                  CachedKernels((3, 2048), (1, 2, 4)))
+    res = CliRunner().invoke(cli, ["kernels", "ledger", "--cache-dir", str(cache), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["ledger"] == str(cache / LEDGER_FILE)
+    assert doc["sets"] == [{"kernel_set": "a" * 16, "gpu": "NVIDIA_H100", "sglang_version": "0.5.17",
+                            "flags": {"quantization": "fp8"}, "prefill_sizes": 2, "graph_sizes": 3,
+                            "largest_prefill": 2048, "updated": doc["sets"][0]["updated"]}]
+    text = CliRunner().invoke(cli, ["kernels", "ledger", "--cache-dir", str(cache)]).output
+    assert "1 kernel set(s)" in text and "quantization=fp8" in text and "2 prefill sizes (up to 2,048 tokens)" in text
+    empty = CliRunner().invoke(cli, ["kernels", "ledger", "--cache-dir", str(tmp_path / "none")])
+    assert empty.exit_code == 0 and "no kernel ledger in" in empty.output
+    wrong = CliRunner().invoke(cli, ["kernels", "ledger", "--cache-dir", str(cache / LEDGER_FILE)])
+    assert isinstance(wrong.exception, ConfigError) and wrong.exception.exit_code == 2
+    assert "not a directory" in str(wrong.exception) and LEDGER_FILE in str(wrong.exception)

@@ -424,6 +424,42 @@ def summarize_cmd(update_from, grid, search_log, shape_json, extra, device_name,
                       extra=list(extra), device_name=device_name, triton_version=triton_version, output=output))
 
 
+@kernels.command("ledger")
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+              help="The pinned Triton cache to read (default: TRITON_CACHE_DIR, else ~/.triton/cache, as tuner pins it).")
+@json_option
+def ledger_cmd(cache_dir, as_json):
+    """What a machine's pinned Triton cache holds, per kernel set: the prefill batch sizes and CUDA-graph
+    sizes its SGLang servers ran there (tuner records them after each load point). A trial's first load
+    point is predicted with those kernels built. Remove the cache directory to start cold."""
+    from tuner.errors import ConfigError
+    from tuner.evaluation.kernel_ledger import LEDGER_FILE, KernelLedger, default_cache_dir
+
+    cache_dir = cache_dir or default_cache_dir()
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise ConfigError("not a directory: give the Triton cache directory, not a file in it", file=str(cache_dir))
+    sets = KernelLedger(cache_dir).sets() if cache_dir.is_dir() else {}
+    rows = [{"kernel_set": key, "gpu": (e.get("parts") or {}).get("gpu"),
+             "sglang_version": (e.get("parts") or {}).get("sglang_version"),
+             "flags": (e.get("parts") or {}).get("flags") or {},
+             "prefill_sizes": len(e.get("prefill_tokens") or []), "graph_sizes": len(e.get("graph_tokens") or []),
+             "largest_prefill": max(e.get("prefill_tokens") or [0]), "updated": e.get("updated")}
+            for key, e in sorted(sets.items(), key=lambda kv: str(kv[1].get("updated")))]
+    if as_json:
+        emit_json({"cache_dir": str(cache_dir), "ledger": str(cache_dir / LEDGER_FILE), "sets": rows})
+        return
+    if not rows:
+        click.echo(f"no kernel ledger in {cache_dir}: tuner writes {LEDGER_FILE} there once SGLang servers "
+                   "with the cache pinned have served a load point")
+        return
+    click.echo(f"{cache_dir / LEDGER_FILE}: {len(rows)} kernel set(s)")
+    for r in rows:
+        flags = ", ".join(f"{k}={v}" for k, v in r["flags"].items()) or "SGLang's defaults"
+        click.echo(f"  {r['kernel_set']}  {r['gpu']}  SGLang {r['sglang_version']}  {flags}\n"
+                   f"      {r['prefill_sizes']} prefill sizes (up to {r['largest_prefill']:,} tokens), "
+                   f"{r['graph_sizes']} graph sizes; last extended {r['updated']}")
+
+
 @kernels.command("prove-log")
 @click.argument("log", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--tuned-dir", "tuned_dirs", multiple=True, required=True, type=click.Path(path_type=Path),

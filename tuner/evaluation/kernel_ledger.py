@@ -100,6 +100,11 @@ class KernelLedger:
     def path(self) -> Path:
         return Path(self.cache_dir) / LEDGER_FILE
 
+    def sets(self) -> dict[str, dict]:
+        """Every kernel set recorded here: its parts, the sizes its servers ran and when it was last
+        extended (an empty mapping where there is no ledger yet)."""
+        return self._read()
+
     def cached(self, key: str) -> CachedKernels | None:
         """What servers of kernel set ``key`` left built in this cache (None: nothing recorded)."""
         entry = self._read().get(key)
@@ -168,8 +173,16 @@ class KernelLedger:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def default_cache_dir() -> Path:
+    """The Triton cache tuner pins its SGLang servers to where nothing else is said: this process's
+    ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache`` (home by default)."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    return Path(os.environ.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
+
+
 def _ints(values) -> list[int]:
     return [v for v in values or [] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
 
 
-__all__ = ["KernelLedger", "LEDGER_FILE", "LEDGER_FORMAT", "kernel_set_key", "served_token_counts"]
+__all__ = ["KernelLedger", "LEDGER_FILE", "LEDGER_FORMAT", "default_cache_dir", "kernel_set_key", "served_token_counts"]
