@@ -351,3 +351,33 @@ def test_a_continued_chunk_is_timed_over_its_prefix():
     continued = PrefillLine(0.0, 1, 2048, 0, 4, 0, chunk_prefix_tokens=20_000, chunk_new_tokens=2048)
     assert sm.gpu_time([_prefill_work(continued)]) > 1.2 * sm.gpu_time([_prefill_work(bare)])
     assert _prefill_work(continued).extend_items == ((2048, 20_000),)
+
+
+def test_the_fit_does_not_count_a_cold_machines_jit_wait_as_triton_builds():
+    from tuner.sim.stepfit import first_long_prefill_time, jit_wait_s, warmup_stalls
+    from tuner.sim.warmup import JIT_MODULE_BUILD_S
+
+    cal = load_calibration("h200")
+    dsv3 = get_model({"name": "deepseek-v3", "overrides": {"num_hidden_layers": 5}})
+    flags = {**FLAGS, "quantization": "fp8", "kv-cache-dtype": "fp8_e4m3"}
+
+    def trial(cached):
+        t = TrialSteps(label="synthetic#0", study="synthetic", trial=0, model=dsv3, gpu=get_gpu("h200"), gpus=1,
+                       nodes=1, host_memory_gb=128, flags=dict(flags), knobs={}, sglang_version="0.5.17",
+                       shared_prefix_tokens=2000, cached_kernels=cached)
+        sm = t.step_model(cal)
+        for i, n in enumerate([300, 2048, 2048, 300, 1500, 1500]):  # first long prefill: the second window
+            w = StepWindow(float(i), float(i + 1), 8, 8, 80_000, 80_000, 1.0, True,
+                           [PrefillLine(i + 0.5, 1, n, 4000, 8, 0)], source="not-a-file.log")
+            wall = window_time(sm, w, t.shared_prefix_tokens) + (JIT_MODULE_BUILD_S if i == 1 else 0.0)
+            w.gen_tokens_per_s = w.gen_tokens / wall
+            t.windows.append(w)
+        return t
+
+    cold = trial(CachedKernels(jit_cold=True))
+    assert jit_wait_s(cold) == JIT_MODULE_BUILD_S and first_long_prefill_time(cold, "not-a-file.log") == 1.5
+    assert jit_wait_s(trial(None)) == 0.0
+    # told the machine was cold, the fit leaves the wait out of the new-variant windows' excess
+    with_record, without = warmup_stalls([cold], cal), warmup_stalls([trial(None)], cal)
+    assert with_record.per_new_kernel_s < 0.05  # the windows ran at the model's time but for the wait
+    assert without.per_new_kernel_s > 0.5  # else the wait is charged to the Triton builds (9.2 s over 10)
