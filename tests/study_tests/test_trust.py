@@ -92,7 +92,8 @@ seed: 7
 """
 
 
-def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
+def _ledger_study(tmp_path, *, trials: int):
+    """STUDY in a fresh SQLite database, with no trial yet: (spec, storage URL, engine)."""
     path = tmp_path / "ledger.yaml"
     path.write_text(STUDY.replace("WORKLOAD", str(REPO / "workloads" / "coding-agent-40k.yaml")))
     study = load_study(str(path))
@@ -101,7 +102,12 @@ def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
     db.ensure_schema(engine)
     repo.create_study(engine, name="ledger", spec_yaml=yaml.safe_dump(study.model_dump(mode="json")), spec_hash="x",
                       source_path=None, backend_kind="sglang", target_users=4, p90_ttft_slo_s=1.5,
-                      p90_tpot_slo_s=0.025, trials_budget=1, tuner_version="test")
+                      p90_tpot_slo_s=0.025, trials_budget=trials, tuner_version="test")
+    return study, url, engine
+
+
+def test_db_predict_fills_in_predictions_and_the_report_shows_them(tmp_path):
+    study, url, engine = _ledger_study(tmp_path, trials=1)
     flags = {"attention-backend": "triton"}
     repo.start_trial(engine, study_name="ledger", trial_number=0, optuna_trial_id=0, backend_kind="sglang",
                      params={}, flags=flags, knobs={}, is_baseline=True)
@@ -147,15 +153,7 @@ def test_the_trust_line_says_when_the_fit_was_made_on_another_gpu(monkeypatch):
 
 
 def test_db_predict_reads_the_kernel_warmup_and_the_cached_kernels_of_a_first_point(tmp_path):
-    path = tmp_path / "ledger.yaml"
-    path.write_text(STUDY.replace("WORKLOAD", str(REPO / "workloads" / "coding-agent-40k.yaml")))
-    study = load_study(str(path))
-    url = f"sqlite:///{tmp_path}/t.db"
-    engine = db.get_engine(url)
-    db.ensure_schema(engine)
-    repo.create_study(engine, name="ledger", spec_yaml=yaml.safe_dump(study.model_dump(mode="json")), spec_hash="x",
-                      source_path=None, backend_kind="sglang", target_users=4, p90_ttft_slo_s=1.5,
-                      p90_tpot_slo_s=0.025, trials_budget=2, tuner_version="test")
+    study, url, engine = _ledger_study(tmp_path, trials=2)
     flags = {"attention-backend": "triton"}
     # trial 0: the kernel warm-up ran before its first point; trial 1: its server found sizes 3 and
     # 2,048 built in a pinned cache, as the live evaluator records them
