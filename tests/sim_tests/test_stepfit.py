@@ -354,8 +354,8 @@ def test_a_continued_chunk_is_timed_over_its_prefix():
 
 
 def test_the_fit_does_not_count_a_cold_machines_jit_wait_as_triton_builds():
-    from tuner.sim.stepfit import first_long_prefill_time, jit_wait_s, warmup_stalls
-    from tuner.sim.warmup import JIT_MODULE_BUILD_S
+    from tuner.sim.stepfit import first_long_prefill_time, warmup_stalls
+    from tuner.sim.warmup import JIT_MODULE_BUILD_S, jit_wait_s
 
     cal = load_calibration("h200")
     dsv3 = get_model({"name": "deepseek-v3", "overrides": {"num_hidden_layers": 5}})
@@ -375,8 +375,9 @@ def test_the_fit_does_not_count_a_cold_machines_jit_wait_as_triton_builds():
         return t
 
     cold = trial(CachedKernels(jit_cold=True))
-    assert jit_wait_s(cold) == JIT_MODULE_BUILD_S and first_long_prefill_time(cold, "not-a-file.log") == 1.5
-    assert jit_wait_s(trial(None)) == 0.0
+    assert jit_wait_s(cold.model, cold.cached_kernels) == JIT_MODULE_BUILD_S
+    assert first_long_prefill_time(cold, "not-a-file.log") == 1.5
+    assert jit_wait_s(dsv3, None) == 0.0 and jit_wait_s(get_model("qwen3-30b-a3b"), CachedKernels(jit_cold=True)) == 0.0
     # told the machine was cold, the fit leaves the wait out of the new-variant windows' excess
     with_record, without = warmup_stalls([cold], cal), warmup_stalls([trial(None)], cal)
     assert with_record.per_new_kernel_s < 0.05  # the windows ran at the model's time but for the wait

@@ -320,6 +320,14 @@ def _digest(path: Path) -> str | None:
         return None
 
 
+def _first_server_env(plan: LaunchPlan) -> dict[str, str] | None:
+    """The environment the plan's first server runs with (this process's, under its own; a None
+    value unsets); None for a plan without servers."""
+    if not plan.servers:
+        return None
+    return {k: v for k, v in {**os.environ, **plan.servers[0].env}.items() if v is not None}
+
+
 def jit_cache_dir(env: Mapping[str, str]) -> Path:
     """Where SGLang keeps the CUDA modules it compiles with nvcc on first use (``sglang/kernels/jit``,
     through tvm-ffi): ``TVM_FFI_CACHE_DIR``, else ``~/.cache/tvm-ffi``, one for the whole machine."""
@@ -505,9 +513,9 @@ class SGLangBackend(ProcessBackend):
         """Triton's on-disk cache as the first server will see it (SGLang's Triton kernels, fused MoE,
         block-fp8 linears and attention, compile on first use unless a build is cached there), and
         under ``jit`` the machine's cache of SGLang's nvcc-built CUDA modules."""
-        if not plan.servers:
+        env = _first_server_env(plan)
+        if env is None:
             return None
-        env = {k: v for k, v in {**os.environ, **plan.servers[0].env}.items() if v is not None}
         state: dict[str, Any] = {name: triton_cache_state(d) for name, d in triton_cache_dirs(env).items()}
         state["jit"] = jit_cache_state(jit_cache_dir(env))  # SGLang's nvcc-built modules
         return state
@@ -515,10 +523,8 @@ class SGLangBackend(ProcessBackend):
     def kernel_cache_dir(self, plan: LaunchPlan) -> Path | None:
         """The Triton cache directory the servers share where it is pinned (``TRITON_CACHE_DIR``
         set, as ``pinned_triton_cache`` sets it); None where it is not, and Inductor may move it."""
-        if not plan.servers:
-            return None
-        env = {**os.environ, **plan.servers[0].env}
-        return Path(env["TRITON_CACHE_DIR"]) if env.get("TRITON_CACHE_DIR") else None
+        env = _first_server_env(plan)
+        return Path(env["TRITON_CACHE_DIR"]) if env and env.get("TRITON_CACHE_DIR") else None
 
     def kernel_set(self, plan: LaunchPlan) -> dict[str, Any] | None:
         return plan.facts.get("kernel_set")

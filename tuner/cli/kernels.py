@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -433,9 +434,11 @@ def ledger_cmd(cache_dir, as_json):
     sizes its SGLang servers ran there (tuner records them after each load point). A trial's first load
     point is predicted with those kernels built. Remove the cache directory to start cold."""
     from tuner.errors import ConfigError
-    from tuner.evaluation.kernel_ledger import LEDGER_FILE, KernelLedger, default_cache_dir
+    from tuner.backends.sglang import pinned_triton_cache
+    from tuner.evaluation.kernel_ledger import LEDGER_FILE, KernelLedger
 
-    cache_dir = cache_dir or default_cache_dir()
+    # the directory a server started here is pinned to (this process's TRITON_CACHE_DIR where set)
+    cache_dir = cache_dir or Path(pinned_triton_cache({}).get("TRITON_CACHE_DIR") or os.environ["TRITON_CACHE_DIR"])
     if cache_dir.exists() and not cache_dir.is_dir():
         raise ConfigError("not a directory: give the Triton cache directory, not a file in it", file=str(cache_dir))
     sets = KernelLedger(cache_dir).sets() if cache_dir.is_dir() else {}

@@ -173,16 +173,8 @@ class KernelLedger:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def default_cache_dir() -> Path:
-    """The Triton cache tuner pins its SGLang servers to where nothing else is said: this process's
-    ``TRITON_CACHE_DIR``, else ``$TRITON_HOME/.triton/cache`` (home by default)."""
-    if os.environ.get("TRITON_CACHE_DIR"):
-        return Path(os.environ["TRITON_CACHE_DIR"])
-    return Path(os.environ.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
-
-
 def _ints(values) -> list[int]:
     return [v for v in values or [] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
 
 
-__all__ = ["KernelLedger", "LEDGER_FILE", "LEDGER_FORMAT", "default_cache_dir", "kernel_set_key", "served_token_counts"]
+__all__ = ["KernelLedger", "LEDGER_FILE", "LEDGER_FORMAT", "kernel_set_key", "served_token_counts"]

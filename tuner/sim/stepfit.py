@@ -61,9 +61,9 @@ from .steplog import PrefillLine, StepWindow, decode_windows, read_step_lines
 from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
-from .warmup import (JIT_FIRST_PREFILL_TOKENS, JIT_MODULE_BUILD_S, KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS,
-                     MOE_CONFIG_KEYS, CachedKernels, KernelWarmup, default_split_m,
-                     fit_decay_s, groups_for, moe_config_key, server_linears, triton_moe_shape)
+from .warmup import (JIT_FIRST_PREFILL_TOKENS, KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS,
+                     CachedKernels, KernelWarmup, default_split_m, fit_decay_s, groups_for, jit_wait_s, moe_config_key,
+                     server_linears, triton_moe_shape)
 
 
 @dataclass(frozen=True)
@@ -669,13 +669,6 @@ def _prefill_events(t: TrialSteps, log: str) -> list[PrefillLine]:
     return [ev for ev in events if isinstance(ev, PrefillLine)]
 
 
-def jit_wait_s(t: TrialSteps) -> float:
-    """What the simulator adds to a trial's first long prefill for SGLang's JIT modules: its server
-    was the first on a cold machine (``CachedKernels.jit_cold``), for an MLA model (where measured)."""
-    cold = t.cached_kernels is not None and t.cached_kernels.jit_cold
-    return JIT_MODULE_BUILD_S if cold and getattr(t.model, "is_mla", False) else 0.0
-
-
 def first_long_prefill_time(t: TrialSteps, log: str) -> float | None:
     """When a server's first prefill of ``JIT_FIRST_PREFILL_TOKENS`` or more ran (None: none ran)."""
     return next((ev.t for ev in _prefill_events(t, log) if ev.new_tokens >= JIT_FIRST_PREFILL_TOKENS), None)
@@ -713,11 +706,12 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
             t0 = rows[0][0].t_start
             fresh = np.array(new_variant_times(t, log, shape_groups, shape.topk if shape is not None else 0, split))
             # the first server of a cold machine also waits for SGLang's JIT modules: not a Triton build
-            jit_t = first_long_prefill_time(t, log) if i == 0 and jit_wait_s(t) else None
+            jit_s = jit_wait_s(t.model, t.cached_kernels) if i == 0 else 0.0
+            jit_t = first_long_prefill_time(t, log) if jit_s else None
             for w, p in rows:
                 excess = w.wall_s - p
                 if jit_t is not None and w.t_start < jit_t <= w.t_end:
-                    excess -= jit_wait_s(t)
+                    excess -= jit_s
                 if _is_stall(excess, p):
                     if w.t_end - t0 <= WARMUP_LOOK_S:  # at the middle of its window
                         stalls.append({"log": log, "after_s": (w.t_start + w.t_end) / 2 - t0, "excess_s": excess})

@@ -514,12 +514,19 @@ def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: 
     if not fresh_server or not is_kernel_model(cal):
         return None
     cached = cached or CachedKernels()
-    jit = JIT_MODULE_BUILD_S if cached.jit_cold and getattr(model, "is_mla", False) else 0.0
     return KernelWarmup.from_calibration(cal, triton_moe_shape(model, weight_format, tp, ep, flags), device_name,
                                          sglang_version,
                                          server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
                                          (*precompiled_tokens, *cached.graph_tokens),
-                                         (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens), jit)
+                                         (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens),
+                                         jit_wait_s(model, cached))
+
+
+def jit_wait_s(model, cached: CachedKernels | None) -> float:
+    """What a fresh server's first long prefill waits for SGLang's JIT modules: ``JIT_MODULE_BUILD_S``
+    where its machine had none built (``CachedKernels.jit_cold``) and the model is MLA (where measured)."""
+    cold = cached is not None and cached.jit_cold
+    return JIT_MODULE_BUILD_S if cold and getattr(model, "is_mla", False) else 0.0
 
 
 def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
@@ -549,5 +556,5 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 __all__ = ["JIT_FIRST_PREFILL_TOKENS", "JIT_MODULE_BUILD_S", "KEY", "CachedKernels", "KernelWarmup",
            "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
            "StallModel", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
-           "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
+           "jit_wait_s", "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
