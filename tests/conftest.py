@@ -8,6 +8,23 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kernel_caches_of_the_tests(tmp_path_factory):
+    """Servers the tests start (fake SGLang servers under the live evaluator, Ray workers, CLI
+    subprocesses) pin their Triton cache under ``TRITON_HOME`` and record a kernel ledger there, and
+    read SGLang's JIT-module cache: both go to a directory of this run, never the user's home."""
+    home = tmp_path_factory.mktemp("kernel-caches")
+    saved = {k: os.environ.get(k) for k in ("TRITON_HOME", "TVM_FFI_CACHE_DIR")}
+    os.environ["TRITON_HOME"] = str(home)
+    os.environ["TVM_FFI_CACHE_DIR"] = str(home / "tvm-ffi")
+    yield home
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
