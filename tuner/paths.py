@@ -14,6 +14,16 @@ from pathlib import Path
 from tuner.errors import UserError
 
 
+def user_path(name: str | os.PathLike) -> Path:
+    """``name`` as a path, a leading ``~`` or ``~user`` expanded where that home exists; as written
+    where it does not (``Path.expanduser`` raises for an unknown user, ``~0``): it then names no
+    directory, and the caller's own check says so."""
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:
+        return Path(name)
+
+
 class PathOutsideError(UserError):
     """A path tuner was about to write lies outside the directory it must stay in."""
 

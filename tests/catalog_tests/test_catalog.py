@@ -1,5 +1,8 @@
+from pathlib import Path
+
 import pytest
 
+from tests.conftest import REPO
 from tuner import catalog
 from tuner.errors import ConfigError
 
@@ -39,3 +42,17 @@ def test_unknown_names_suggest():
         catalog.get_model("llama-4")
     with pytest.raises(ConfigError, match="no 'bf16' checkpoint"):
         catalog.get_model("deepseek-v3").checkpoint("bf16")
+
+
+def test_a_model_name_naming_an_unknown_users_home_is_an_unknown_model(tmp_path):
+    from tuner.config.load import load_study
+    from tuner.paths import user_path
+
+    # Path("~0").expanduser() raises: there is no user "0"; a model name is not a home directory
+    assert user_path("~0") == Path("~0") and user_path("~/m") == Path.home() / "m"
+    with pytest.raises(ConfigError, match="unknown model '~0'"):
+        catalog.get_model("~0")
+    study = tmp_path / "s.yaml"
+    study.write_text((REPO / "studies" / "h200.yaml").read_text().replace("model: glm-5.1\n", "model: '~0'\n", 1))
+    with pytest.raises(ConfigError, match="~0"):
+        load_study(str(study))

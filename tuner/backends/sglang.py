@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from tuner.backends import moe_configs
+from tuner.paths import user_path
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import ServerLaunch, free_port
 from tuner.backends.router import plan_topology, router_argv
@@ -331,7 +332,7 @@ def _first_server_env(plan: LaunchPlan) -> dict[str, str] | None:
 def jit_cache_dir(env: Mapping[str, str]) -> Path:
     """Where SGLang keeps the CUDA modules it compiles with nvcc on first use (``sglang/kernels/jit``,
     through tvm-ffi): ``TVM_FFI_CACHE_DIR``, else ``~/.cache/tvm-ffi``, one for the whole machine."""
-    return Path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tvm-ffi")).expanduser()
+    return user_path(env.get("TVM_FFI_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tvm-ffi"))
 
 
 def jit_cache_state(cache_dir: Path) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
+from tuner.paths import user_path
 from tuner.backends.base import LaunchPlan, ProcessBackend, cuda_visible_devices, try_get_json
 from tuner.backends.process import ServerLaunch, free_port
 from tuner.errors import BackendUnavailableError, ConfigError, TrialError
@@ -215,7 +216,7 @@ def resolve_model_dir(study, options: Mapping[str, Any]) -> Path:
     """The study's ``model`` as a directory; relative paths are taken from the study's root
     (the folder above ``studies/``). With ``backend_options.make_tiny`` a missing directory is
     created by ``tuner.tinymodels.tiny`` (built aside and renamed: concurrent trials are safe)."""
-    raw = Path(str(study.model)).expanduser()
+    raw = user_path(str(study.model))
     if not raw.is_absolute():
         root = Path.cwd()
         if getattr(study, "source_path", None):

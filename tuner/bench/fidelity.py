@@ -303,7 +303,7 @@ def repeat_key(p: LoadPoint) -> tuple:
     return (*model, p.gpu, p.gpus, p.nodes, canon(flags), canon(p.knobs), p.workload.model_dump_json(), p.users,
             p.warmup_s, p.duration_s, p.p90_ttft_slo_s, p.p90_tpot_slo_s, p.fresh_server,
             # a fresh server on a cache that earlier servers filled is not a repeat of one on a cold cache
-            (p.cached_kernels.prefill_tokens, p.cached_kernels.graph_tokens) if p.cached_kernels else None)
+            p.cached_kernels or None)
 
 
 def repeats(results: list[PointResult]) -> dict | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import ConfigError
+from tuner.paths import user_path
 
 _DATA = Path(__file__).parent
 
@@ -73,8 +74,8 @@ def get_model(ref) -> ModelDescription:
     key = name.lower()
     if key in table:
         return table[key]
-    if "/" in name or name.startswith(".") or Path(name).expanduser().is_dir():
-        path = Path(name).expanduser()
+    if "/" in name or name.startswith(".") or user_path(name).is_dir():
+        path = user_path(name)
         if path.is_dir():
             return model_from_hf_config(read_config_dir(path), name=str(path.resolve()), hf_id=str(path.resolve()))
         if not (path / "config.json").exists() and "/" in name and not name.startswith((".", "/", "~")):
@@ -95,7 +96,7 @@ def resolve_ref(ref: ModelRef, *, file: str | None = None, near: Path | None = N
     if base_model is not None:
         cfg = hf_config_of(base_model)
     else:
-        path = Path(ref.name).expanduser()
+        path = user_path(ref.name)
         if not path.is_absolute() and near is not None:
             path = near / path
         cfg = read_config_dir(path, key="model.name", file=file)

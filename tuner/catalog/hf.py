@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuner.catalog.descriptions import Checkpoint, ModelDescription
 from tuner.errors import ConfigError
+from tuner.paths import user_path
 
 #: HF architecture -> (attention kind, family); anything else is refused
 ARCHITECTURES: dict[str, tuple[Literal["gqa", "mla", "dsa"], str]] = {
@@ -125,7 +126,7 @@ class ModelRef(BaseModel):
 
 def read_config_dir(path: str | Path, *, key: str = "model", file: str | None = None) -> dict[str, Any]:
     """The ``config.json`` of a model directory, as a dict (ConfigError naming what is wrong)."""
-    d = Path(path).expanduser()
+    d = user_path(path)
     if not d.is_dir():
         raise ConfigError(f"{str(path)!r} is neither a catalog model nor a directory", file=file, key=key)
     cfg_path = d / "config.json"

@@ -14,6 +14,7 @@ from pydantic_core import PydanticUndefined
 from tuner import catalog, safeyaml
 from tuner.catalog import ModelRef, resolve_ref
 from tuner.errors import ConfigError
+from tuner.paths import user_path
 from tuner.config import expr, exprcheck
 from tuner.config.comparison import ComparisonSpec, check_costs, looks_like_comparison
 from tuner.config.knobs import SGLANG_KNOBS
@@ -242,7 +243,7 @@ def _resolve_model(model, file: str, root: Path):
         if model.lower() in catalog.models():
             return model
         looks_like_path = "/" in model or model.startswith((".", "~")) or (root / model).is_dir() \
-            or Path(model).expanduser().is_dir()
+            or user_path(model).is_dir()
         if not looks_like_path:
             return model  # an unknown name: check_study says so, with the valid ones
         model = ModelRef(name=model)

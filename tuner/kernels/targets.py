@@ -9,6 +9,7 @@ from enum import Enum
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.paths import user_path
 from tuner.kernels.gemm_shapes import GemmShape, gemm_shapes
 from tuner.kernels.shapes import MoEShape, moe_shape
 
@@ -85,7 +86,7 @@ def check_batch_sizes(values: list[int]) -> list[int]:
 
 def check_output_dir(path: str | Path) -> Path:
     """``path`` is, or can be created as, a writable directory; nothing is created here."""
-    p = Path(path).expanduser().absolute()
+    p = user_path(path).absolute()
     probe = p
     while not probe.exists():
         if probe.parent == probe:
