@@ -387,3 +387,29 @@ def test_repeats_pair_only_measurements_of_one_configuration_and_count_their_ver
     assert doc["points"] == 5 and doc["simulator_agreement"] == pytest.approx(2 / 5)
     text = format_report({**run_fidelity([results]), "repeats": doc})
     assert "two real servers' SLO verdicts agree on 50.0% of 4 pairs" in text
+
+
+def test_verdicts_are_split_by_whether_the_measured_window_decides_them(tmp_path, capsys):
+    d = tmp_path / "probes"
+    d.mkdir()
+    base = {"users": 2, "warmup_s": 20, "duration_s": 60, "seed": 1,
+            "measured": {"p50_ttft_s": 0.1, "p90_ttft_s": 0.2, "p90_tpot_s": 0.02,
+                         "throughput_tokens_per_s": 100.0, "prefix_cache_hit_rate": 0.5}}
+    points = [  # SLO 2.0 s / 30 ms: the first window's TPOT interval reaches past 30 ms, the second's does not
+        {**base, "p90_spread": {"ttft_s": [0.15, 0.25], "tpot_s": [0.018, 0.031]}},
+        {**base, "users": 4, "p90_spread": {"ttft_s": [0.15, 0.25], "tpot_s": [0.018, 0.022]}},
+        {**base, "users": 6}]
+    (d / "a.json").write_text(json.dumps(_probe(points=points)))
+    doc = run_fidelity([tmp_path])
+    assert [p["measured_verdict_marginal"] for p in doc["points"]] == [True, False, None]
+    wn = doc["verdicts_by_window_noise"]
+    assert wn["decided"]["points"] == 1 and wn["marginal"]["points"] == 1 and wn["unknown_points"] == 1
+    assert wn["decided"]["agreement"] == doc["points"][1]["verdict_agrees"]
+    assert "points whose own window decides their verdict" in format_report(doc) and "(p@2)" in format_report(doc)
+    # a database point carries the intervals its window recorded (none under 10 requests: 2 users)
+    results, _ = make_db(tmp_path / "db")
+    assert [type(p["measured_verdict_marginal"]) for p in run_fidelity([results])["points"]] == [type(None), bool]
+    # a malformed interval names the file and the key
+    (d / "a.json").write_text(json.dumps(_probe(points=[{**base, "p90_spread": {"tpot_s": [0.03, 0.01]}}])))
+    code, err = _main(["bench", "fidelity", "--results", str(tmp_path)], capsys)
+    assert code == 2 and "a.json" in err and "points[0].p90_spread.tpot_s" in err

@@ -105,6 +105,9 @@ def test_an_ab_becomes_probe_files_the_fidelity_benchmark_reads_as_its_study_wou
         assert point.seed == spec.seed + 5 and point.fresh_server  # its server's first point, no kernel warm-up
         assert point.users == 16 and point.measured["p90_tpot_s"] == ab["comparison"][0][tiles]["p90_tpot_s"]
         assert point.workload.name == study_point.workload.name
+        # the window's own P90 intervals travel with it (the fidelity benchmark's marginal verdicts)
+        variant = next(v for v in ab["variants"] if v["tiles"] == tiles)
+        assert point.p90_spread == {k: tuple(v) for k, v in variant["load_points"][0]["extra"]["p90_spread"].items()}
 
 
 def test_a_probe_with_a_bad_model_mapping_names_the_key(tmp_path):

@@ -66,3 +66,22 @@ def test_counted_in_window_takes_starts_and_the_warm_ups_still_waiting():
     assert counted_in_window(5.0, 10.0, w)
     assert counted_in_window(5.0, None, w)  # still waiting
     assert not counted_in_window(5.0, 9.9, w)  # served (or failed) in the warm-up
+
+
+def test_a_verdict_is_marginal_where_a_limit_lies_inside_a_p90_interval():
+    from tuner.workload.metrics import verdict_marginal
+
+    limits = (1.0, 0.025)
+    spread = {"ttft_s": (0.5, 0.7), "tpot_s": (0.022, 0.026)}
+    # a pass whose TPOT interval reaches past its limit could be a miss
+    assert verdict_marginal(True, (0.6, 0.024), spread, limits) is True
+    # a pass whose intervals both stay under the limits is decided
+    assert verdict_marginal(True, (0.6, 0.020), {"ttft_s": (0.5, 0.7), "tpot_s": (0.019, 0.021)}, limits) is False
+    # a miss over TPOT alone whose interval reaches back under its limit could be a pass ...
+    assert verdict_marginal(False, (0.6, 0.0255), spread, limits) is True
+    # ... but not one that is also over TTFT with an interval wholly above it
+    assert verdict_marginal(False, (1.5, 0.0255), {"ttft_s": (1.3, 1.8), "tpot_s": (0.022, 0.026)}, limits) is False
+    # a miss of an invalid window is no noise, and a window without intervals is unknown
+    assert verdict_marginal(False, (0.6, 0.0255), spread, limits, valid=False) is False
+    assert verdict_marginal(True, (0.6, 0.024), None, limits) is None
+    assert verdict_marginal(True, (0.6, 0.024), {}, limits) is None

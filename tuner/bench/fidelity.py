@@ -27,6 +27,7 @@ from tuner.sim import simulate_load_point
 from tuner.sim.stepfit import calibrate
 from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.hostlink import load_back_counters
+from tuner.workload.metrics import verdict_marginal
 from tuner.sim.measured import (METRICS, PROBE_FORMAT, REAL_BACKENDS, LoadPoint, TrialSelection, extra_args_to_flags,
                                 find_sources, format_metric, load_points, points_from_database, points_from_probe,
                                 trial_label)
@@ -65,6 +66,17 @@ class PointResult:
         if ttft is None or tpot is None:
             return None
         return abs(ttft / p.p90_ttft_slo_s - 1) > SLO_MARGIN and abs(tpot / p.p90_tpot_slo_s - 1) > SLO_MARGIN
+
+    @property
+    def measured_marginal(self) -> bool | None:
+        """Whether the measured verdict is one its own window's sampling noise could turn (an SLO limit
+        inside a P90's 90% interval: ``metrics.verdict_marginal``, the capacity search's rule); None
+        where the window recorded no intervals."""
+        p = self.point
+        if self.measured_meets is None:
+            return None
+        return verdict_marginal(self.measured_meets, (p.measured.get("p90_ttft_s"), p.measured.get("p90_tpot_s")),
+                                p.p90_spread, (p.p90_ttft_slo_s, p.p90_tpot_slo_s))
 
     @property
     def verdict_agrees(self) -> bool | None:
@@ -172,18 +184,19 @@ def window_noise(points: list[LoadPoint], seeds: int, *, sglang_version: str | N
 
 def summarize(results: list[PointResult]) -> dict:
     return _summary([r.ape for r in results], [r.verdict_agrees for r in results], [r.error for r in results],
-                    [r.clear_of_slo for r in results])
+                    [r.clear_of_slo for r in results], [r.measured_marginal for r in results])
 
 
 def summarize_points(point_docs: list[dict]) -> dict:
     """``summarize`` over the point records of a report (``doc["points"]``), e.g. a subset of them."""
     out = _summary([p["ape"] for p in point_docs], [p["verdict_agrees"] for p in point_docs],
-                   [p["error"] for p in point_docs], [p.get("clear_of_slo") for p in point_docs])
+                   [p["error"] for p in point_docs], [p.get("clear_of_slo") for p in point_docs],
+                   [p.get("measured_verdict_marginal") for p in point_docs])
     out["load_points"] = len(point_docs)
     return out
 
 
-def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
+def _summary(apes: list[dict], agrees: list, errors: list, clear: list, marginal: list | None = None) -> dict:
     mape = {}
     for k in METRICS:
         vals = [a[k] for a in apes if a.get(k) is not None]
@@ -201,7 +214,21 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list) -> dict:
             # not a target: the agreement on the points whose measured P90s are clear of the SLO
             "verdicts_clear_of_slo": {"margin": SLO_MARGIN, "points": len(clear_verdicts),
                                       "agreement": sum(clear_verdicts) / len(clear_verdicts) if clear_verdicts
-                                      else None}}
+                                      else None},
+            "verdicts_by_window_noise": _by_window_noise(agrees, marginal or [None] * len(agrees))}
+
+
+def _by_window_noise(agrees: list, marginal: list) -> dict:
+    """The agreement on the points whose measured verdict their own window decides, and on those it
+    does not (``PointResult.measured_marginal``): not a target; it says how much of the disagreement
+    is the measurement's own noise."""
+    def part(want: bool) -> dict:
+        got = [a for a, m in zip(agrees, marginal) if a is not None and m is want]
+        return {"points": len(got), "agreement": sum(got) / len(got) if got else None}
+    return {"decided": part(False), "marginal": part(True),
+            "unknown_points": sum(1 for a, m in zip(agrees, marginal) if a is not None and m is None),
+            "method": "marginal: an SLO limit inside the 90% interval of a measured P90 (order statistics of the "
+                      "window's requests), the capacity search's confirm_marginal rule; unknown: no intervals recorded"}
 
 
 def point_context(model: str, gpu: str, flags: dict, sglang_version: str | None) -> dict:
@@ -354,6 +381,7 @@ def _point_doc(r: PointResult) -> dict:
                       "calibration_applied": r.calibration_applied,
                       "calibration_fitted_on": r.calibration_fitted_on},
         "ape": r.ape, "verdict_agrees": r.verdict_agrees, "clear_of_slo": r.clear_of_slo,
+        "measured_verdict_marginal": r.measured_marginal,
         "slo": {"p90_ttft_s": p.p90_ttft_slo_s, "p90_tpot_s": p.p90_tpot_slo_s},
         "off_target": r.off_target(), "error": r.error,
         "fresh_server": p.fresh_server,
@@ -440,6 +468,14 @@ def format_report(doc: dict) -> str:
         near = [pt["label"] for pt in doc["points"] if pt.get("clear_of_slo") is False]
         lines.append(f"  on {pct(vc['agreement'])} of the {vc['points']} points whose measured P90s are more than "
                      f"{vc['margin']:.0%} from their SLO" + (f" (near it: {', '.join(near)})" if near else ""))
+    wn = doc.get("verdicts_by_window_noise") or {}
+    if wn.get("decided", {}).get("points") or wn.get("marginal", {}).get("points"):
+        marginal = [pt["label"] for pt in doc["points"] if pt.get("measured_verdict_marginal")]
+        lines.append(f"  on {pct(wn['decided']['agreement'])} of the {wn['decided']['points']} points whose own window "
+                     f"decides their verdict (no SLO limit inside a measured P90's 90% interval), and "
+                     f"{pct(wn['marginal']['agreement'])} of the {wn['marginal']['points']} it does not"
+                     + (f" ({', '.join(marginal)})" if marginal else "")
+                     + (f"; {wn['unknown_points']} points recorded no intervals" if wn.get("unknown_points") else ""))
     subset = lambda what, b: (f"  on {what}: P90 TTFT {pct(b['mape']['p90_ttft_s'])}, "
                               f"P90 TPOT {pct(b['mape']['p90_tpot_s'])}, verdicts {pct(b['verdict_agreement'])}")
     for name, what in (("warm", "warm servers"), ("fresh", "fresh servers' first load points")):

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from tuner.vocabulary import Bisection
-from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics, pooled_meets, pooled_p90s
+from tuner.workload.metrics import SPREAD_KEY, LoadPointMetrics, pooled_meets, pooled_p90s, verdict_marginal
 
 
 def slo_margin(p90s: tuple[float | None, float | None] | None, p90_ttft_s: float, p90_tpot_s: float) -> float | None:
@@ -90,14 +90,8 @@ class CapacitySearch:
         """A verdict its window's own noise could turn (``extra["p90_spread"]``, a 90% interval of
         each P90): a pass whose interval reaches past a limit, or a miss whose every P90 over its
         limit has an interval reaching back under it. False where no spread was recorded."""
-        spread = (m.extra or {}).get(SPREAD_KEY) or {}
-        ttft, tpot = spread.get("ttft_s"), spread.get("tpot_s")
-        if self.meets(m):
-            return bool((ttft and ttft[1] > self.p90_ttft_s) or (tpot and tpot[1] > self.p90_tpot_s))
-        over = [(limit, interval) for value, limit, interval in ((m.p90_ttft_s, self.p90_ttft_s, ttft),
-                                                                 (m.p90_tpot_s, self.p90_tpot_s, tpot))
-                if value is not None and value > limit]
-        return bool(m.valid and over and all(interval and interval[0] <= limit for limit, interval in over))
+        return bool(verdict_marginal(self.meets(m), (m.p90_ttft_s, m.p90_tpot_s), (m.extra or {}).get(SPREAD_KEY),
+                                     (self.p90_ttft_s, self.p90_tpot_s), valid=m.valid))
 
     def pooled_meets(self, a: LoadPointMetrics, b: LoadPointMetrics) -> bool:
         """Both windows of one user count against the SLO (``metrics.pooled_meets``)."""

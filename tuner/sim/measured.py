@@ -19,6 +19,7 @@ Probe format (``tuner-probe/1``)::
      "slo": {"p90_ttft_s": 5.0, "p90_tpot_s": 0.05},
      "points": [{"users": 16, "warmup_s": 60, "duration_s": 300, "seed": 0, "fresh_server": true,
                  "cached_kernels": {"prefill_tokens": [3, 2048], "graph_tokens": [1, 2, 4]},  # optional
+                 "p90_spread": {"ttft_s": [0.21, 0.26], "tpot_s": [0.022, 0.024]},  # optional: 90% intervals
                  "measured": {"p50_ttft_s": ..., "p90_ttft_s": ..., "p90_tpot_s": ...,
                               "throughput_tokens_per_s": ..., "prefix_cache_hit_rate": ...}}],
      "provenance": {"date": "...", "command": "...", "server_info": {...}}}
@@ -38,7 +39,7 @@ from tuner.errors import ConfigError, UserError
 from tuner.storage import repo
 from tuner.storage.snapshot import read_snapshot
 from tuner.workload.profiles import load_profile
-from tuner.workload.metrics import KERNEL_CACHE_KEY
+from tuner.workload.metrics import KERNEL_CACHE_KEY, SPREAD_KEY
 from tuner.workload.session import WorkloadProfile
 
 from tuner.catalog.routing import random_weight_flags
@@ -90,6 +91,9 @@ class LoadPoint:
     # per-M kernels that fresh server found built in its Triton cache (tuner.evaluation.kernel_ledger)
     cached_kernels: CachedKernels | None = None
     server_metrics: dict = field(default_factory=dict)  # SGLang's /metrics over the load point
+    # 90% intervals of the window's own P90s (``metrics.p90_spread``: {"ttft_s": (lo, hi), ...});
+    # None where the measurement did not record them
+    p90_spread: dict | None = None
 
     def server_stage_means(self) -> dict | None:
         """SGLang's own per-request means over the load point: queue time (waiting queue to a
@@ -268,7 +272,8 @@ def _points(engine, path: Path, backends: tuple[str, ...]) -> list[LoadPoint]:
                 measured=measured, study=study_row.name, trial=m.trial_number, step=m.step,
                 fresh_server=ran_on_fresh_server(m, first_step),
                 cached_kernels=stored_cached_kernels(m.extra, f"{study_row.name}#{m.trial_number}@{m.users}"),
-                server_metrics=dict((m.extra or {}).get("server_metrics") or {})))
+                server_metrics=dict((m.extra or {}).get("server_metrics") or {}),
+                p90_spread=(m.extra or {}).get(SPREAD_KEY) or None))
     return out
 
 
@@ -311,6 +316,21 @@ def _probe_cached_kernels(p: dict, path: Path, where: str) -> CachedKernels | No
         return CachedKernels.from_dict(p["cached_kernels"])
     except ConfigError as exc:
         raise ConfigError(exc.detail, file=str(path), key=f"{where}{exc.key}") from None
+
+
+def _probe_spread(p: dict, path: Path, where: str) -> dict | None:
+    """A probe point's optional ``p90_spread``: for ``ttft_s`` and/or ``tpot_s``, [low, high] in s."""
+    doc = p.get(SPREAD_KEY)
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or not doc or set(doc) - {"ttft_s", "tpot_s"}:
+        raise ConfigError("must map ttft_s and/or tpot_s to [low, high] in s", file=str(path), key=f"{where}{SPREAD_KEY}")
+    for k, v in doc.items():
+        if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) and not
+                                                                   isinstance(x, bool) for x in v) and 0 <= v[0] <= v[1]):
+            raise ConfigError(f"must be [low, high] in s with 0 <= low <= high, got {v!r:.80}", file=str(path),
+                              key=f"{where}{SPREAD_KEY}.{k}")
+    return {k: (float(v[0]), float(v[1])) for k, v in doc.items()}
 
 
 def points_from_probe(path: Path) -> list[LoadPoint]:
@@ -366,7 +386,8 @@ def points_from_probe(path: Path) -> list[LoadPoint]:
             sglang_version=doc.get("sglang_version"), measured={k: measured.get(k) for k in METRICS},
             step=i, fresh_server=bool(p.get("fresh_server", False)),
             cached_kernels=_probe_cached_kernels(p, path, where),
-            server_metrics=dict(p.get("server_metrics") or {})))
+            server_metrics=dict(p.get("server_metrics") or {}),
+            p90_spread=_probe_spread(p, path, where)))
     return out
 
 

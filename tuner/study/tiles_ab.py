@@ -34,6 +34,7 @@ from tuner.sim.measured import METRICS, PROBE_FORMAT, extra_args_to_flags
 from tuner.catalog.routing import random_weight_flags
 from tuner.study.summary import study_summary
 from tuner.workload.ab import WindowComparison, compare_windows, read_requests, server_spread
+from tuner.workload.metrics import SPREAD_KEY
 
 VARIANTS: tuple[str, ...] = SGLANG_KNOBS["moe-tile-configs"].choices  # default (SGLang's own), tuned
 
@@ -298,6 +299,7 @@ def probe_documents(ab: dict, spec, trial: dict, *, origin: str = "") -> dict[st
                 "seed": spec.seed + int(trial["number"]) + 1009 * i,
                 "fresh_server": i == 0 and not extra.get("kernel_warmup"),
                 "measured": {k: p.get(k) for k in METRICS},
+                **({SPREAD_KEY: extra[SPREAD_KEY]} if extra.get(SPREAD_KEY) else {}),
                 "server_metrics": dict(extra.get("server_metrics") or {})})
         if not points:
             continue

@@ -133,6 +133,22 @@ def p90_spread(values) -> tuple[float, float] | None:
     return float(data[lo]), float(data[hi])
 
 
+def verdict_marginal(meets: bool, p90s: tuple[float | None, float | None], spread: dict | None,
+                     limits: tuple[float, float], *, valid: bool = True) -> bool | None:
+    """Whether a window's SLO verdict is one its own sampling noise could turn: a pass whose P90
+    interval (``p90_spread``) reaches past a limit, or a miss whose every P90 over its limit has an
+    interval reaching back under it. ``p90s`` and ``limits``: (TTFT, TPOT) in s; ``spread``: the
+    window's ``extra["p90_spread"]``. None where no interval was recorded (nothing is known)."""
+    spread = spread or {}
+    intervals = (spread.get("ttft_s"), spread.get("tpot_s"))
+    if not any(intervals):
+        return None
+    if meets:
+        return any(iv and iv[1] > limit for iv, limit in zip(intervals, limits))
+    over = [(limit, iv) for value, limit, iv in zip(p90s, limits, intervals) if value is not None and value > limit]
+    return bool(valid and over and all(iv and iv[0] <= limit for limit, iv in over))
+
+
 def pooled_p90s(windows) -> tuple[float, float] | None:
     """(P90 TTFT, P90 TPOT) of several windows measured at one user count: each P90 averaged over
     the windows, weighted by their requests (an estimate of the pooled P90 with less variance than
