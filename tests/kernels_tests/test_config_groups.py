@@ -104,3 +104,22 @@ def test_a_malformed_shipped_file_is_named(tmp_path):
     (tmp_path / "configs" / "triton_3_6_0" / "E=8,N=64,device_name=NVIDIA_H200.json").write_text("[1, 2")
     with pytest.raises(ConfigError, match="could read"):
         device_groups(tmp_path, "NVIDIA H200", "3.6.0")
+
+
+def test_a_tune_summarys_files_give_the_tuned_groups_and_a_missing_one_is_named(tmp_path):
+    from tuner.kernels.config_groups import tuned_groups
+
+    d = tmp_path / "configs" / "triton_3_6_0"
+    d.mkdir(parents=True)
+    up = "E=128,N=768,device_name=NVIDIA_H200.json"
+    (d / up).write_text(json.dumps({"1": A, "4": A, "16": B}))
+    (d / up.replace(".json", "_down.json")).write_text(json.dumps({"1": A, "4": C, "16": B}))
+    files = [f"configs/triton_3_6_0/{up}", f"configs/triton_3_6_0/{up.replace('.json', '_down.json')}"]
+    summary = {"reports": [{"kind": "moe", "tag": "x", "files": files},
+                           {"kind": "gemm", "tag": "y", "files": ["N2048_K4096.json"]}]}
+    # the down file splits 1 from 4, whose up configs are equal
+    assert tuned_groups(summary, tmp_path) == {"E=128,N=768": [[1], [4], [16]]}
+    (d / up).unlink()
+    with pytest.raises(ConfigError) as err:
+        tuned_groups(summary, tmp_path)
+    assert err.value.key == "reports[0].files" and up in str(err.value)

@@ -1,12 +1,14 @@
 """Fresh-server stalls: their schedule from the measured statistics, where the engine puts them,
 and that only a deployment's first load point whose window overlaps them is changed."""
 
+import json
 import contextlib
 import copy
 import math
 
 import pytest
 
+from tests.conftest import REPO
 from tuner.catalog import get_gpu, get_model
 from tuner.errors import ConfigError
 from tuner.planner import parse_layout, plan_memory
@@ -521,3 +523,59 @@ def test_a_cold_machines_first_long_prefill_waits_once_for_sglangs_jit_modules()
     assert "jit_cold" not in CachedKernels((3,)).to_dict()
     with pytest.raises(ConfigError, match="jit_cold"):
         CachedKernels.from_dict({"jit_cold": "yes"})
+
+
+def test_a_server_on_tuned_tiles_builds_the_variants_of_the_tuned_files_groups():
+    from tuner.catalog import ModelRef, resolve_ref
+
+    small = get_model(resolve_ref(ModelRef(name="deepseek-v3", overrides={"num_hidden_layers": 8})))
+    key = moe_config_key(triton_moe_shape(small, "fp8_block", 1, 1))
+    tuned = [[1], [4], [16], [32, 128], [64], [512], [2048], [4096]]
+    cal = {"fresh_server_stalls": {"per_new_kernel_s": 0.5, "moe_config_groups": H200_LOGGED_GROUPS},
+           "moe_tuned_config_groups": {key: tuned}}
+    default = kernel_warmup(cal, True, small, "fp8_block", 1, 1, {})
+    on_tuned = kernel_warmup(cal, True, small, "fp8_block", 1, 1, {}, moe_tiles="tuned")
+    assert default.groups == H200_LOGGED_GROUPS[key] and on_tuned.groups == tuned
+    # prefills of 48, 96 and 608 tokens: one fused-MoE config on SGLang's file, three on the tuned one,
+    # so the tuned server builds two variants more, each its up and its down GEMM
+    sizes = (48, 96, 608)
+    assert len({moe_variant(n, default.groups, 9) for n in sizes}) == 1
+    assert len({moe_variant(n, on_tuned.groups, 9) for n in sizes}) == 3
+    assert sum(on_tuned.new_kernels(n) for n in sizes) == sum(default.new_kernels(n) for n in sizes) + 2 * 2
+    # a shape no tuning covered keeps SGLang's groups on tuned tiles
+    qwen = get_model(QWEN)
+    assert kernel_warmup(cal, True, qwen, "bf16", 1, 1, {}, moe_tiles="tuned").groups == \
+        kernel_warmup(cal, True, qwen, "bf16", 1, 1, {}).groups
+    # a malformed table is named
+    with pytest.raises(ConfigError) as err:
+        kernel_warmup({**cal, "moe_tuned_config_groups": {key: [[1, "x"]]}}, True, small, "fp8_block", 1, 1, {},
+                      moe_tiles="tuned")
+    assert err.value.key == "moe_tuned_config_groups"
+
+
+def test_the_committed_h200_calibration_has_the_tuned_files_groups():
+    from tuner.kernels.config_groups import tuned_groups
+
+    summary = REPO / "results" / "kernels" / "h200" / "sglang" / "summary.json"
+    cal = load_calibration("h200")
+    assert cal["moe_tuned_config_groups"] == tuned_groups(json.loads(summary.read_text()), summary.parent)
+    assert len(cal["moe_tuned_config_groups"]["E=257,N=2048,dtype=fp8_w8a8,block_shape=[128, 128]"]) == 8
+
+
+def test_the_simulator_builds_a_trials_fresh_kernels_from_the_tile_files_it_runs(monkeypatch):
+    import tuner.sim.simulate as sim
+
+    seen = []
+    real = sim.kernel_warmup
+    def spy(*args, **kwargs):  # the tile files each replica's kernels are built from
+        import inspect
+
+        seen.append(inspect.signature(real).bind(*args, **kwargs).arguments.get("moe_tiles", "default"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sim, "kernel_warmup", spy)
+    for tiles in ("default", "tuned"):
+        simulate_load_point(QWEN, "h200", 1, TRITON_EAGER, {"moe-tile-configs": tiles}, load_profile("coding-agent-40k"),
+                            8, warmup_s=10, duration_s=20, seed=5, host_memory_gb=256, sglang_version="0.5.17",
+                            fresh_server=True)
+    assert seen == ["default", "tuned"]

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from tuner.errors import ConfigError
-from tuner.kernels.configfile import device_file_name, nearest_config, triton_dir_name
+from tuner.kernels.configfile import device_file_name, nearest_config, read_configs, triton_dir_name
 from tuner.kernels.sglang_env import Found, shipped_down_configs, shipped_moe_configs
 
 _DEVICE_PART = re.compile(r",device_name=([^,]+?)(?=,|_down\.json$|\.json$)")
@@ -51,6 +51,32 @@ def key_groups(up: dict[int, dict], down: dict[int, dict] | None = None) -> list
         pair = (nearest_config(up, k), nearest_config(down, k) if down else None)
         groups.setdefault(json.dumps(pair, sort_keys=True), []).append(k)
     return sorted(groups.values(), key=lambda g: g[0])
+
+
+def tuned_groups(summary: dict, summary_dir: Path) -> dict[str, list[list[int]]]:
+    """Per shape selector, the key groups of the tuned fused-MoE files a ``tuner kernels tune``
+    summary lists (each report's ``files``, relative to ``summary_dir``: an up file and its
+    ``_down`` file, which SGLang loads instead of its own for ``moe-tile-configs: tuned``)."""
+    out: dict[str, list[list[int]]] = {}
+    for i, report in enumerate(summary.get("reports") or []):
+        if not isinstance(report, dict) or report.get("kind") != "moe":
+            continue
+        files: dict[bool, tuple[str, Path]] = {}
+        for rel in report.get("files") or []:
+            parsed = selector_of(Path(str(rel)).name)
+            if parsed is not None:
+                files[parsed[2]] = (parsed[0], Path(summary_dir) / str(rel))
+        if False not in files:
+            continue
+        selector, up_path = files[False]
+        try:
+            up = read_configs(up_path)
+            down = read_configs(files[True][1]) if True in files else None
+        except (OSError, ConfigError) as exc:
+            raise ConfigError(f"cannot read a tuned file it lists: {exc}", file=str(up_path),
+                              key=f"reports[{i}].files") from None
+        out[selector] = key_groups(up, down)
+    return out
 
 
 def selectors_for(config_root: Path, device_name: str) -> list[str]:

@@ -19,8 +19,11 @@ import yaml
 from tuner.catalog import GPUDescription, ModelDescription, gpus
 from tuner import safewrite
 from tuner.errors import ConfigError
+from tuner.kernels.config_groups import tuned_groups
 from tuner.planner.memory import prefill_graph_enabled, rules_version
 from tuner.planner.startup import default_attention_backend
+
+from .warmup import TUNED_GROUPS_KEY
 
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
 # tuned-over-untuned speedup tables, {tokens: speedup}: each replaces the one below it whole
@@ -455,7 +458,8 @@ def pooled_speedups(by_shape: dict[str, dict[int, float]]) -> dict[int, float]:
 def write_refit(summary: str | Path, gpu: str, compares: tuple[str | Path, ...] = ()) -> tuple[Path, list[int]]:
     """Refit ``calibration/<gpu>.yaml``'s MoE entries from a kernel summary; (file, batch sizes).
     A summary of SGLang's own kernels (``reports``) gives each tuned shape its table
-    (``moe_tuned_speedup_by_shape``) and the rest their median; an older flat summary one table.
+    (``moe_tuned_speedup_by_shape``) and the rest their median, and the tuned files it lists their
+    key groups (``warmup.TUNED_GROUPS_KEY``); an older flat summary one table.
     ``compares`` (``tuner kernels compare`` results under ``--routing collapsed``) give the shapes
     they time their collapsed-routing tables (``COLLAPSED_SPEEDUPS_KEY``)."""
     path = safewrite.check_target(CALIBRATION_DIR / f"{gpu}.yaml")  # before reading it: no link, no device
@@ -474,6 +478,11 @@ def write_refit(summary: str | Path, gpu: str, compares: tuple[str | Path, ...] 
     with open(summary) as f:
         doc = json.load(f)
     by_shape = speedups_by_shape(doc) if isinstance(doc, dict) else {}
+    groups = tuned_groups(doc, Path(summary).parent) if isinstance(doc, dict) else {}
+    if groups:  # the key groups a tuned server's fresh kernels follow (warmup.groups_for)
+        current[TUNED_GROUPS_KEY] = groups
+    else:
+        current.pop(TUNED_GROUPS_KEY, None)
     if by_shape:
         fitted = {"moe_tuned_speedup": pooled_speedups(by_shape)}
         current["moe_tuned_speedup_by_shape"] = by_shape

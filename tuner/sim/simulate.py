@@ -254,7 +254,7 @@ def simulate_load_point(
                                       kernels=kernel_warmup(cal, fresh_server, model, weight_format, layout.tp,
                                                             layout.ep, flags, gpu.device_name, version,
                                                             captured_token_counts(model, flags, plan),
-                                                            cached_kernels)))
+                                                            cached_kernels, step_model.moe_tiles)))
     rank_replica = {id(r): rep for rep in replicas for r in rep.ranks}
     router = Router(routing_policy(flags, knobs), len(all_ranks), SessionIndex(len(all_ranks), sys_prefix),
                     seed=seed)

@@ -459,12 +459,14 @@ class KernelWarmup:
     def from_calibration(cls, cal: dict, shape, device_name: str | None = None,
                          sglang_version: str | None = None, linears: tuple = (),
                          precompiled_tokens: Iterable[int] = (),
-                         prefilled_tokens: Iterable[int] = (), jit_build_s: float = 0.0) -> "KernelWarmup | None":
+                         prefilled_tokens: Iterable[int] = (), jit_build_s: float = 0.0,
+                         moe_tiles: str = "default") -> "KernelWarmup | None":
         """The calibration's kernel-variant stalls for a server whose fused MoE runs ``shape``
         (``triton_moe_shape``; None: no Triton fused MoE) and whose block-fp8 linears are
         ``linears`` (``server_linears``); None where neither can stall. The MoE's key groups are the
         calibration's own (read from its servers' logs) where it has them for this shape, else
-        those of the file SGLang ships for the device (``shipped_groups``)."""
+        those of the file SGLang ships for the device (``shipped_groups``); a server on tuned tiles
+        (``moe_tiles``) those of the tuned file (``groups_for``)."""
         doc = cal.get(KEY)
         if not is_kernel_model(cal):
             return None
@@ -476,7 +478,7 @@ class KernelWarmup:
             raise ConfigError(f"per_new_kernel_s must be >= 0, got {s}", key=KEY)
         if s == 0 or (shape is None and not linears):
             return None
-        groups = groups_for(shape, cal, device_name, sglang_version) if shape is not None else None
+        groups = groups_for(shape, cal, device_name, sglang_version, moe_tiles) if shape is not None else None
         return cls(s, groups, shape.topk if shape is not None else 0,
                    default_split_m=default_split_m(shape, groups) if shape is not None else None,
                    linears=linears, precompiled_tokens=tuple(precompiled_tokens),
@@ -489,10 +491,27 @@ def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
     return shape.num_experts if groups == [] and not shape.block_shape else None
 
 
-def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version: str | None) -> list[list[int]] | None:
-    """The key groups of ``shape``'s config file: the calibration's ``moe_config_groups`` (measured
-    on its servers) where it lists the shape, else the shipped file's (``shipped_groups``)."""
+# the calibration's key groups of the tuned tile files (``tuner calibration refit`` from a
+# ``tuner kernels tune`` summary), per config selector: what a ``moe-tile-configs: tuned`` server loads
+TUNED_GROUPS_KEY = "moe_tuned_config_groups"
+
+
+def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version: str | None,
+               tiles: str = "default") -> list[list[int]] | None:
+    """The key groups of ``shape``'s config file: with ``tiles="tuned"`` the tuned file's
+    (``TUNED_GROUPS_KEY``) where the calibration lists the shape (a tuned server loads that file
+    instead of SGLang's); otherwise, or for a shape no tuning covered, the calibration's
+    ``moe_config_groups`` (measured on its servers) where it lists the shape, else the shipped
+    file's (``shipped_groups``)."""
     key = moe_config_key(shape)
+    if tiles == "tuned":
+        tuned = ((cal or {}).get(TUNED_GROUPS_KEY) or {}).get(key)
+        if tuned is not None:
+            if not (isinstance(tuned, list) and all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
+                                                    for g in tuned)):
+                raise ConfigError(f"{TUNED_GROUPS_KEY}[{key!r}] must be lists of config keys (rewrite it with "
+                                  "`tuner calibration refit`)", key=TUNED_GROUPS_KEY)
+            return [list(g) for g in tuned]
     groups = (((cal or {}).get(KEY) or {}).get("moe_config_groups") or {}).get(key)
     if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
                                       for g in groups):
@@ -504,13 +523,14 @@ def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version:
 def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: int, ep: int,
                   flags: dict | None = None, device_name: str | None = None,
                   sglang_version: str | None = None, precompiled_tokens: Iterable[int] = (),
-                  cached: CachedKernels | None = None) -> KernelWarmup | None:
+                  cached: CachedKernels | None = None, moe_tiles: str = "default") -> KernelWarmup | None:
     """A fresh server's kernel-variant stalls (None for a warm server, the time model, or a model
     with neither a Triton fused MoE nor block-fp8 linears). ``precompiled_tokens``: the batch sizes
     its CUDA graphs captured at start-up (``tuner.planner.memory.captured_token_counts``); SGLang's
     own warm-up request (``LAUNCH_WARMUP_PROMPT_TOKENS``) has run too. ``cached``: what earlier
     servers of the same kernel set left built in its Triton cache (their graphs' kernels count as
-    its own graphs' do, their prefills' as its warm-up request's)."""
+    its own graphs' do, their prefills' as its warm-up request's). ``moe_tiles``: the trial's
+    ``moe-tile-configs`` (tuned: the tuned files' key groups, ``groups_for``)."""
     if not fresh_server or not is_kernel_model(cal):
         return None
     cached = cached or CachedKernels()
@@ -519,7 +539,7 @@ def kernel_warmup(cal: dict, fresh_server: bool, model, weight_format: str, tp: 
                                          server_linears(model, weight_format, tp, ep, flags, device_name, sglang_version),
                                          (*precompiled_tokens, *cached.graph_tokens),
                                          (LAUNCH_WARMUP_PROMPT_TOKENS, *cached.prefill_tokens),
-                                         jit_wait_s(model, cached))
+                                         jit_wait_s(model, cached), moe_tiles=moe_tiles)
 
 
 def jit_wait_s(model, cached: CachedKernels | None) -> float:
@@ -555,6 +575,6 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 __all__ = ["JIT_FIRST_PREFILL_TOKENS", "JIT_MODULE_BUILD_S", "KEY", "CachedKernels", "KernelWarmup",
            "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
-           "StallModel", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
+           "StallModel", "TUNED_GROUPS_KEY", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
            "jit_wait_s", "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
