@@ -173,3 +173,22 @@ def test_db_predict_reads_the_kernel_warmup_and_the_cached_kernels_of_a_first_po
     preds = [r[trust.PREDICTION_KEY] for t in study_summary(url, "ledger")["trials"] for r in t["measurements"]]
     assert [p["fresh_server"] for p in preds] == [False, True]
     assert [p["cached_prefill_sizes"] for p in preds] == [0, 2]
+
+
+def test_the_ledger_splits_the_verdicts_by_whether_each_window_decides_its_own():
+    slo = {"p90_ttft_s": 1.5, "p90_tpot_s": 0.025}
+    decided = _m(8, 1.0, 1.0)
+    decided["p90_spread"] = {"ttft_s": [0.9, 1.1], "tpot_s": [0.019, 0.021]}
+    marginal = _m(16, 1.0, 1.0, meets=True, pmeets=False)  # the TPOT interval reaches past 25 ms
+    marginal["p90_spread"] = {"ttft_s": [0.9, 1.1], "tpot_s": [0.019, 0.026]}
+    unknown = _m(24, 1.0, 1.0)
+    rows = trust.ledger_rows([_trial(0, [decided, marginal, unknown])], slo)
+    assert [r["measured_marginal"] for r in rows] == [False, True, None]
+    fid = trust.running_fidelity(rows)
+    assert fid["verdict_agreement"] == pytest.approx(2 / 3)
+    assert fid["verdicts_decided"] == {"points": 1, "agreement": 1.0, "marginal_points": 1}
+    html = ledger_html({"backend_kind": "sglang", "simulator_ledger": rows, "simulator_fidelity": fid})
+    assert "of the 1 whose own window decides the measured verdict (1 marginal" in html
+    assert html.count("(marginal)") == 1
+    # without the SLO nothing is said about the windows
+    assert all(r["measured_marginal"] is None for r in trust.ledger_rows([_trial(0, [decided, marginal])]))

@@ -31,6 +31,14 @@ def _cell(r: dict, metric: str) -> str:
     return f'<td class="num">{pair}{err}</td>'
 
 
+def _decided(d: dict) -> str:
+    """The agreement on the points whose own window decides the measured verdict, where some do not."""
+    if not d.get("marginal_points") or not d.get("points"):
+        return ""
+    return (f', and on {esc(_pct(d.get("agreement")))} of the {esc(d["points"])} whose own window decides the '
+            f'measured verdict ({esc(d["marginal_points"])} marginal: an SLO limit inside a P90\'s 90% interval)')
+
+
 def ledger_html(s: dict) -> str:
     """The section for ``s`` (a study summary with ``simulator_ledger`` and ``simulator_fidelity``)."""
     rows = s.get("simulator_ledger") or []
@@ -53,6 +61,7 @@ def ledger_html(s: dict) -> str:
             f'(≤ {TARGETS["p90_tpot_s"]:.0%}), throughput {esc(_pct(m.get("throughput_tokens_per_s")))}, '
             f'prefix hit rate {esc(_pct(m.get("prefix_cache_hit_rate")))}; SLO verdicts agree on '
             f'<span class="strong">{esc(_pct(verdict))}</span> (≥ {TARGETS["verdict_agreement"]:.0%})'
+            + _decided(fid.get("verdicts_decided") or {})
             + ("" if within is None else (' — <span class="pass">within the targets</span>' if within
                                           else ' — <span class="miss">outside the targets</span>'))
             + ".</p>")
@@ -76,6 +85,9 @@ def ledger_html(s: dict) -> str:
             f'<tr><td class="num">{esc(r["trial"])}</td><td class="num">{esc(r["users"])}</td>'
             + "".join(_cell(r, m) for m in METRICS) +
             f'<td class="{"pass" if agree else "miss"}">{esc(yn(r["predicted_meets"]))} / '
-            f'{esc(yn(r["measured_meets"]))}</td></tr>')
+            f'{esc(yn(r["measured_meets"]))}'
+            + (' <span class="muted" title="an SLO limit lies inside the 90% interval of a measured P90: '
+               'another window could call it the other way">(marginal)</span>' if r.get("measured_marginal") else "")
+            + '</td></tr>')
     out.append("</tbody></table></div></section>")
     return "".join(out)

@@ -110,7 +110,7 @@ def study_summary(storage: str, name: str) -> dict:
         "meets_target": bool(best_d and best_d["capacity_users"] >= row.target_users),
         "driver": driver_dict(lease),
         "trials": trials,
-        **_ledger(trials),
+        **_ledger(trials, {"p90_ttft_s": row.p90_ttft_slo_s, "p90_tpot_s": row.p90_tpot_slo_s}),
     }
 
 
@@ -143,8 +143,8 @@ def driver_dict(lease) -> dict | None:
             "heartbeat_age_s": round(max(0.0, time.time() - lease.heartbeat_at), 1)}
 
 
-def _ledger(trials: list[dict]) -> dict:
-    rows = trust.ledger_rows(trials)
+def _ledger(trials: list[dict], slo: dict) -> dict:
+    rows = trust.ledger_rows(trials, slo)
     return {"simulator_ledger": rows, "simulator_fidelity": trust.running_fidelity(rows)}
 
 

@@ -21,6 +21,7 @@ from tuner.sim.calibrate import calibration_context, load_calibration
 from tuner.sim.measured import ran_on_fresh_server, stored_cached_kernels, warmup_of
 from tuner.storage import repo
 from tuner.vocabulary import BackendKind
+from tuner.workload.metrics import SPREAD_KEY, verdict_marginal
 
 COMPARED = ("p50_ttft_s", "p90_ttft_s", "p90_tpot_s", "throughput_tokens_per_s", "prefix_cache_hit_rate")
 TARGETS = {"p90_ttft_s": 0.20, "p90_tpot_s": 0.10, "verdict_agreement": 0.95}  # as tuner bench fidelity
@@ -31,9 +32,11 @@ def prediction_of(extra: dict | None) -> dict | None:
     return p if isinstance(p, dict) else None
 
 
-def ledger_rows(trials: list[dict]) -> list[dict]:
+def ledger_rows(trials: list[dict], slo: dict | None = None) -> list[dict]:
     """One row per real, valid load point with a stored prediction: trial, users, the predicted
-    and measured values and their relative errors, both verdicts."""
+    and measured values and their relative errors, both verdicts. With the study's ``slo``
+    (``p90_ttft_s``, ``p90_tpot_s``) each row also says whether its measured verdict is marginal,
+    one its window's own noise could turn (``metrics.verdict_marginal``; None: no intervals)."""
     rows = []
     for t in sorted(trials, key=lambda t: t["number"]):
         if t.get("backend_kind") == BackendKind.SIMULATOR.value:
@@ -49,6 +52,9 @@ def ledger_rows(trials: list[dict]) -> list[dict]:
                 meas, p = m.get(k), pred.get(k)
                 row["measured"][k], row["predicted"][k] = meas, p
                 row["rel_error"][k] = None if meas in (None, 0) or p is None else (p - meas) / meas
+            row["measured_marginal"] = None if not slo else verdict_marginal(
+                bool(m["meets_slo"]), (m.get("p90_ttft_s"), m.get("p90_tpot_s")), m.get(SPREAD_KEY),
+                (slo["p90_ttft_s"], slo["p90_tpot_s"]))
             rows.append(row)
     return rows
 
@@ -59,10 +65,14 @@ def running_fidelity(rows: list[dict]) -> dict[str, Any]:
     for k in COMPARED:
         errs = [abs(r["rel_error"][k]) for r in rows if r["rel_error"].get(k) is not None]
         mape[k] = sum(errs) / len(errs) if errs else None
-    verdicts = [r["measured_meets"] == r["predicted_meets"] for r in rows
-                if r["predicted_meets"] is not None and not r["error"]]
+    judged = [r for r in rows if r["predicted_meets"] is not None and not r["error"]]
+    verdicts = [r["measured_meets"] == r["predicted_meets"] for r in judged]
     agreement = sum(verdicts) / len(verdicts) if verdicts else None
+    decided = [r["measured_meets"] == r["predicted_meets"] for r in judged if r.get("measured_marginal") is False]
     return {"load_points": len(rows), "mape": mape, "verdict_agreement": agreement,
+            # not a target: on the points whose own window decides the measured verdict (bench fidelity's split)
+            "verdicts_decided": {"points": len(decided), "agreement": sum(decided) / len(decided) if decided else None,
+                                 "marginal_points": sum(1 for r in judged if r.get("measured_marginal"))},
             "unpredictable": sum(1 for r in rows if r["error"]),
             "within_targets": (None if not rows or mape["p90_ttft_s"] is None else
                                mape["p90_ttft_s"] <= TARGETS["p90_ttft_s"]
