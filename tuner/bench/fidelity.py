@@ -196,7 +196,7 @@ def summarize_points(point_docs: list[dict]) -> dict:
     return out
 
 
-def _summary(apes: list[dict], agrees: list, errors: list, clear: list, marginal: list | None = None) -> dict:
+def _summary(apes: list[dict], agrees: list, errors: list, clear: list, marginal: list) -> dict:
     mape = {}
     for k in METRICS:
         vals = [a[k] for a in apes if a.get(k) is not None]
@@ -215,7 +215,7 @@ def _summary(apes: list[dict], agrees: list, errors: list, clear: list, marginal
             "verdicts_clear_of_slo": {"margin": SLO_MARGIN, "points": len(clear_verdicts),
                                       "agreement": sum(clear_verdicts) / len(clear_verdicts) if clear_verdicts
                                       else None},
-            "verdicts_by_window_noise": _by_window_noise(agrees, marginal or [None] * len(agrees))}
+            "verdicts_by_window_noise": _by_window_noise(agrees, marginal)}
 
 
 def _by_window_noise(agrees: list, marginal: list) -> dict:

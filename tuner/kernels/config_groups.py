@@ -68,14 +68,14 @@ def tuned_groups(summary: dict, summary_dir: Path) -> dict[str, list[list[int]]]
                 files[parsed[2]] = (parsed[0], Path(summary_dir) / str(rel))
         if False not in files:
             continue
-        selector, up_path = files[False]
-        try:
-            up = read_configs(up_path)
-            down = read_configs(files[True][1]) if True in files else None
-        except (OSError, ConfigError) as exc:
-            raise ConfigError(f"cannot read a tuned file it lists: {exc}", file=str(up_path),
-                              key=f"reports[{i}].files") from None
-        out[selector] = key_groups(up, down)
+        tables = {}
+        for down, (_selector, path) in files.items():
+            try:
+                tables[down] = read_configs(path)
+            except (OSError, ConfigError) as exc:
+                raise ConfigError(f"cannot read a tuned file it lists: {exc}", file=str(path),
+                                  key=f"reports[{i}].files") from None
+        out[files[False][0]] = key_groups(tables[False], tables.get(True))
     return out
 
 

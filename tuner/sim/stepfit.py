@@ -62,8 +62,8 @@ from .steptime import RankWork, StepTimeModel
 from .ctxspread import ContextSpread, context_spread
 from .wholesteps import WholeStepSet
 from .warmup import (JIT_FIRST_PREFILL_TOKENS, KEY as STALL_KEY, LAUNCH_WARMUP_PROMPT_TOKENS, MOE_CONFIG_KEYS,
-                     CachedKernels, KernelWarmup, TUNED_GROUPS_KEY, default_split_m, fit_decay_s, groups_for, jit_wait_s, moe_config_key,
-                     server_linears, triton_moe_shape)
+                     CachedKernels, KernelWarmup, default_split_m, fit_decay_s, groups_for, jit_wait_s, moe_config_key,
+                     server_linears, triton_moe_shape, tuned_groups_of)
 
 
 @dataclass(frozen=True)
@@ -691,10 +691,11 @@ def warmup_stalls(trials: list[TrialSteps], calibration: dict,
         if shape is not None:
             shape_groups = (groups or {}).get(key)
             if shape_groups is None:
-                # the shipped file's groups, or on tuned tiles the tuned file's (not the logged ones the fit sets)
-                shape_groups = groups_for(shape, {TUNED_GROUPS_KEY: (calibration or {}).get(TUNED_GROUPS_KEY)},
-                                          t.gpu.device_name, t.sglang_version,
-                                          (t.knobs or {}).get("moe-tile-configs") or "default")
+                # on tuned tiles the tuned file's groups, else the shipped file's (not the logged ones the fit sets)
+                if (t.knobs or {}).get("moe-tile-configs") == "tuned":
+                    shape_groups = tuned_groups_of(shape, calibration)
+                if shape_groups is None:
+                    shape_groups = groups_for(shape, None, t.gpu.device_name, t.sglang_version)
             if shape_groups:
                 used[key] = shape_groups
             elif shape_groups == [] and default_split_m(shape, shape_groups) is None:

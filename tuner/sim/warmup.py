@@ -234,11 +234,12 @@ def _shipped_section(device_name: str | None, sglang_version: str | None, sectio
     return (version.get(section) or {}).get(device_file_name(device_name))
 
 
-def _checked_groups(groups, where: str, what: str) -> list[list[int]]:
+def _checked_groups(groups, where: str, what: str, *, file: Path | None = SHIPPED_GROUPS_FILE,
+                    command: str = "tuner calibration moe-groups") -> list[list[int]]:
     if not isinstance(groups, list) or not all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
                                                for g in groups):
-        raise ConfigError(f"needs {what}a list of lists of batch-size keys (rewrite it with "
-                          "`tuner calibration moe-groups`)", file=str(SHIPPED_GROUPS_FILE), key=where)
+        raise ConfigError(f"needs {what}a list of lists of batch-size keys (rewrite it with `{command}`)",
+                          file=str(file) if file else None, key=where)
     return [list(g) for g in groups]
 
 
@@ -496,6 +497,15 @@ def default_split_m(shape, groups: list[list[int]] | None) -> int | None:
 TUNED_GROUPS_KEY = "moe_tuned_config_groups"
 
 
+def tuned_groups_of(shape, cal: dict | None) -> list[list[int]] | None:
+    """The key groups of the tuned tile file for ``shape`` (``TUNED_GROUPS_KEY``); None where the
+    calibration lists none (no tuning covered the shape)."""
+    key = moe_config_key(shape)
+    tuned = ((cal or {}).get(TUNED_GROUPS_KEY) or {}).get(key)
+    return None if tuned is None else _checked_groups(tuned, TUNED_GROUPS_KEY, f"{key!r}: ", file=None,
+                                                      command="tuner calibration refit")
+
+
 def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version: str | None,
                tiles: str = "default") -> list[list[int]] | None:
     """The key groups of ``shape``'s config file: with ``tiles="tuned"`` the tuned file's
@@ -504,14 +514,9 @@ def groups_for(shape, cal: dict | None, device_name: str | None, sglang_version:
     ``moe_config_groups`` (measured on its servers) where it lists the shape, else the shipped
     file's (``shipped_groups``)."""
     key = moe_config_key(shape)
-    if tiles == "tuned":
-        tuned = ((cal or {}).get(TUNED_GROUPS_KEY) or {}).get(key)
-        if tuned is not None:
-            if not (isinstance(tuned, list) and all(isinstance(g, list) and g and all(isinstance(k, int) for k in g)
-                                                    for g in tuned)):
-                raise ConfigError(f"{TUNED_GROUPS_KEY}[{key!r}] must be lists of config keys (rewrite it with "
-                                  "`tuner calibration refit`)", key=TUNED_GROUPS_KEY)
-            return [list(g) for g in tuned]
+    tuned = tuned_groups_of(shape, cal) if tiles == "tuned" else None
+    if tuned is not None:
+        return tuned
     groups = (((cal or {}).get(KEY) or {}).get("moe_config_groups") or {}).get(key)
     if groups is not None and not all(isinstance(g, list) and all(k in MOE_CONFIG_KEYS for k in g)
                                       for g in groups):
@@ -575,6 +580,6 @@ def fit_decay_s(times_s: list[float], horizon_s: float) -> float:
 
 __all__ = ["JIT_FIRST_PREFILL_TOKENS", "JIT_MODULE_BUILD_S", "KEY", "CachedKernels", "KernelWarmup",
            "LAUNCH_WARMUP_PROMPT_TOKENS", "MOE_CONFIG_KEYS", "SHIPPED_GROUPS_FILE", "ServerLinear",
-           "StallModel", "TUNED_GROUPS_KEY", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model",
+           "StallModel", "TUNED_GROUPS_KEY", "block_fp8_linear_shapes", "default_split_m", "fit_decay_s", "groups_for", "is_kernel_model", "tuned_groups_of",
            "jit_wait_s", "kernel_warmup", "linear_variant", "moe_config_key", "moe_variant", "nearest_key_group", "server_linears",
            "shipped_groups", "shipped_linear_configs", "shipped_linear_groups", "stall_schedule", "triton_moe_shape"]
